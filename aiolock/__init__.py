@@ -1,0 +1,33 @@
+"""aiolock: asyncio-native distributed locks on Redis.
+
+A reentrant lock per task that survives crashes (leases), waits without polling (pub/sub), keeps
+long jobs' locks alive (a watchdog), and tells its holder when it lost the lock::
+
+    async with aiolock.Client.from_url("redis://127.0.0.1:6379/0") as client:
+        async with client.lock("orders:42").acquire(wait=5) as guard:
+            ...
+"""
+
+from .client import Client as Client
+from .client import ClientStatistics as ClientStatistics
+from .errors import LockError as LockError
+from .errors import LockLostError as LockLostError
+from .errors import LockNotOwnedError as LockNotOwnedError
+from .errors import LockTimeoutError as LockTimeoutError
+from .lock import AsyncRLock as AsyncRLock
+from .lock import LockGuard as LockGuard
+from .lock import LockStatistics as LockStatistics
+
+__all__ = [
+    "AsyncRLock",
+    "Client",
+    "ClientStatistics",
+    "LockError",
+    "LockGuard",
+    "LockLostError",
+    "LockNotOwnedError",
+    "LockStatistics",
+    "LockTimeoutError",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,212 @@
+"""What one client believes it holds, and how it learns that it lost something.
+
+Redis is the authority on who holds a lock; this registry is the client's view of its own holds,
+kept in step with every script reply.  The watchdog renews the holds registered here, fixed
+leases get a timer at their deadline, and a loss is recorded once: the hold is marked ``lost``,
+logged, dropped from the registry, and its listeners (guards with ``cancel_on_loss``) are called.
+
+It also keeps the *pending* work of each (lock, owner): a release that has to finish in the
+background (its caller was cancelled, or the reply never came) and the compensating release of a
+grant whose caller was cancelled.  The owner's next operation on that lock waits for it first, so
+hold counts stay exact.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Hold", "Holds", "NameCounters"]
+
+logger = logging.getLogger("aiolock.lock")
+
+
+@dataclass(eq=False)
+class NameCounters:
+    """Per-name counters for ``statistics()``; shared by all lock objects of one name."""
+
+    acquisitions: int = 0
+    renewals: int = 0
+    losses: int = 0
+    waiters: int = 0
+    last_lost: bool = False  # the most recent hold of this name ended in a loss
+
+
+@dataclass(eq=False)
+class Hold:
+    """One owner's hold on one lock, as the client last saw it.
+
+    ``expires_at`` is a lower bound of the server-side expiry in event-loop time: the send time
+    of the call that last set the lease, plus the lease.  ``watchdog`` holds are renewed; the
+    others get a timer at ``expires_at`` that marks them lost.
+    """
+
+    name: str
+    key: str
+    owner: str
+    token: int
+    count: int
+    expires_at: float
+    watchdog: bool
+    task: asyncio.Task[Any] | None
+    counters: NameCounters
+    lost: bool = False
+    lost_reason: str | None = None
+    timer: asyncio.TimerHandle | None = None
+    listeners: list[Callable[[], object]] = field(default_factory=list)
+
+    def __repr__(self) -> str:
+        state = f"lost: {self.lost_reason}" if self.lost else f"held x{self.count}"
+        return f"<Hold {self.name!r} token={self.token} [{state}]>"
+
+
+class Holds:
+    """The registry of one client's holds, keyed by (lock key, owner)."""
+
+    def __init__(self) -> None:
+        self._holds: dict[tuple[str, str], Hold] = {}
+        self._pending: dict[tuple[str, str], asyncio.Task[None]] = {}
+        self.changed = asyncio.Event()  # set when a watchdog hold is added
+
+    def __len__(self) -> int:
+        return len(self._holds)
+
+    def get(self, key: str, owner: str) -> Hold | None:
+        return self._holds.get((key, owner))
+
+    def watched(self) -> list[Hold]:
+        return [hold for hold in self._holds.values() if hold.watchdog]
+
+    def by_key(self, key: str) -> list[Hold]:
+        return [hold for (k, _), hold in self._holds.items() if k == key]
+
+    # -- script replies ---------------------------------------------------------------------
+
+    def granted(
+        self,
+        *,
+        name: str,
+        key: str,
+        owner: str,
+        reply: list[int],
+        sent_at: float,
+        watchdog: bool,
+        counters: NameCounters,
+        task: asyncio.Task[Any] | None,
+    ) -> Hold:
+        """Record a grant ``{token, count, pttl}`` from the acquire script."""
+        token, count, pttl = (int(value) for value in reply)
+        expires_at = sent_at + pttl / 1000
+        hold = self._holds.get((key, owner))
+        if hold is not None and hold.token != token:
+            # Our previous hold vanished (expired or forced) and this is a fresh grant.
+            self.lose(hold, "the lease ran out before the owner acquired the lock again")
+            hold = None
+        if hold is None:
+            hold = Hold(name, key, owner, token, count, expires_at, watchdog, task, counters)
+            self._holds[(key, owner)] = hold
+            counters.acquisitions += 1
+            counters.last_lost = False
+        else:
+            hold.count = count
+            hold.expires_at = max(hold.expires_at, expires_at)
+            hold.watchdog = hold.watchdog or watchdog
+        if hold.watchdog:
+            if hold.timer is not None:
+                hold.timer.cancel()
+                hold.timer = None
+            self.changed.set()
+        else:
+            self._arm_timer(hold)
+        return hold
+
+    def released(self, key: str, owner: str, remaining: int | None) -> Hold | None:
+        """Record a release reply: holds left, or ``None`` when the owner no longer held it.
+
+        Returns the hold that was lost, if the release revealed a loss.
+        """
+        hold = self._holds.get((key, owner))
+        if hold is None:
+            return None
+        if remaining is None:
+            self.lose(hold, "the lock was no longer held by its owner at release")
+            return hold
+        if remaining == 0:
+            self.forget(hold)
+        else:
+            hold.count = remaining
+        return None
+
+    def forget(self, hold: Hold) -> None:
+        """Stop tracking ``hold`` (released, or its outcome unknown): no renewals, no timer."""
+        if self._holds.get((hold.key, hold.owner)) is hold:
+            del self._holds[(hold.key, hold.owner)]
+        if hold.timer is not None:
+            hold.timer.cancel()
+            hold.timer = None
+
+    def lose(self, hold: Hold, reason: str) -> None:
+        """Mark ``hold`` lost, once: log it, forget it, and tell its listeners."""
+        if hold.lost:
+            return
+        hold.lost = True
+        hold.lost_reason = reason
+        hold.counters.losses += 1
+        hold.counters.last_lost = True
+        self.forget(hold)
+        logger.warning("lock %r (token %d) lost: %s", hold.name, hold.token, reason)
+        for listener in hold.listeners:
+            listener()
+
+    def lose_all(self, key: str, reason: str) -> None:
+        for hold in self.by_key(key):
+            self.lose(hold, reason)
+
+    def _arm_timer(self, hold: Hold) -> None:
+        if hold.timer is not None:
+            hold.timer.cancel()
+        loop = asyncio.get_running_loop()
+        hold.timer = loop.call_at(
+            hold.expires_at, self.lose, hold, "its lease ran out while it was held"
+        )
+
+    # -- pending background settlements ------------------------------------------------------
+
+    def defer(self, key: str, owner: str, work: Coroutine[Any, Any, None]) -> None:
+        """Run ``work`` in the background; the owner's next call on ``key`` waits for it."""
+        previous = self._pending.get((key, owner))
+
+        async def chained() -> None:
+            if previous is not None:
+                await asyncio.gather(previous, return_exceptions=True)
+            await work
+
+        task = asyncio.get_running_loop().create_task(chained())
+        self._pending[(key, owner)] = task
+
+        def done(finished: asyncio.Task[None]) -> None:
+            if self._pending.get((key, owner)) is finished:
+                del self._pending[(key, owner)]
+            if not finished.cancelled() and finished.exception() is not None:
+                logger.warning(
+                    "background release of %s failed: %r", key, finished.exception()
+                )
+
+        task.add_done_callback(done)
+
+    async def settle(self, key: str, owner: str) -> None:
+        """Wait for the owner's pending work on ``key`` (it never raises into the caller)."""
+        while (task := self._pending.get((key, owner))) is not None:
+            await asyncio.wait([task])
+            if self._pending.get((key, owner)) is task:
+                del self._pending[(key, owner)]
+
+    def pending(self) -> list[asyncio.Task[None]]:
+        return list(self._pending.values())
+
+    def clear(self) -> None:
+        for hold in list(self._holds.values()):
+            self.forget(hold)

@@ -1,0 +1,37 @@
+"""Where one lock lives in Redis: its keys and channel, all in one Cluster hash slot."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["LockKeys", "hash_tag"]
+
+# Percent-encoding the three characters below keeps the tag free of braces (so Redis Cluster
+# hashes exactly the tag) and keeps the mapping injective (so two names never share keys).
+_ESCAPES = str.maketrans({"%": "%25", "{": "%7B", "}": "%7D"})
+
+
+def hash_tag(name: str) -> str:
+    """Return ``{name}`` with braces escaped: the Redis Cluster hash tag of lock ``name``."""
+    return "{" + name.translate(_ESCAPES) + "}"
+
+
+@dataclass(frozen=True, slots=True)
+class LockKeys:
+    """The Redis names used by one lock.
+
+    ``lock``: a hash holding ``<owner> -> hold count`` plus the fields ``:fence`` (the current
+    hold's fencing token) and ``:req`` (the last request applied, for resend safety).
+    ``meta``: a hash that outlives the lock: ``next`` (the fencing token counter) and
+    ``released`` (the last request that deleted the lock).  ``channel``: where releases are
+    published.
+    """
+
+    lock: str
+    meta: str
+    channel: str
+
+    @classmethod
+    def build(cls, prefix: str, name: str) -> LockKeys:
+        base = f"{prefix}:{hash_tag(name)}"
+        return cls(lock=base, meta=f"{base}:meta", channel=f"{base}:released")

@@ -1,0 +1,372 @@
+"""Waiting without polling: one subscriber connection per client, shared by every waiting task.
+
+The pieces, as in Redisson's ``PublishSubscribeService`` and ``RedissonLockEntry``:
+
+- :class:`Entry`: one per subscribed channel, with a reference count (the tasks waiting on that
+  lock) and a wake-one latch: each published release hands out *one* wake-up.
+- :class:`PubSub`: the cache of entries keyed by channel.  The first waiter of a channel
+  SUBSCRIBEs, the last one out UNSUBSCRIBEs.  A pool of ``asyncio.Semaphore(1)``, picked by
+  hashing the channel, serialises subscribe and unsubscribe work per channel and bounds how much
+  of it runs at once.
+- One reader task owns the connection: it alone connects, reads and reconnects (redis-py
+  connections tolerate exactly one reader).  Other tasks only *write* SUBSCRIBE/UNSUBSCRIBE, and
+  only while the connection is up; after a reconnect the reader resubscribes every cached channel
+  itself.  The reader PINGs an idle connection, so a TCP path that silently stopped forwarding is
+  noticed and replaced.
+
+A later Cluster mode keeps this interface and runs one reader per node (SSUBSCRIBE): entries,
+refcounts and the semaphore pool do not change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import zlib
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+from redis.asyncio import Redis
+from redis.asyncio.connection import AbstractConnection
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+__all__ = ["Entry", "PubSub", "PubSubStatistics"]
+
+logger = logging.getLogger("aiolock.pubsub")
+
+_CONNECTION_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError, EOFError)
+
+
+class Entry:
+    """A subscribed channel: who waits on it, and the wake-ups handed to them.
+
+    Invariants: ``refs`` counts the tasks between :meth:`PubSub.subscribe` and
+    :meth:`PubSub.release`; ``_permits <= refs`` (a wake-up with nobody parked is kept for a task
+    that is about to park, since a release may land between its failed try and its wait; more
+    permits than waiters would only cause empty retries).
+    """
+
+    __slots__ = ("_permits", "_waiters", "channel", "confirmed", "refs")
+
+    def __init__(self, channel: bytes) -> None:
+        self.channel = channel
+        self.refs = 0
+        self.confirmed = False
+        self._permits = 0
+        self._waiters: deque[asyncio.Future[None]] = deque()
+
+    @property
+    def parked(self) -> int:
+        return len(self._waiters)
+
+    def wake_one(self) -> None:
+        """Hand one wake-up to the longest-parked waiter, or keep it for the next one."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        if self._permits < self.refs:
+            self._permits += 1
+
+    def wake_all(self) -> None:
+        """Wake every waiter (after a reconnect, when messages may have been missed)."""
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(None)
+        self._permits = self.refs
+
+    async def wait(self, deadline: float | None) -> bool:
+        """Park until a wake-up or ``deadline`` (event loop time); ``True`` if woken.
+
+        A waiter cancelled after it was handed a wake-up passes it on, so a release is never
+        swallowed by a task that will not retry.
+        """
+        if self._permits:
+            self._permits -= 1
+            return True
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            async with asyncio.timeout_at(deadline):
+                await waiter
+        except TimeoutError:
+            return self._settle(waiter)
+        except asyncio.CancelledError:
+            if self._settle(waiter):
+                self.wake_one()
+            raise
+        return True
+
+    def _settle(self, waiter: asyncio.Future[None]) -> bool:
+        if waiter.done() and not waiter.cancelled():
+            return True  # woken in the same instant as the timeout or the cancellation
+        with contextlib.suppress(ValueError):
+            self._waiters.remove(waiter)
+        return False
+
+    def __repr__(self) -> str:
+        return (
+            f"<Entry {self.channel.decode(errors='replace')!r} "
+            f"[refs:{self.refs}, parked:{self.parked}, permits:{self._permits}]>"
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PubSubStatistics:
+    """What the subscriber connection is doing right now."""
+
+    connected: bool
+    channels: int
+    waiters: int
+    reconnects: int
+    messages: int
+
+
+class PubSub:
+    """The per-client subscription service (see the module docstring).
+
+    :param redis: the client whose connection settings the subscriber connection copies.
+    :param concurrency: the size of the semaphore pool.
+    :param ping_interval: seconds of silence after which the reader PINGs; a second silent
+        interval means the connection is dead.
+    """
+
+    def __init__(self, redis: Redis, *, concurrency: int, ping_interval: float = 5.0) -> None:
+        self._redis = redis
+        self._semaphores = [asyncio.Semaphore(1) for _ in range(concurrency)]
+        self._ping_interval = ping_interval
+        self._entries: dict[bytes, Entry] = {}
+        self._confirmations: dict[bytes, deque[asyncio.Future[None]]] = {}
+        self._connection: AbstractConnection | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._demand = asyncio.Event()
+        self._background: set[asyncio.Task[None]] = set()
+        self._closed = False
+        self._reconnects = 0
+        self._messages = 0
+
+    # -- the public surface used by the wait loop ------------------------------------------
+
+    async def subscribe(self, channel: str) -> Entry:
+        """Take a reference on ``channel``'s entry; SUBSCRIBE first if it is new.
+
+        Returns once the server has confirmed the subscription, so a release published after
+        this returns is seen.  Every successful call must be balanced by :meth:`release`.
+        """
+        if self._closed:
+            raise RuntimeError("the aiolock client is closed")
+        key = channel.encode()
+        async with self._semaphore(key):
+            entry = self._entries.get(key)
+            if entry is not None:
+                # Either confirmed, or a refs==0 entry whose UNSUBSCRIBE has not run yet (it
+                # will see refs > 0 and skip); both are live subscriptions.
+                entry.refs += 1
+                return entry
+            entry = Entry(key)
+            entry.refs = 1
+            self._entries[key] = entry
+            try:
+                await self._confirm(entry)
+            except BaseException:
+                # A failed or cancelled SUBSCRIBE must not leave an entry later waiters trust;
+                # the server may still have subscribed, so unsubscribe in the background.
+                entry.refs -= 1
+                if self._entries.get(key) is entry:
+                    del self._entries[key]
+                self._spawn(self._unsubscribe(key, None))
+                raise
+            return entry
+
+    def release(self, entry: Entry) -> None:
+        """Drop a reference; the last one schedules the UNSUBSCRIBE (off the caller's path)."""
+        entry.refs -= 1
+        entry._permits = min(entry._permits, entry.refs)
+        if entry.refs == 0:
+            self._spawn(self._unsubscribe(entry.channel, entry))
+
+    def statistics(self) -> PubSubStatistics:
+        return PubSubStatistics(
+            connected=self._connection is not None and self._connection.is_connected,
+            channels=len(self._entries),
+            waiters=sum(entry.refs for entry in self._entries.values()),
+            reconnects=self._reconnects,
+            messages=self._messages,
+        )
+
+    async def drain(self) -> None:
+        """Wait until every scheduled UNSUBSCRIBE has been sent (for tests and shutdown)."""
+        while self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+
+    async def aclose(self) -> None:
+        """Stop the reader, close the connection, and wake every waiter so it can leave."""
+        self._closed = True
+        for entry in self._entries.values():
+            entry.wake_all()
+        self._fail_confirmations(RuntimeError("the aiolock client is closed"))
+        tasks = [*self._background, *([self._reader] if self._reader else [])]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._connection is not None:
+            await self._connection.disconnect()
+            self._connection = None
+
+    # -- subscribe / unsubscribe work, under the channel's semaphore ---------------------------
+
+    def _semaphore(self, key: bytes) -> asyncio.Semaphore:
+        return self._semaphores[zlib.crc32(key) % len(self._semaphores)]
+
+    async def _confirm(self, entry: Entry) -> None:
+        confirmation: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._confirmations.setdefault(entry.channel, deque()).append(confirmation)
+        self._start_reader()
+        try:
+            # While the connection is down the reader resubscribes every cached entry after it
+            # reconnects, which confirms this one too.
+            await self._send("SUBSCRIBE", entry.channel)
+            await confirmation
+        finally:
+            waiting = self._confirmations.get(entry.channel)
+            if waiting is not None and confirmation in waiting:
+                waiting.remove(confirmation)
+                if not waiting:
+                    del self._confirmations[entry.channel]
+        entry.confirmed = True
+
+    async def _unsubscribe(self, key: bytes, entry: Entry | None) -> None:
+        async with self._semaphore(key):
+            current = self._entries.get(key)
+            if entry is None:
+                if current is not None:
+                    return  # a newer entry subscribed the channel again
+            elif current is not entry or entry.refs > 0:
+                return  # taken up again while this call waited for the semaphore
+            else:
+                del self._entries[key]
+            await self._send("UNSUBSCRIBE", key)
+
+    async def _send(self, *args: Any) -> None:
+        """Write a command if the connection is up; never connect (that is the reader's job)."""
+        connection = self._connection
+        if connection is None or not connection.is_connected:
+            return
+        try:
+            # check_health=False: a health check would read a reply, making this task a
+            # second reader of the connection.
+            await connection.send_command(*args, check_health=False)
+        except _CONNECTION_ERRORS as exc:
+            logger.debug("pub/sub write failed (the reader reconnects): %r", exc)
+
+    def _spawn(self, coro: Any) -> None:
+        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # -- the reader ------------------------------------------------------------------------
+
+    def _start_reader(self) -> None:
+        self._demand.set()
+        if self._reader is None or self._reader.done():
+            self._reader = asyncio.get_running_loop().create_task(
+                self._run(), name="aiolock-pubsub-reader"
+            )
+
+    def _new_connection(self) -> AbstractConnection:
+        pool = self._redis.connection_pool
+        kwargs = dict(pool.connection_kwargs)
+        # RESP2 keeps messages plain arrays; our own retry loop replaces redis-py's.
+        kwargs.update(
+            protocol=2,
+            decode_responses=False,
+            retry=Retry(NoBackoff(), 0),
+            health_check_interval=0,
+        )
+        connection: AbstractConnection = pool.connection_class(**kwargs)
+        return connection
+
+    async def _run(self) -> None:
+        delay = 0.0
+        while not self._closed:
+            if not self._entries:
+                self._demand.clear()
+                await self._demand.wait()
+                continue
+            connection = self._new_connection()
+            try:
+                await connection.connect()
+            except (*_CONNECTION_ERRORS, RedisError) as exc:
+                await connection.disconnect()
+                logger.warning("pub/sub connection failed: %r", exc)
+                self._fail_confirmations(exc)
+                delay = min(max(delay * 2, 0.05), 1.0)
+                await asyncio.sleep(delay)
+                continue
+            delay = 0.0
+            reconnect = self._reconnects > 0 or any(e.confirmed for e in self._entries.values())
+            self._connection = connection
+            try:
+                if self._entries:
+                    await connection.send_command("SUBSCRIBE", *self._entries, check_health=False)
+                await self._read(connection, resubscribed=reconnect)
+            except _CONNECTION_ERRORS as exc:
+                logger.warning("pub/sub connection lost, reconnecting: %r", exc)
+            finally:
+                self._connection = None
+                await connection.disconnect(nowait=True)
+            self._reconnects += 1
+
+    async def _read(self, connection: AbstractConnection, *, resubscribed: bool) -> None:
+        # After a reconnect, every confirmed entry may have missed a release: its waiters retry
+        # once its resubscription is confirmed.
+        stale = {key for key, entry in self._entries.items() if entry.confirmed and resubscribed}
+        ping_outstanding = False
+        while True:
+            reply = await connection.read_response(timeout=self._ping_interval)
+            if reply is None:  # a silent interval
+                if ping_outstanding:
+                    raise RedisConnectionError("no reply to PING on the pub/sub connection")
+                await connection.send_command("PING", check_health=False)
+                ping_outstanding = True
+                continue
+            ping_outstanding = False
+            if not isinstance(reply, list) or len(reply) < 2:
+                continue  # +PONG when subscribed to nothing
+            kind, channel = reply[0], reply[1]
+            if kind == b"message":
+                self._messages += 1
+                entry = self._entries.get(channel)
+                if entry is not None:
+                    entry.wake_one()
+            elif kind == b"subscribe":
+                waiting = self._confirmations.get(channel)
+                if waiting:
+                    waiting.popleft().set_result(None)
+                    if not waiting:
+                        del self._confirmations[channel]
+                if channel in stale:
+                    stale.discard(channel)
+                    entry = self._entries.get(channel)
+                    if entry is not None:
+                        entry.wake_all()
+
+    def _fail_confirmations(self, exc: BaseException) -> None:
+        for waiting in self._confirmations.values():
+            for confirmation in waiting:
+                if not confirmation.done():
+                    confirmation.set_exception(exc)
+        self._confirmations.clear()
+
+    def __repr__(self) -> str:
+        stats = self.statistics()
+        state = "connected" if stats.connected else "disconnected"
+        return f"<PubSub [{state}, channels:{stats.channels}, waiters:{stats.waiters}]>"

@@ -1,0 +1,112 @@
+"""One renewal task per client: keeps ``lease=None`` holds alive while their owners hold them.
+
+Every ``watchdog_timeout / 3`` it renews all watched holds in one script call per batch.  A hold
+whose lock is gone or owned by someone else is marked lost at once.  A renewal that fails (the
+connection dropped) is retried quickly; a hold whose lease ran out meanwhile is marked lost,
+because from then on nobody can say who holds the lock.  A hold whose owning task finished
+without releasing is dropped, and its lock expires within one lease.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from . import _scripts
+from ._holds import Hold, Holds
+
+__all__ = ["Watchdog"]
+
+logger = logging.getLogger("aiolock.watchdog")
+
+_BATCH = 500  # keys per renewal script call: bounds how long one call blocks the server
+_RENEWED = {1: True, 0: False}
+
+
+class Watchdog:
+    """Renews the watched holds of :class:`~aiolock._holds.Holds` (see the module docstring)."""
+
+    def __init__(self, redis: Redis, holds: Holds, *, lease: float) -> None:
+        self._redis = redis
+        self._holds = holds
+        self.lease = lease
+        self.period = lease / 3
+        self._task: asyncio.Task[None] | None = None
+        self.renewals = 0
+        self.failures = 0
+
+    def start(self) -> None:
+        """Start the renewal task if it is not running (called when a watched hold appears)."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name="aiolock-watchdog"
+            )
+
+    async def aclose(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            if not self._holds.watched():
+                self._holds.changed.clear()
+                await self._holds.changed.wait()
+            # A grant has just set the full lease: the first renewal is one period later.
+            await asyncio.sleep(self.period)
+            await self.renew_once()
+
+    async def renew_once(self) -> None:
+        """One renewal round over every watched hold, retrying failures within the lease."""
+        loop = asyncio.get_running_loop()
+        delay = min(0.05, self.period / 10)
+        while True:
+            holds = [hold for hold in self._holds.watched() if self._owner_alive(hold)]
+            if not holds:
+                return
+            try:
+                for start in range(0, len(holds), _BATCH):
+                    await self._renew(holds[start : start + _BATCH])
+                return
+            except (RedisError, OSError) as exc:
+                self.failures += 1
+                now = loop.time()
+                for hold in holds:
+                    if not hold.lost and hold.expires_at <= now:
+                        self._holds.lose(hold, f"its lease could not be renewed ({exc!r})")
+                logger.warning("watchdog renewal failed, retrying: %r", exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self.period / 3)
+
+    async def _renew(self, holds: list[Hold]) -> None:
+        loop = asyncio.get_running_loop()
+        sent_at = loop.time()
+        keys = tuple(hold.key for hold in holds)
+        args = (round(self.lease * 1000), *(hold.owner for hold in holds))
+        replies = await _scripts.run(self._redis, _scripts.RENEW, keys, args)
+        for hold, reply in zip(holds, replies, strict=True):
+            if hold.lost or self._holds.get(hold.key, hold.owner) is not hold:
+                continue  # released or replaced while the call was in flight
+            if _RENEWED[int(reply)]:
+                hold.expires_at = max(hold.expires_at, sent_at + self.lease)
+                hold.counters.renewals += 1
+                self.renewals += 1
+            else:
+                self._holds.lose(hold, "the watchdog found it expired or held by another owner")
+
+    def _owner_alive(self, hold: Hold) -> bool:
+        if hold.task is None or not hold.task.done():
+            return True
+        # The owning task ended without releasing: stop renewing so the lock expires.
+        logger.warning(
+            "task %s ended while holding lock %r; its lease runs out in at most %.1fs",
+            hold.task.get_name(),
+            hold.name,
+            self.lease,
+        )
+        self._holds.forget(hold)
+        return False

@@ -1,0 +1,503 @@
+"""``AsyncRLock``: a reentrant distributed lock, and ``LockGuard``, the proof of holding it.
+
+The wait loop, as in Redisson's ``RedissonLock.tryLock``: try the acquire script; on failure
+subscribe to the lock's channel, try again (a release may have been published before the
+subscription existed), then park until a release wakes this task or the lock's remaining lease
+runs out, and repeat until the deadline.  Every script call runs in a task of its own that the
+caller awaits through :func:`asyncio.shield`: a cancelled caller leaves immediately, and what the
+call did on the server is settled in the background (a grant is undone, a release completed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+import anyio
+from redis.exceptions import RedisError
+
+from . import _scripts
+from ._holds import Hold, NameCounters
+from ._keys import LockKeys
+from ._validate import check_lease, check_wait
+from .errors import LockLostError, LockNotOwnedError, LockTimeoutError
+
+if TYPE_CHECKING:
+    from .client import Client
+
+__all__ = ["AsyncRLock", "LockGuard", "LockStatistics"]
+
+logger = logging.getLogger("aiolock.lock")
+
+T = TypeVar("T")
+
+# A release script reply, read in one place: holds left, or None when the caller did not hold it.
+_NOT_OWNED: Final = None
+_FAILURES = (RedisError, OSError)
+
+
+@dataclass(frozen=True, slots=True)
+class LockStatistics:
+    """A snapshot of one lock name, as seen by this client (no I/O).
+
+    :ivar name: the lock's name.
+    :ivar held: holds this client's owners have on it now (the reentrant count).
+    :ivar lost: ``True`` if this client's last hold on it was lost.
+    :ivar waiters: this client's tasks waiting for it now.
+    :ivar acquisitions: fresh grants to this client.
+    :ivar renewals: successful watchdog renewals.
+    :ivar losses: holds lost (expired, forced, taken over).
+    """
+
+    name: str
+    held: int
+    lost: bool
+    waiters: int
+    acquisitions: int
+    renewals: int
+    losses: int
+
+
+class AsyncRLock:
+    """A reentrant lock shared by every process that uses the same Redis and ``name``.
+
+    Create it with :meth:`aiolock.Client.lock`; creating it does no I/O::
+
+        lock = client.lock("orders:42")
+        async with lock.acquire(wait=5) as guard:
+            await save(order, fence=guard.fencing_token)
+
+    The owner is the calling *task* (plus the client's id): the same task may acquire again, and
+    each acquisition needs one release.  ``client.lock(name, owner="job-17")`` binds the object
+    to an explicit owner instead, so one task may acquire and another release.
+
+    ``lease=None`` (the default) keeps the lock alive with the client's watchdog for as long as
+    the owner holds it; a number of seconds makes the lock expire that long after it was taken,
+    unless it is released first.  Waiting does not poll: a waiter parks on the lock's pub/sub
+    channel, and a release wakes one waiter per client.  The remaining lease bounds every wait,
+    so a lost message only delays a waiter.
+
+    Not to be confused with :class:`asyncio.Lock`: this lock lives in Redis, its leases can run
+    out, and leaving a :class:`LockGuard` block after a loss raises :class:`LockLostError`.
+    """
+
+    __slots__ = ("_client", "_counters", "_explicit_owner", "_guards", "_keys", "name")
+
+    def __init__(self, client: Client, name: str, keys: LockKeys, owner: str | None) -> None:
+        self._client = client
+        self.name = name
+        self._keys = keys
+        self._explicit_owner = owner
+        self._counters: NameCounters = client._counters_for(name)
+        # Guards opened by ``async with lock:``, per task, innermost last.
+        self._guards: dict[asyncio.Task[Any], list[_GuardContext]] = {}
+
+    # -- acquiring ---------------------------------------------------------------------------
+
+    async def try_lock(self, wait: float | None = 0, lease: float | None = None) -> bool:
+        """Acquire the lock, waiting at most ``wait`` seconds (``None``: forever).
+
+        :returns: ``True`` once held, ``False`` if ``wait`` ran out.
+        """
+        wait_s, lease_s = check_wait(wait), check_lease(lease)
+        return await self._acquire(wait_s, lease_s) is not None
+
+    async def lock(self, lease: float | None = None) -> None:
+        """Acquire the lock, waiting as long as it takes."""
+        lease_s = check_lease(lease)
+        await self._acquire(None, lease_s)
+
+    def acquire(
+        self,
+        wait: float | None = None,
+        lease: float | None = None,
+        *,
+        cancel_on_loss: bool = False,
+    ) -> _GuardContext:
+        """An async context manager that holds the lock for its block and yields a guard.
+
+        Raises :class:`LockTimeoutError` when ``wait`` runs out.  The block's exit releases one
+        hold, also on error or cancellation.  If the lock was lost meanwhile, the exit raises
+        :class:`LockLostError`; with ``cancel_on_loss=True`` the block is also cancelled at the
+        moment of the loss.
+        """
+        wait_s, lease_s = check_wait(wait), check_lease(lease)
+        if not isinstance(cancel_on_loss, bool):
+            raise TypeError(
+                f"cancel_on_loss must be a bool, not {type(cancel_on_loss).__name__}"
+            )
+        return _GuardContext(self, wait_s, lease_s, cancel_on_loss)
+
+    async def __aenter__(self) -> LockGuard:
+        context = _GuardContext(self, None, None, False)
+        guard = await context.__aenter__()
+        self._guards.setdefault(_current_task(), []).append(context)
+        return guard
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        task = _current_task()
+        contexts = self._guards[task]
+        context = contexts.pop()
+        if not contexts:
+            del self._guards[task]
+        return await context.__aexit__(exc_type, exc, tb)
+
+    # -- releasing ---------------------------------------------------------------------------
+
+    async def unlock(self) -> None:
+        """Release one hold.
+
+        :raises LockNotOwnedError: if the calling owner does not hold the lock.
+        """
+        owner, _ = self._owner()
+        if await self._release(owner) is _NOT_OWNED:
+            raise LockNotOwnedError(f"lock {self.name!r} is not held by this owner")
+
+    async def force_unlock(self) -> bool:
+        """Delete the lock whoever holds it and wake a waiter; ``True`` if it existed."""
+        client = self._client._check_open()
+        keys = self._keys
+        deleted = await _scripts.run(
+            client._redis, _scripts.FORCE_UNLOCK, (keys.lock, keys.channel), ()
+        )
+        if deleted:
+            client._holds.lose_all(keys.lock, "it was force-unlocked")
+        return bool(deleted)
+
+    # -- inspecting --------------------------------------------------------------------------
+
+    async def is_locked(self) -> bool:
+        """``True`` if anyone holds the lock."""
+        return bool(await self._client._check_open()._redis.exists(self._keys.lock))
+
+    async def is_held(self) -> bool:
+        """``True`` if the calling owner holds the lock."""
+        owner, _ = self._owner()
+        return bool(await self._client._redis.hexists(self._keys.lock, owner))  # type: ignore[misc]
+
+    async def hold_count(self) -> int:
+        """The calling owner's reentrant count (0 if it does not hold the lock)."""
+        owner, _ = self._owner()
+        count = await self._client._redis.hget(self._keys.lock, owner)  # type: ignore[misc]
+        return 0 if count is None else int(count)
+
+    async def remaining_lease(self) -> float | None:
+        """Seconds until the lock expires; ``None`` if it is not locked."""
+        pttl = int(await self._client._check_open()._redis.pttl(self._keys.lock))
+        if pttl == -2:
+            return None
+        return math.inf if pttl == -1 else pttl / 1000
+
+    def statistics(self) -> LockStatistics:
+        """A snapshot of this lock name from this client's view (no I/O)."""
+        holds = self._client._holds.by_key(self._keys.lock)
+        counters = self._counters
+        return LockStatistics(
+            name=self.name,
+            held=sum(hold.count for hold in holds),
+            lost=counters.last_lost,
+            waiters=counters.waiters,
+            acquisitions=counters.acquisitions,
+            renewals=counters.renewals,
+            losses=counters.losses,
+        )
+
+    def __repr__(self) -> str:
+        stats = self.statistics()
+        if stats.held:
+            state = f"held x{stats.held}"
+        elif stats.lost:
+            state = "lost"
+        else:
+            state = "unlocked"
+        extra = f", waiters:{stats.waiters}" if stats.waiters else ""
+        owner = f" owner={self._explicit_owner!r}" if self._explicit_owner is not None else ""
+        return f"<AsyncRLock {self.name!r}{owner} [{state}{extra}]>"
+
+    # -- the machinery -----------------------------------------------------------------------
+
+    def _owner(self) -> tuple[str, asyncio.Task[Any] | None]:
+        client = self._client._check_open()
+        if self._explicit_owner is not None:
+            return client._explicit_owner_id(self._explicit_owner), None
+        task = _current_task()
+        return client._task_owner_id(task), task
+
+    async def _acquire(self, wait: float | None, lease: float | None) -> Hold | None:
+        """The wait loop: a grant, or ``None`` when ``wait`` ran out."""
+        owner, task = self._owner()
+        client = self._client
+        loop = asyncio.get_running_loop()
+        deadline = None if wait is None else loop.time() + wait
+        await client._holds.settle(self._keys.lock, owner)
+
+        outcome = await self._try_acquire(owner, task, lease)
+        if isinstance(outcome, Hold):
+            return outcome
+        if deadline is not None and loop.time() >= deadline:
+            return None
+
+        self._counters.waiters += 1
+        try:
+            try:
+                async with asyncio.timeout_at(deadline) as timeout:
+                    entry = await client._pubsub.subscribe(self._keys.channel)
+            except TimeoutError:
+                if timeout.expired():
+                    return None
+                raise
+            try:
+                while True:
+                    outcome = await self._try_acquire(owner, task, lease)
+                    if isinstance(outcome, Hold):
+                        return outcome
+                    now = loop.time()
+                    if deadline is not None and now >= deadline:
+                        return None
+                    until = now + outcome
+                    await entry.wait(until if deadline is None else min(until, deadline))
+            finally:
+                client._pubsub.release(entry)
+        finally:
+            self._counters.waiters -= 1
+
+    async def _try_acquire(
+        self, owner: str, task: asyncio.Task[Any] | None, lease: float | None
+    ) -> Hold | float:
+        """One run of the acquire script: the hold, or seconds until the lock expires."""
+        client = self._client
+        keys = self._keys
+        lease_ms = round((client.watchdog_timeout if lease is None else lease) * 1000)
+        request = client._next_request()
+        sent_at = asyncio.get_running_loop().time()
+        reply = await self._shielded(
+            owner,
+            _scripts.run(
+                client._redis, _scripts.ACQUIRE, (keys.lock, keys.meta), (lease_ms, owner, request)
+            ),
+            # A grant that the cancelled caller will never see is undone, exactly that one.
+            on_orphan=lambda: self._undo(owner, request, lease_ms / 1000),
+        )
+        if isinstance(reply, list):
+            hold = client._holds.granted(
+                name=self.name,
+                key=keys.lock,
+                owner=owner,
+                reply=reply,
+                sent_at=sent_at,
+                watchdog=lease is None,
+                counters=self._counters,
+                task=task,
+            )
+            if hold.watchdog:
+                client._watchdog.start()
+            return hold
+        pttl = int(reply)
+        return math.inf if pttl < 0 else pttl / 1000
+
+    async def _release(self, owner: str) -> int | None:
+        """Release one hold; the release completes even if the caller is cancelled."""
+        client = self._client
+        request = client._next_request()
+        work = asyncio.get_running_loop().create_task(self._release_now(owner, request))
+        try:
+            return await asyncio.shield(work)
+        except asyncio.CancelledError:
+            if not work.done():
+                client._holds.defer(self._keys.lock, owner, _finish(work))
+            raise
+
+    async def _release_now(self, owner: str, request: int) -> int | None:
+        client = self._client
+        holds = client._holds
+        key = self._keys.lock
+        await holds.settle(key, owner)
+        try:
+            remaining: int | None = await self._run_release(owner, request)
+        except _FAILURES:
+            # The outcome is unknown.  Do not keep a hold that may be gone: the watchdog would
+            # renew it and the next acquire would silently re-enter it.  The same request is
+            # idempotent, so finish it in the background; the owner's next call waits for it.
+            hold = holds.get(key, owner)
+            horizon = client.watchdog_timeout
+            if hold is not None:
+                horizon = max(horizon, hold.expires_at - asyncio.get_running_loop().time())
+                if hold.count > 1:
+                    hold.count -= 1
+                else:
+                    holds.forget(hold)
+            holds.defer(key, owner, self._retry_release(owner, request, None, horizon))
+            raise
+        holds.released(key, owner, remaining)
+        return remaining
+
+    async def _run_release(self, owner: str, request: int, undo: int | None = None) -> int | None:
+        keys = self._keys
+        args: tuple[Any, ...] = (owner, request) if undo is None else (owner, request, undo)
+        reply = await _scripts.run(
+            self._client._redis, _scripts.RELEASE, (keys.lock, keys.meta, keys.channel), args
+        )
+        return None if reply is None else int(reply)
+
+    async def _undo(self, owner: str, acquire_request: int, horizon: float) -> None:
+        request = self._client._next_request()
+        await self._retry_release(owner, request, acquire_request, horizon)
+
+    async def _retry_release(
+        self, owner: str, request: int, undo: int | None, horizon: float
+    ) -> None:
+        """Send one (idempotent) release until it lands, the lease surely ran out, or close."""
+        client = self._client
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + horizon
+        delay = 0.02
+        while True:
+            try:
+                remaining = await self._run_release(owner, request, undo)
+            except _FAILURES as exc:
+                if client.closed or loop.time() + delay > give_up:
+                    logger.warning("gave up releasing %r in the background: %r", self.name, exc)
+                    return
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+                continue
+            client._holds.released(self._keys.lock, owner, remaining)
+            return
+
+    async def _shielded(
+        self, owner: str, call: Awaitable[T], on_orphan: Callable[[], Awaitable[None]]
+    ) -> T:
+        """Await ``call`` in its own task; if the caller is cancelled, settle it in background.
+
+        The caller's cancellation always reaches it here, even where redis-py's own
+        ``asyncio.wait_for`` (Python 3.11) would have swallowed it with the reply.
+        """
+        work = asyncio.ensure_future(call)
+        try:
+            return await asyncio.shield(work)
+        except asyncio.CancelledError:
+            self._client._holds.defer(self._keys.lock, owner, _after(work, on_orphan))
+            raise
+
+
+class LockGuard:
+    """Proof of one acquisition, yielded by :meth:`AsyncRLock.acquire`.
+
+    :ivar fencing_token: strictly increases with every fresh (non-reentrant) acquisition of the
+        lock's name, across all clients; pass it to the storage you protect so that it can
+        reject a writer that lost the lock.  A reentrant acquisition shares its holder's token.
+    :ivar lost: ``True`` once the lease ran out or the lock was taken from the holder.
+    """
+
+    __slots__ = ("_hold", "lock")
+
+    def __init__(self, lock: AsyncRLock, hold: Hold) -> None:
+        self.lock = lock
+        self._hold = hold
+
+    @property
+    def fencing_token(self) -> int:
+        return self._hold.token
+
+    @property
+    def lost(self) -> bool:
+        return self._hold.lost
+
+    def __repr__(self) -> str:
+        hold = self._hold
+        state = "lost" if hold.lost else "held"
+        return f"<LockGuard {self.lock.name!r} token={hold.token} [{state}]>"
+
+
+class _GuardContext:
+    """The async context manager behind ``lock.acquire()`` and ``async with lock``."""
+
+    __slots__ = ("_cancel_on_loss", "_guard", "_lease", "_lock", "_scope", "_wait")
+
+    def __init__(
+        self, lock: AsyncRLock, wait: float | None, lease: float | None, cancel_on_loss: bool
+    ) -> None:
+        self._lock = lock
+        self._wait = wait
+        self._lease = lease
+        self._cancel_on_loss = cancel_on_loss
+        self._guard: LockGuard | None = None
+        self._scope: anyio.CancelScope | None = None
+
+    async def __aenter__(self) -> LockGuard:
+        if self._guard is not None:
+            raise RuntimeError("this acquire() context is already in use")
+        hold = await self._lock._acquire(self._wait, self._lease)
+        if hold is None:
+            raise LockTimeoutError(
+                f"could not acquire lock {self._lock.name!r} within {self._wait}s"
+            )
+        self._guard = LockGuard(self._lock, hold)
+        if self._cancel_on_loss:
+            # Entered here and exited in __aexit__, in the same task, around the block.
+            self._scope = scope = anyio.CancelScope()
+            scope.__enter__()
+            hold.listeners.append(scope.cancel)
+            if hold.lost:
+                scope.cancel()
+        return self._guard
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        guard = self._guard
+        assert guard is not None, "__aexit__ without __aenter__"
+        hold = guard._hold
+        cancelled_by_loss = False
+        if self._scope is not None:
+            hold.listeners.remove(self._scope.cancel)
+            cancelled_by_loss = bool(self._scope.__exit__(exc_type, exc, tb))
+        self._guard = None
+        if not hold.lost:
+            # The release must not touch a lock somebody else now holds: after a loss we do not
+            # send it at all (an explicit owner may have been granted the lock again).
+            owner, _ = self._lock._owner()
+            await self._lock._release(owner)
+        if not hold.lost:
+            return False
+        if exc is None or cancelled_by_loss:
+            raise LockLostError(
+                f"lock {self._lock.name!r} (token {hold.token}) was lost while held: "
+                f"{hold.lost_reason}"
+            ) from exc
+        exc.add_note(f"aiolock: lock {self._lock.name!r} was lost while held: {hold.lost_reason}")
+        return False
+
+
+def _current_task() -> asyncio.Task[Any]:
+    task = asyncio.current_task()
+    if task is None:
+        raise RuntimeError("aiolock must be used from inside an asyncio task")
+    return task
+
+
+async def _finish(work: asyncio.Future[Any]) -> None:
+    await asyncio.wait([work])
+
+
+async def _after(work: asyncio.Future[Any], on_orphan: Callable[[], Awaitable[None]]) -> None:
+    await asyncio.wait([work])
+    if work.cancelled():
+        return
+    # Whether it succeeded or failed, the call may have been applied: undo exactly it.
+    if work.exception() is None and not isinstance(work.result(), list):
+        return  # the lock was busy: nothing was granted
+    await on_orphan()

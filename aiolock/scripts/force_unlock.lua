@@ -1,0 +1,11 @@
+-- Delete a lock whoever holds it, and wake a waiter.
+--
+-- KEYS[1]  the lock hash
+-- KEYS[2]  the lock's channel
+--
+-- Returns 1 if the lock existed, else 0.
+if redis.call('DEL', KEYS[1]) == 1 then
+    redis.call('PUBLISH', KEYS[2], 'forced')
+    return 1
+end
+return 0

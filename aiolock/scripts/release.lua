@@ -1,0 +1,36 @@
+-- Release one hold of a reentrant lock; the last release deletes it and wakes a waiter.
+--
+-- KEYS[1]  the lock hash
+-- KEYS[2]  the meta hash: 'released' -> the request that last deleted the lock
+-- KEYS[3]  the lock's channel (declared as a key so Cluster routes it with the lock)
+-- ARGV[1]  owner id
+-- ARGV[2]  request id, unique per call of this owner; a resent call carries the same id
+--
+-- Returns the holds the owner has left (0: the lock was deleted and a message published),
+-- or nil when the owner does not hold the lock.
+--
+-- Idempotent: a resend of an applied request returns the same answer without releasing twice.
+local request = ARGV[1] .. '/' .. ARGV[2]
+local count = redis.call('HGET', KEYS[1], ARGV[1])
+
+if not count then
+    if redis.call('HGET', KEYS[2], 'released') == request then
+        return 0
+    end
+    return nil
+end
+
+if redis.call('HGET', KEYS[1], ':req') == request then
+    return tonumber(count)
+end
+
+count = tonumber(count) - 1
+if count > 0 then
+    redis.call('HSET', KEYS[1], ARGV[1], count, ':req', request)
+    return count
+end
+
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[2], 'released', request)
+redis.call('PUBLISH', KEYS[3], 'released')
+return 0
