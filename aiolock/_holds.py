@@ -191,9 +191,7 @@ class Holds:
             if self._pending.get((key, owner)) is finished:
                 del self._pending[(key, owner)]
             if not finished.cancelled() and finished.exception() is not None:
-                logger.warning(
-                    "background release of %s failed: %r", key, finished.exception()
-                )
+                logger.warning("background release of %s failed: %r", key, finished.exception())
 
         task.add_done_callback(done)
 

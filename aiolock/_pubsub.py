@@ -303,7 +303,7 @@ class PubSub:
                 continue
             connection = self._new_connection()
             try:
-                await connection.connect()
+                await connection.connect()  # type: ignore[no-untyped-call]
             except (*_CONNECTION_ERRORS, RedisError) as exc:
                 await connection.disconnect()
                 logger.warning("pub/sub connection failed: %r", exc)
@@ -348,16 +348,24 @@ class PubSub:
                 if entry is not None:
                     entry.wake_one()
             elif kind == b"subscribe":
-                waiting = self._confirmations.get(channel)
-                if waiting:
-                    waiting.popleft().set_result(None)
-                    if not waiting:
-                        del self._confirmations[channel]
+                self._confirmed(channel)
                 if channel in stale:
                     stale.discard(channel)
                     entry = self._entries.get(channel)
                     if entry is not None:
                         entry.wake_all()
+
+    def _confirmed(self, channel: bytes) -> None:
+        waiting = self._confirmations.get(channel)
+        # A cancelled subscriber's future is cancelled at once but leaves the queue only when
+        # that task runs again: skip it, the confirmation belongs to the next one (if any).
+        while waiting:
+            confirmation = waiting.popleft()
+            if not confirmation.done():
+                confirmation.set_result(None)
+                break
+        if not waiting:
+            self._confirmations.pop(channel, None)
 
     def _fail_confirmations(self, exc: BaseException) -> None:
         for waiting in self._confirmations.values():

@@ -34,7 +34,7 @@ FORCE_UNLOCK = Script.load("force_unlock")
 async def run(redis: Redis, script: Script, keys: tuple[str, ...], args: tuple[Any, ...]) -> Any:
     """Run ``script`` by SHA; on NOSCRIPT (a fresh or flushed server) send its source once."""
     try:
-        return await redis.evalsha(script.sha, len(keys), *keys, *args)  # type: ignore[misc]
+        return await redis.evalsha(script.sha, len(keys), *keys, *args)
     except NoScriptError:
         # EVAL caches the script, so the next EVALSHA on this server finds it.
-        return await redis.eval(script.source, len(keys), *keys, *args)  # type: ignore[misc]
+        return await redis.eval(script.source, len(keys), *keys, *args)

@@ -221,9 +221,7 @@ def _check_options(key_prefix: object, watchdog_timeout: object, concurrency: ob
         raise ValueError("key_prefix must not contain '{' or '}' (they set Redis hash tags)")
     check_positive(watchdog_timeout, "watchdog_timeout")
     if isinstance(concurrency, bool) or not isinstance(concurrency, int):
-        raise TypeError(
-            f"subscribe_concurrency must be an int, not {type(concurrency).__name__}"
-        )
+        raise TypeError(f"subscribe_concurrency must be an int, not {type(concurrency).__name__}")
     if concurrency < 1:
         raise ValueError(f"subscribe_concurrency must be at least 1, got {concurrency}")
 

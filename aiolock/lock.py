@@ -128,9 +128,7 @@ class AsyncRLock:
         """
         wait_s, lease_s = check_wait(wait), check_lease(lease)
         if not isinstance(cancel_on_loss, bool):
-            raise TypeError(
-                f"cancel_on_loss must be a bool, not {type(cancel_on_loss).__name__}"
-            )
+            raise TypeError(f"cancel_on_loss must be a bool, not {type(cancel_on_loss).__name__}")
         return _GuardContext(self, wait_s, lease_s, cancel_on_loss)
 
     async def __aenter__(self) -> LockGuard:
@@ -183,12 +181,12 @@ class AsyncRLock:
     async def is_held(self) -> bool:
         """``True`` if the calling owner holds the lock."""
         owner, _ = self._owner()
-        return bool(await self._client._redis.hexists(self._keys.lock, owner))  # type: ignore[misc]
+        return bool(await self._client._redis.hexists(self._keys.lock, owner))
 
     async def hold_count(self) -> int:
         """The calling owner's reentrant count (0 if it does not hold the lock)."""
         owner, _ = self._owner()
-        count = await self._client._redis.hget(self._keys.lock, owner)  # type: ignore[misc]
+        count = await self._client._redis.hget(self._keys.lock, owner)
         return 0 if count is None else int(count)
 
     async def remaining_lease(self) -> float | None:

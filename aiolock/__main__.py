@@ -1,0 +1,5 @@
+"""``python -m aiolock demo``: the seed scenario, see :mod:`aiolock._demo`."""
+
+from ._demo import main
+
+raise SystemExit(main())

@@ -1,0 +1,181 @@
+"""``contended``: P processes x T tasks hammer one lock, each hold lasting ``hold`` seconds.
+
+Every task loops acquire -> hold -> release and logs ``(granted, released)`` with
+``time.perf_counter_ns`` (CLOCK_MONOTONIC, one clock for every process on the machine).  The
+parent merges the logs of the window ``[start, end)`` and derives:
+
+- acquisitions/s;
+- the handoff gap, release to the next grant, p50/p99 (the release timestamp is taken before the
+  release is sent, the grant timestamp after the acquire returned: the gap holds both calls);
+- barging: the share of handoffs that went to the task that had just released;
+- served: the share of tasks that acquired at least once;
+- overlaps: grants that came before an earlier hold's release timestamp (a broken lock);
+- the server's commands and CPU per acquisition (INFO deltas over the window).
+
+At the end of the window tasks that wait are cancelled; holders finish their hold.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+from ..impls import make
+from ..stats import ServerProbe, median_of_runs, percentile
+from ..workers import WorkerPool
+from . import rotated
+
+__all__ = ["analyse", "contend", "run"]
+
+HOLD_S = 0.001
+_SETUP_S = 1.0  # from sending the jobs to the start of the window
+
+
+async def contend(
+    impl: str,
+    url: str,
+    key: str,
+    tasks: int,
+    hold_s: float,
+    start_ns: int,
+    end_ns: int,
+    first_worker: int,
+) -> dict[str, Any]:
+    """One process's share: ``tasks`` tasks on ``key`` from ``start_ns`` to ``end_ns``."""
+    lock_impl = make(impl, url, concurrency=tasks)
+    await lock_impl.open()
+    records: list[tuple[int, int, int]] = []
+    holding: set[int] = set()
+
+    async def cycle(handle: Any) -> None:
+        await handle.acquire()
+        await handle.release()
+
+    async def worker(index: int) -> None:
+        handle = lock_impl.handle(key)
+        while time.perf_counter_ns() < end_ns:
+            await handle.acquire()
+            granted = time.perf_counter_ns()
+            holding.add(index)
+            await asyncio.sleep(hold_s)
+            released = time.perf_counter_ns()
+            await handle.release()
+            holding.discard(index)
+            records.append((granted, released, first_worker + index))
+
+    try:
+        # Warm up: every task opens its connection on a private key before the window.
+        await asyncio.gather(*(cycle(lock_impl.handle(f"{key}:warm:{i}")) for i in range(tasks)))
+        await asyncio.sleep(max(0.0, (start_ns - time.perf_counter_ns()) / 1e9))
+        running = [asyncio.create_task(worker(index)) for index in range(tasks)]
+        await asyncio.sleep(max(0.0, (end_ns - time.perf_counter_ns()) / 1e9))
+        for index, task in enumerate(running):
+            if index not in holding:
+                task.cancel()
+        _, pending = await asyncio.wait(running, timeout=5)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+    finally:
+        await asyncio.wait_for(lock_impl.aclose(), timeout=5)
+    return {"records": records}
+
+
+def analyse(
+    records: list[tuple[int, int, int]], start_ns: int, end_ns: int, workers: int
+) -> dict[str, Any]:
+    """The window's figures from the merged ``(granted, released, worker)`` logs."""
+    holds = sorted(r for r in records if start_ns <= r[0] < end_ns)
+    gaps: list[int] = []
+    barged = overlaps = 0
+    latest_release = None
+    for previous, current in zip(holds, holds[1:], strict=False):
+        gaps.append(current[0] - previous[1])
+        barged += current[2] == previous[2]
+        latest_release = max(latest_release or previous[1], previous[1])
+        overlaps += current[0] < latest_release
+    duration_s = (end_ns - start_ns) / 1e9
+    return {
+        "acquisitions": len(holds),
+        "acquisitions_per_s": len(holds) / duration_s,
+        "gap_p50_us": percentile(gaps, 50) / 1e3,
+        "gap_p99_us": percentile(gaps, 99) / 1e3,
+        "barging": barged / len(gaps) if gaps else float("nan"),
+        "served": len({r[2] for r in holds}) / workers,
+        "overlaps": overlaps,
+    }
+
+
+def _one_run(
+    pool: WorkerPool, probe: ServerProbe, impl: str, url: str, tasks: int, duration_s: float
+) -> dict[str, Any]:
+    processes = len(pool)
+    key = f"bench:contended:{uuid.uuid4().hex}"
+    start_ns = time.perf_counter_ns() + int(_SETUP_S * 1e9)
+    end_ns = start_ns + int(duration_s * 1e9)
+    jobs = [
+        (
+            contend,
+            {
+                "impl": impl,
+                "url": url,
+                "key": key,
+                "tasks": tasks,
+                "hold_s": HOLD_S,
+                "start_ns": start_ns,
+                "end_ns": end_ns,
+                "first_worker": index * tasks,
+            },
+        )
+        for index in range(processes)
+    ]
+    pool.send(jobs)
+    time.sleep(max(0.0, (start_ns - time.perf_counter_ns()) / 1e9))
+    before = probe.sample()
+    time.sleep(max(0.0, (end_ns - time.perf_counter_ns()) / 1e9))
+    commands, server_cpu_s, _ = before.delta(probe.sample())
+    replies = pool.gather(timeout=_SETUP_S + duration_s + 30)
+    errors = [reply["error"] for reply in replies if "error" in reply]
+    if errors:
+        return {"error": errors[0]}
+    records = [tuple(r) for reply in replies for r in reply["records"]]
+    result = analyse(records, start_ns, end_ns, processes * tasks)  # type: ignore[arg-type]
+    acquisitions = max(1, result["acquisitions"])
+    result["commands_per_acquisition"] = commands / acquisitions
+    result["server_cpu_us_per_acquisition"] = server_cpu_s / acquisitions * 1e6
+    result["commands_per_s"] = commands / duration_s
+    return result
+
+
+def run(
+    url: str,
+    impls: list[str],
+    *,
+    repeats: int,
+    quick: bool,
+    processes: int = 4,
+    waiters: tuple[int, ...] = (16, 64, 256),
+    duration_s: float = 4.0,
+) -> dict[str, Any]:
+    if quick:
+        processes, waiters, duration_s = 2, (8,), 0.5
+    probe = ServerProbe(url)
+    levels: dict[str, Any] = {}
+    try:
+        with WorkerPool(processes) as pool:
+            for total in waiters:
+                tasks = max(1, total // processes)
+                runs: dict[str, list[dict[str, Any]]] = {name: [] for name in impls}
+                for repeat in range(repeats):
+                    for name in rotated(impls, repeat):
+                        runs[name].append(_one_run(pool, probe, name, url, tasks, duration_s))
+                levels[str(processes * tasks)] = {
+                    "processes": processes,
+                    "tasks_per_process": tasks,
+                    "impls": {n: {"runs": r, "median": median_of_runs(r)} for n, r in runs.items()},
+                }
+    finally:
+        probe.close()
+    return {"hold_s": HOLD_S, "duration_s": duration_s, "levels": levels}

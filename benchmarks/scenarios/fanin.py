@@ -1,0 +1,133 @@
+"""``fanin``: many tasks of one process wait on a few held locks.
+
+``waiters`` tasks wait on ``locks`` locks (``waiters / locks`` per lock) that one task holds.
+Once they all wait: the server's connections, pub/sub connections and channels, the commands per
+second the waiting generates, and the process's RSS growth per waiter.  Then the holder releases
+every lock, each waiter takes its lock once and releases it at once, and the scenario times how
+long it takes until every waiter has acquired.
+
+Each run takes a fresh process, so RSS starts from the same place; a run of bare asyncio tasks
+waiting on an event gives the floor a waiting task costs without any lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import time
+import uuid
+from typing import Any
+
+from ..impls import make
+from ..stats import ServerProbe, median_of_runs, rss_bytes
+from ..workers import WorkerPool
+from . import rotated
+
+__all__ = ["bare_tasks", "fan_in", "run"]
+
+
+async def fan_in(
+    impl: str, url: str, waiters: int, locks: int, settle_s: float, window_s: float,
+    drain_timeout_s: float,
+) -> dict[str, Any]:
+    run_id = uuid.uuid4().hex
+    keys = [f"bench:fanin:{run_id}:{i}" for i in range(locks)]
+    probe = ServerProbe(url)
+    connections_before, _ = probe.clients()
+    lock_impl = make(impl, url, concurrency=waiters + locks)
+    await lock_impl.open()
+    holders = [lock_impl.handle(key) for key in keys]
+    for holder in holders:
+        await holder.acquire()
+    acquired: list[int] = []
+
+    async def waiter(key: str) -> None:
+        handle = lock_impl.handle(key)
+        await handle.acquire()
+        acquired.append(time.perf_counter_ns())
+        await handle.release()
+
+    try:
+        gc.collect()
+        rss_before = rss_bytes()
+        tasks = [asyncio.create_task(waiter(keys[i % locks])) for i in range(waiters)]
+        await asyncio.sleep(settle_s)
+        rss_after = rss_bytes()
+        connections, pubsub = probe.clients()
+        channels = probe.channels(f"*{run_id}*")
+        before = probe.sample()
+        await asyncio.sleep(window_s)
+        commands, server_cpu_s, elapsed_s = before.delta(probe.sample())
+
+        released = time.perf_counter_ns()
+        for holder in holders:
+            await holder.release()
+        _, pending = await asyncio.wait(tasks, timeout=drain_timeout_s)
+        for task in pending:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+    finally:
+        await asyncio.wait_for(lock_impl.aclose(), timeout=10)
+        probe.close()
+    drained = len(acquired) == waiters
+    return {
+        "connections": connections - connections_before,
+        "pubsub_connections": pubsub,
+        "channels": channels,
+        "commands_per_s_waiting": commands / elapsed_s,
+        "server_cpu_share_waiting": server_cpu_s / elapsed_s,
+        "rss_kb_per_waiter": (rss_after - rss_before) / waiters / 1024,
+        "drain_s": (max(acquired) - released) / 1e9 if drained else float("nan"),
+        "acquired_share": len(acquired) / waiters,
+    }
+
+
+async def bare_tasks(waiters: int, settle_s: float) -> dict[str, Any]:
+    """The RSS of ``waiters`` plain tasks parked on an event: the floor for any lock."""
+    event = asyncio.Event()
+    gc.collect()
+    rss_before = rss_bytes()
+    tasks = [asyncio.create_task(event.wait()) for _ in range(waiters)]
+    await asyncio.sleep(settle_s)
+    rss_after = rss_bytes()
+    event.set()
+    await asyncio.gather(*tasks)
+    return {"rss_kb_per_waiter": (rss_after - rss_before) / waiters / 1024}
+
+
+def run(
+    url: str,
+    impls: list[str],
+    *,
+    repeats: int,
+    quick: bool,
+    waiters: int = 5000,
+    locks: int = 100,
+) -> dict[str, Any]:
+    settle_s, window_s, drain_timeout_s = 2.0, 3.0, 30.0
+    if quick:
+        waiters, locks, settle_s, window_s, drain_timeout_s = 500, 10, 0.5, 1.0, 5.0
+    kwargs = {
+        "url": url,
+        "waiters": waiters,
+        "locks": locks,
+        "settle_s": settle_s,
+        "window_s": window_s,
+        "drain_timeout_s": drain_timeout_s,
+    }
+    timeout = settle_s + window_s + drain_timeout_s + 60
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in impls}
+    floor: list[dict[str, Any]] = []
+    for repeat in range(repeats):
+        with WorkerPool(1) as pool:
+            floor += pool.run([(bare_tasks, {"waiters": waiters, "settle_s": settle_s})], 60)
+        for name in rotated(impls, repeat):
+            with WorkerPool(1) as pool:
+                runs[name] += pool.run([(fan_in, {"impl": name, **kwargs})], timeout)
+    return {
+        "waiters": waiters,
+        "locks": locks,
+        "window_s": window_s,
+        "bare_task": median_of_runs(floor),
+        "impls": {name: {"runs": r, "median": median_of_runs(r)} for name, r in runs.items()},
+    }

@@ -1,0 +1,180 @@
+"""The fault injector: a seeded schedule of faults, and the code that applies them.
+
+The schedule is generated up front from the run's seed and printed, so a failing run can be
+replayed with ``--seed``.  Faults run one after another (never two at once), each followed by a
+short quiet gap; every kind of the phase appears at least once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
+
+from aiolock.embedded import EmbeddedServer
+
+from .history import FaultEvent
+from .proxy import FreezableProxy
+
+__all__ = ["DURABLE_KINDS", "VOLATILE_KINDS", "Fault", "Injector", "make_schedule"]
+
+# Restarts keep the data (appendonly, fsync always) in the durable phase and lose it in the
+# volatile one; both phases share every other kind.
+DURABLE_KINDS = (
+    "kill-normal",
+    "kill-pubsub",
+    "restart",
+    "pause",
+    "debug-sleep",
+    "freeze",
+    "slow-path",
+)
+VOLATILE_KINDS = ("amnesia-restart", "kill-normal", "kill-pubsub", "freeze")
+RESTARTS = frozenset({"restart", "amnesia-restart"})
+
+
+@dataclass(frozen=True)
+class Fault:
+    """One scheduled fault: ``at`` seconds after the phase starts, lasting ``duration``."""
+
+    at: float
+    kind: str
+    duration: float = 0.0
+    target: int = 0  # the worker whose proxy a proxy fault affects
+    option: str = ""  # restart: graceful/sigkill; freeze: resume/reset; kill: all/one;
+    # slow-path: the per-chunk delay in seconds
+
+    def __str__(self) -> str:
+        parts = [f"+{self.at:7.2f}s {self.kind:<15}"]
+        if self.duration:
+            parts.append(f"for {self.duration:.2f}s")
+        if self.kind in ("freeze", "slow-path"):
+            parts.append(f"worker {self.target}")
+        if self.option:
+            parts.append(self.option)
+        return " ".join(parts)
+
+
+def make_schedule(
+    seed: int, kinds: Sequence[str], *, span: float, lease: float, workers: int
+) -> list[Fault]:
+    """Faults for ``span`` seconds; stalls and freezes are drawn shorter or longer than ``lease``."""
+    rng = random.Random(seed)
+    first = list(kinds)
+    rng.shuffle(first)
+    schedule: list[Fault] = []
+    at = 1.0
+    while True:
+        kind = first.pop() if first else rng.choice(kinds)
+        fault = _draw(rng, kind, at, lease, workers)
+        if fault.at + fault.duration + 1.0 > span:
+            return schedule
+        schedule.append(fault)
+        at = fault.at + fault.duration + (1.0 if kind in RESTARTS else 0.0) + rng.uniform(0.3, 1.2)
+
+
+def _draw(rng: random.Random, kind: str, at: float, lease: float, workers: int) -> Fault:
+    def around_lease() -> float:
+        # Half the stalls end well inside the lease, half outlast it.
+        if rng.random() < 0.5:
+            return round(rng.uniform(0.15, 0.5) * lease, 2)
+        return round(rng.uniform(1.3, 2.0) * lease, 2)
+
+    target = rng.randrange(workers)
+    match kind:
+        case "kill-normal":
+            return Fault(at, kind, option=rng.choice(("all", "one")))
+        case "restart" | "amnesia-restart":
+            return Fault(at, kind, option=rng.choice(("graceful", "sigkill")))
+        case "pause" | "debug-sleep":
+            return Fault(at, kind, around_lease())
+        case "freeze":
+            return Fault(at, kind, around_lease(), target, rng.choice(("resume", "reset")))
+        case "slow-path":
+            delay = round(rng.uniform(0.05, 0.4), 2)
+            return Fault(at, kind, round(rng.uniform(0.5, 1.5), 2), target, str(delay))
+        case _:
+            return Fault(at, kind)
+
+
+class Injector:
+    """Applies a schedule to one server and the workers' proxies (see the module docstring)."""
+
+    def __init__(self, server: EmbeddedServer, proxies: Sequence[FreezableProxy]) -> None:
+        self._server = server
+        self._proxies = proxies
+        self.events: list[FaultEvent] = []
+        self.amnesia: list[tuple[int, int]] = []
+
+    async def run(self, schedule: Sequence[Fault], start_ns: int) -> None:
+        for fault in schedule:
+            delay = start_ns / 1e9 + fault.at - time.monotonic_ns() / 1e9
+            if delay > 0:
+                await asyncio.sleep(delay)
+            began = time.monotonic_ns()
+            detail = await self._apply(fault)
+            ended = time.monotonic_ns()
+            self.events.append(FaultEvent(fault.kind, began, ended, detail))
+            if fault.kind == "amnesia-restart":
+                self.amnesia.append((began, ended))
+
+    async def heal(self) -> None:
+        """Undo whatever is still in effect: thaw and speed up proxies, unpause the server."""
+        for proxy in self._proxies:
+            proxy.delay = 0.0
+            proxy.thaw()
+        if not self._server.running:
+            await asyncio.to_thread(self._server.start)
+        await self._command("CLIENT", "UNPAUSE")
+
+    async def _command(self, *args: str | int | float) -> object:
+        async with Redis(host=self._server.host, port=self._server.port) as redis:
+            return await redis.execute_command(*args)
+
+    async def _apply(self, fault: Fault) -> str:
+        match fault.kind:
+            case "kill-normal" if fault.option == "one":
+                listing = await self._command("CLIENT", "LIST", "TYPE", "normal")
+                ids = [line.split()[0].removeprefix(b"id=") for line in _lines(listing)]
+                if len(ids) > 1:  # the last one listed is this very connection
+                    victim = random.choice(ids[:-1]).decode()
+                    await self._command("CLIENT", "KILL", "ID", victim)
+                    return f"killed connection {victim}"
+                return "no connection to kill"
+            case "kill-normal" | "kill-pubsub":
+                kind = fault.kind.removeprefix("kill-")
+                killed = await self._command("CLIENT", "KILL", "TYPE", kind, "SKIPME", "yes")
+                return f"killed {killed} {kind} connections"
+            case "restart" | "amnesia-restart":
+                kill = fault.option == "sigkill"
+                await asyncio.to_thread(self._server.restart, kill=kill)
+                return f"pid {self._server.pid}"
+            case "pause":
+                await self._command("CLIENT", "PAUSE", round(fault.duration * 1000), "ALL")
+                await asyncio.sleep(fault.duration)
+                return ""
+            case "debug-sleep":
+                await self._command("DEBUG", "SLEEP", fault.duration)
+                return ""
+            case "freeze":
+                proxy = self._proxies[fault.target]
+                proxy.freeze()
+                await asyncio.sleep(fault.duration)
+                proxy.thaw(reset=fault.option == "reset")
+                return f"{proxy.connections} connections"
+            case "slow-path":
+                proxy = self._proxies[fault.target]
+                proxy.delay = float(fault.option)
+                await asyncio.sleep(fault.duration)
+                proxy.delay = 0.0
+                return ""
+        raise ValueError(f"unknown fault kind {fault.kind!r}")
+
+
+def _lines(listing: object) -> list[bytes]:
+    assert isinstance(listing, bytes)
+    return [line for line in listing.splitlines() if line.strip()]

@@ -1,0 +1,69 @@
+"""Shared test setup: the servers every integration test runs against.
+
+The integration tests run once per available server: the embedded Valkey always, and Redis 7
+(``redis-server`` from PATH, Debian's package) when it is installed.  ``AIOLOCK_REDIS_URL``
+replaces both with one external server.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Callable, Iterator
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+import aiolock
+from aiolock.embedded import EmbeddedServer, redis_server_binary
+from aiolock.pytest_plugin import URL_VARIABLE, ServerInfo
+
+SERVERS = ["valkey"] + (["redis"] if redis_server_binary() else [])
+
+
+@pytest.fixture(scope="session")
+def anyio_backend() -> str:
+    return "asyncio"
+
+
+@pytest.fixture(scope="session", params=SERVERS)
+def aiolock_server(request: pytest.FixtureRequest) -> Iterator[ServerInfo]:
+    """Overrides the plugin's fixture: one session server per available server binary."""
+    url = os.environ.get(URL_VARIABLE)
+    if url:
+        if request.param != SERVERS[0]:
+            pytest.skip(f"{URL_VARIABLE} names one server")
+        yield ServerInfo(url)
+        return
+    with EmbeddedServer(binary=request.param) as server:
+        yield ServerInfo(server.url, server)
+
+
+@pytest.fixture
+async def redis(aiolock_server: ServerInfo) -> AsyncIterator[Redis]:
+    """A plain client on the test server, for looking at keys and channels directly."""
+    client = Redis.from_url(aiolock_server.url, decode_responses=True)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture
+async def make_client(
+    aiolock_server: ServerInfo, aiolock_client: aiolock.Client
+) -> AsyncIterator[Callable[..., aiolock.Client]]:
+    """Build more clients on the test server, sharing ``aiolock_client``'s key prefix."""
+    made: list[aiolock.Client] = []
+
+    def make(**options: Any) -> aiolock.Client:
+        options.setdefault("key_prefix", aiolock_client.key_prefix)
+        client = aiolock.Client.from_url(aiolock_server.url, **options)
+        made.append(client)
+        return client
+
+    try:
+        yield make
+    finally:
+        for client in made:
+            await client.aclose()

@@ -1,0 +1,53 @@
+"""Small waiting helpers for tests: wait on conditions, never on fixed sleeps."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+from redis.asyncio import Redis
+
+import aiolock
+
+
+async def eventually(
+    predicate: Callable[[], bool | Awaitable[bool]], *, timeout: float = 5.0, what: str = ""
+) -> None:
+    """Wait until ``predicate()`` is true; fail the test after ``timeout`` seconds."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        result = predicate()
+        if not isinstance(result, bool):
+            result = await result
+        if result:
+            return
+        if loop.time() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s: {what or predicate}")
+        await asyncio.sleep(0.005)
+
+
+async def lock_keys(redis: Redis, client: aiolock.Client) -> list[str]:
+    """The lock hashes (not the long-lived meta hashes) under ``client``'s prefix."""
+    keys = [key async for key in redis.scan_iter(match=f"{client.key_prefix}:*")]
+    return sorted(str(key) for key in keys if not str(key).endswith(":meta"))
+
+
+async def channels(redis: Redis, client: aiolock.Client) -> list[str]:
+    found = await redis.pubsub_channels(f"{client.key_prefix}:*")
+    return sorted(str(channel) for channel in found)
+
+
+async def assert_clean(redis: Redis, client: aiolock.Client) -> None:
+    """No lock held, no subscription left, nothing pending: on the server and in the client."""
+    await client._pubsub.drain()
+    await eventually(lambda: client.statistics().pending == 0, what="pending settlements")
+    await client._pubsub.drain()
+    assert await lock_keys(redis, client) == []
+
+    async def unsubscribed() -> bool:  # UNSUBSCRIBE is sent; the server may not have run it yet
+        return await channels(redis, client) == []
+
+    await eventually(unsubscribed, what="no channels left")
+    stats = client.statistics()
+    assert (stats.holds, stats.waiters, stats.subscriptions) == (0, 0, 0), stats

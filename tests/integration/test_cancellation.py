@@ -1,0 +1,143 @@
+"""Cancellation at any await point leaves no lock held and no subscription behind.
+
+Each round starts a victim task that acquires (often having to wait, so it subscribes), holds,
+re-enters and releases, and cancels it at a random moment: after a random number of event-loop
+iterations, which lands the cancellation on every kind of await point over many rounds.  After
+each round the server must have no lock key and no channel left, and the client no hold, waiter
+or pending work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+from redis.asyncio import Redis
+
+import aiolock
+from tests.helpers import assert_clean
+
+pytestmark = pytest.mark.anyio
+
+ROUNDS = 300
+
+
+async def victim(lock: aiolock.AsyncRLock, rng: random.Random) -> None:
+    style = rng.randrange(4)
+    if style == 0:
+        async with lock.acquire(wait=2):
+            async with lock.acquire():
+                await asyncio.sleep(0)
+    elif style == 1:
+        if await lock.try_lock(wait=2, lease=5):
+            try:
+                await asyncio.sleep(0)
+            finally:
+                await lock.unlock()
+    elif style == 2:
+        async with lock.acquire(wait=2, cancel_on_loss=True):
+            await asyncio.sleep(0)
+    else:
+        await lock.lock()
+        try:
+            await lock.lock()
+            try:
+                await asyncio.sleep(0)
+            finally:
+                await lock.unlock()
+        finally:
+            await lock.unlock()
+
+
+async def spin(iterations: int) -> None:
+    for _ in range(iterations):
+        await asyncio.sleep(0)
+
+
+async def test_random_cancellations_leave_nothing_behind(
+    aiolock_client: aiolock.Client, redis: Redis
+) -> None:
+    rng = random.Random(20261121)
+    lock = aiolock_client.lock("cancel-storm")
+    outcomes = {"cancelled": 0, "finished": 0}
+    for _ in range(ROUNDS):
+        holder_release = asyncio.Event()
+        holder_has_it = asyncio.Event()
+        contended = rng.random() < 0.6
+
+        async def holder(
+            release: asyncio.Event = holder_release, has_it: asyncio.Event = holder_has_it
+        ) -> None:
+            async with lock.acquire():
+                has_it.set()
+                await release.wait()
+
+        holder_task = asyncio.create_task(holder()) if contended else None
+        if holder_task is not None:
+            await holder_has_it.wait()
+        task = asyncio.create_task(victim(lock, rng))
+        if holder_task is not None:
+            # Release the holder at a random moment too, racing the victim's wait.
+            asyncio.get_running_loop().call_soon(
+                lambda r=holder_release, n=rng.randrange(40): asyncio.ensure_future(
+                    _set_after(r, n)
+                )
+            )
+        await spin(rng.randrange(60))
+        task.cancel()
+        try:
+            await task
+            outcomes["finished"] += 1
+        except asyncio.CancelledError:
+            outcomes["cancelled"] += 1
+        holder_release.set()
+        if holder_task is not None:
+            await holder_task
+        await assert_clean(redis, aiolock_client)
+    # Both outcomes happened many times: the cancellations really landed mid-operation.
+    assert outcomes["cancelled"] > ROUNDS / 4, outcomes
+    assert outcomes["finished"] > 5, outcomes
+
+
+async def _set_after(event: asyncio.Event, iterations: int) -> None:
+    await spin(iterations)
+    event.set()
+
+
+async def test_cancelled_waiter_passes_its_wake_up_on(aiolock_client: aiolock.Client) -> None:
+    """A waiter cancelled right after being woken hands the wake-up to the next waiter."""
+    lock = aiolock_client.lock("pass-it-on")
+    release = asyncio.Event()
+    has_it = asyncio.Event()
+
+    async def holder() -> None:
+        async with lock.acquire():
+            has_it.set()
+            await release.wait()
+
+    holder_task = asyncio.create_task(holder())
+    await has_it.wait()
+    key = lock._keys.channel.encode()
+    first = asyncio.create_task(lock.try_lock(wait=30))
+    entries = aiolock_client._pubsub._entries
+    while key not in entries or entries[key].parked < 1:
+        await asyncio.sleep(0.001)
+
+    async def second_waiter() -> bool:
+        acquired = await lock.try_lock(wait=30)
+        await lock.unlock()
+        return acquired
+
+    second = asyncio.create_task(second_waiter())
+    while entries[key].parked < 2:
+        await asyncio.sleep(0.001)
+    entry = entries[key]
+    entry.wake_one()  # as if a message arrived: it goes to `first`...
+    first.cancel()  # ...which is cancelled before it can use it
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    assert entry.parked == 0 or entry._permits >= 0
+    release.set()
+    await holder_task
+    assert await asyncio.wait_for(second, 5)

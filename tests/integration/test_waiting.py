@@ -1,0 +1,183 @@
+"""Waiting: pub/sub wake-ups, one subscription per channel, wake-one, TTL-bounded waits."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from redis.asyncio import Redis
+
+import aiolock
+from tests.helpers import assert_clean, channels, eventually
+
+pytestmark = pytest.mark.anyio
+
+
+async def hold_in_task(lock: aiolock.AsyncRLock, lease: float | None = None) -> asyncio.Task[None]:
+    """Acquire ``lock`` in a task of its own; the task releases it when cancelled."""
+    ready = asyncio.Event()
+
+    async def holder() -> None:
+        await lock.lock(lease=lease)
+        ready.set()
+        try:
+            await asyncio.Event().wait()
+        finally:
+            if lease is None:
+                await lock.unlock()
+
+    task = asyncio.create_task(holder())
+    await ready.wait()
+    return task
+
+
+async def test_waiter_wakes_promptly_on_release(aiolock_client: aiolock.Client) -> None:
+    lock = aiolock_client.lock("prompt")
+    released_at: list[float] = []
+    ready = asyncio.Event()
+    release_now = asyncio.Event()
+
+    async def holder() -> None:
+        await lock.lock()  # the watchdog lease: 30 s left when released
+        ready.set()
+        await release_now.wait()
+        released_at.append(time.perf_counter())
+        await lock.unlock()
+
+    holder_task = asyncio.create_task(holder())
+    await ready.wait()
+
+    async def waiter() -> float:
+        assert await lock.try_lock(wait=20)
+        granted = time.perf_counter()
+        await lock.unlock()
+        return granted
+
+    waiter_task = asyncio.create_task(waiter())
+    await eventually(
+        lambda: lock.statistics().waiters == 1 and aiolock_client.statistics().subscriptions == 1
+    )
+    await eventually(
+        lambda: aiolock_client._pubsub._entries[lock._keys.channel.encode()].parked == 1
+    )
+    release_now.set()
+    granted = await waiter_task
+    await holder_task
+    gap = granted - released_at[0]
+    # Woken by the release message: a few ms here, against 30 s if it had to wait out the lease.
+    assert gap < 1.0, gap
+
+
+async def test_one_subscription_for_many_waiters(
+    aiolock_client: aiolock.Client, redis: Redis
+) -> None:
+    lock = aiolock_client.lock("crowded")
+    holder = await hold_in_task(lock)
+    acquired: list[int] = []
+
+    async def waiter(i: int) -> None:
+        async with lock.acquire(wait=30):
+            acquired.append(i)
+
+    waiters = [asyncio.create_task(waiter(i)) for i in range(50)]
+    await eventually(lambda: lock.statistics().waiters == 50)
+    numsub = dict(await redis.pubsub_numsub(lock._keys.channel))
+    assert numsub[lock._keys.channel] == 1
+    assert await channels(redis, aiolock_client) == [lock._keys.channel]
+    pubsub_clients = [c for c in await redis.client_list() if int(c.get("sub", 0)) > 0]
+    assert len(pubsub_clients) == 1
+    assert aiolock_client.statistics().subscriptions == 1
+    holder.cancel()
+    await asyncio.gather(*waiters)
+    await asyncio.gather(holder, return_exceptions=True)
+    assert sorted(acquired) == list(range(50))
+    await assert_clean(redis, aiolock_client)
+
+
+async def test_one_release_wakes_one_waiter(aiolock_client: aiolock.Client) -> None:
+    lock = aiolock_client.lock("wake-one")
+    holder = await hold_in_task(lock)
+    entry_key = lock._keys.channel.encode()
+    waiters = [asyncio.create_task(lock.try_lock(wait=30)) for _ in range(5)]
+    await eventually(
+        lambda: (
+            entry_key in aiolock_client._pubsub._entries
+            and aiolock_client._pubsub._entries[entry_key].parked == 5
+        )
+    )
+    entry = aiolock_client._pubsub._entries[entry_key]
+    messages = aiolock_client._pubsub.statistics().messages
+    holder.cancel()
+    await asyncio.gather(holder, return_exceptions=True)
+    await eventually(lambda: aiolock_client._pubsub.statistics().messages == messages + 1)
+    done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    assert len(done) == 1  # one message, one wake-up: the others stay parked
+    assert entry.parked == 4
+    for task in waiters:
+        task.cancel()
+    await asyncio.gather(*waiters, return_exceptions=True)
+
+
+async def test_wait_is_bounded_by_the_lease_without_a_message(
+    aiolock_client: aiolock.Client,
+) -> None:
+    """A fixed lease expires without a PUBLISH: the waiter retries when the TTL runs out."""
+    lock = aiolock_client.lock("expiring")
+    holder = await hold_in_task(lock, lease=0.3)
+    started = time.perf_counter()
+    assert await lock.try_lock(wait=10)
+    waited = time.perf_counter() - started
+    assert waited < 5, waited
+    await lock.unlock()
+    holder.cancel()
+    await asyncio.gather(holder, return_exceptions=True)
+
+
+async def test_wait_zero_never_subscribes(aiolock_client: aiolock.Client) -> None:
+    lock = aiolock_client.lock("no-wait")
+    holder = await hold_in_task(lock)
+    assert not await lock.try_lock(wait=0)
+    assert aiolock_client.statistics().subscriptions == 0
+    assert aiolock_client._pubsub._reader is None  # no subscriber connection was even opened
+    holder.cancel()
+    await asyncio.gather(holder, return_exceptions=True)
+
+
+async def test_waiters_survive_a_killed_pubsub_connection(
+    aiolock_client: aiolock.Client, redis: Redis
+) -> None:
+    lock = aiolock_client.lock("resubscribe")
+    release = asyncio.Event()
+    ready = asyncio.Event()
+
+    async def holder() -> None:
+        await lock.lock()
+        ready.set()
+        await release.wait()
+        await lock.unlock()
+
+    async def acquire_and_release() -> bool:
+        acquired = await lock.try_lock(wait=20)
+        await lock.unlock()
+        return acquired
+
+    holder_task = asyncio.create_task(holder())
+    await ready.wait()
+    waiter = asyncio.create_task(acquire_and_release())
+    await eventually(lambda: aiolock_client.statistics().subscriptions == 1)
+    await eventually(
+        lambda: aiolock_client._pubsub._entries[lock._keys.channel.encode()].parked == 1
+    )
+    reconnects = aiolock_client._pubsub.statistics().reconnects
+    assert await redis.client_kill_filter(_type="pubsub") >= 1
+    await eventually(lambda: aiolock_client._pubsub.statistics().reconnects > reconnects)
+
+    async def resubscribed() -> bool:
+        return await channels(redis, aiolock_client) == [lock._keys.channel]
+
+    await eventually(resubscribed)
+    release.set()
+    assert await asyncio.wait_for(waiter, 5)  # the message reached the new subscription
+    await holder_task
+    await assert_clean(redis, aiolock_client)

@@ -1,0 +1,50 @@
+"""The public surface is explicit: a change to it must be deliberate."""
+
+from __future__ import annotations
+
+import aiolock
+from aiolock import errors
+
+
+def test_all_is_pinned() -> None:
+    assert sorted(aiolock.__all__) == [
+        "AsyncRLock",
+        "Client",
+        "ClientStatistics",
+        "LockError",
+        "LockGuard",
+        "LockLostError",
+        "LockNotOwnedError",
+        "LockStatistics",
+        "LockTimeoutError",
+    ]
+    for name in aiolock.__all__:
+        assert getattr(aiolock, name) is not None
+
+
+def test_error_tree() -> None:
+    assert issubclass(errors.LockError, Exception)
+    assert issubclass(errors.LockTimeoutError, errors.LockError)
+    assert issubclass(errors.LockTimeoutError, TimeoutError)
+    assert issubclass(errors.LockNotOwnedError, errors.LockError)
+    assert issubclass(errors.LockLostError, errors.LockError)
+    assert aiolock.LockLostError is errors.LockLostError
+    assert sorted(errors.__all__) == sorted(
+        ["LockError", "LockTimeoutError", "LockNotOwnedError", "LockLostError"]
+    )
+
+
+def test_py_typed_is_shipped() -> None:
+    from importlib import resources
+
+    assert resources.files("aiolock").joinpath("py.typed").is_file()
+
+
+def test_every_script_has_a_header() -> None:
+    from aiolock import _scripts
+
+    for script in (_scripts.ACQUIRE, _scripts.RELEASE, _scripts.RENEW, _scripts.FORCE_UNLOCK):
+        head = script.source.splitlines()[:12]
+        assert any("KEYS[" in line for line in head), script.name
+        assert any("Returns" in line for line in script.source.splitlines()), script.name
+        assert len(script.sha) == 40
