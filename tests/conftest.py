@@ -35,7 +35,8 @@ def aiolock_server(request: pytest.FixtureRequest) -> Iterator[ServerInfo]:
             pytest.skip(f"{URL_VARIABLE} names one server")
         yield ServerInfo(url)
         return
-    with EmbeddedServer(binary=request.param) as server:
+    # DEBUG SLEEP stalls the server in the resend and chaos tests.
+    with EmbeddedServer(binary=request.param, config={"enable-debug-command": "yes"}) as server:
         yield ServerInfo(server.url, server)
 
 

@@ -5,6 +5,8 @@
 -- KEYS[3]  the lock's channel (declared as a key so Cluster routes it with the lock)
 -- ARGV[1]  owner id
 -- ARGV[2]  request id, unique per call of this owner; a resent call carries the same id
+-- ARGV[3]  optional: undo mode, the id of an acquire request whose outcome the caller never
+--          saw (it was cancelled); release only if that acquire was the owner's last request
 --
 -- Returns the holds the owner has left (0: the lock was deleted and a message published),
 -- or nil when the owner does not hold the lock.
@@ -20,8 +22,12 @@ if not count then
     return nil
 end
 
-if redis.call('HGET', KEYS[1], ':req') == request then
+local last = redis.call('HGET', KEYS[1], ':req')
+if last == request then
     return tonumber(count)
+end
+if ARGV[3] and last ~= ARGV[1] .. '/' .. ARGV[3] then
+    return tonumber(count)  -- that acquire was not applied: nothing to undo
 end
 
 count = tonumber(count) - 1

@@ -1,0 +1,114 @@
+"""Resend safety: redis-py retries a call whose reply timed out; hold counts stay exact.
+
+The scripts carry a request id, so a resent acquire or release is applied once.  The first tests
+replay requests directly; the last makes redis-py itself resend, by stalling the server
+(DEBUG SLEEP on another connection) past a short ``socket_timeout``: the first send runs once the
+server wakes up, and so does the resend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from urllib.parse import urlsplit
+
+import pytest
+from redis.asyncio import Redis
+from redis.exceptions import ResponseError
+
+import aiolock
+from aiolock import _scripts
+from aiolock.pytest_plugin import ServerInfo
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_replayed_requests_apply_once(aiolock_client: aiolock.Client, redis: Redis) -> None:
+    keys = aiolock_client.lock("replayed")._keys
+    raw = aiolock_client._redis
+    owner = f"{aiolock_client.id}:x:replay"
+    acquire = (keys.lock, keys.meta)
+    release = (keys.lock, keys.meta, keys.channel)
+
+    first = await _scripts.run(raw, _scripts.ACQUIRE, acquire, (30000, owner, 1))
+    again = await _scripts.run(raw, _scripts.ACQUIRE, acquire, (30000, owner, 1))
+    assert first[:2] == again[:2]  # same token, count 1
+    assert await redis.hget(keys.lock, owner) == "1"
+    reentered = await _scripts.run(raw, _scripts.ACQUIRE, acquire, (30000, owner, 2))
+    assert reentered[1] == 2
+    assert (await _scripts.run(raw, _scripts.ACQUIRE, acquire, (30000, owner, 2)))[1] == 2
+
+    assert await _scripts.run(raw, _scripts.RELEASE, release, (owner, 3)) == 1
+    assert await _scripts.run(raw, _scripts.RELEASE, release, (owner, 3)) == 1  # not 0
+    assert await _scripts.run(raw, _scripts.RELEASE, release, (owner, 4)) == 0
+    assert await _scripts.run(raw, _scripts.RELEASE, release, (owner, 4)) == 0  # a resend
+    assert await _scripts.run(raw, _scripts.RELEASE, release, (owner, 5)) is None  # not held
+    assert not await redis.exists(keys.lock)
+
+
+async def test_undo_releases_exactly_the_named_grant(aiolock_client: aiolock.Client) -> None:
+    keys = aiolock_client.lock("undo")._keys
+    raw = aiolock_client._redis
+    owner = f"{aiolock_client.id}:x:undo"
+    acquire = (keys.lock, keys.meta)
+    release = (keys.lock, keys.meta, keys.channel)
+    await _scripts.run(raw, _scripts.ACQUIRE, acquire, (30000, owner, 1))
+    # Undoing a request that was never applied leaves the hold alone.
+    assert await _scripts.run(raw, _scripts.RELEASE, release, (owner, 2, 99)) == 1
+    await _scripts.run(raw, _scripts.ACQUIRE, acquire, (30000, owner, 3))
+    assert await _scripts.run(raw, _scripts.RELEASE, release, (owner, 4, 3)) == 1
+    assert await _scripts.run(raw, _scripts.RELEASE, release, (owner, 4, 3)) == 1  # resent undo
+    assert await _scripts.run(raw, _scripts.RELEASE, release, (owner, 5)) == 0
+
+
+async def evalsha_calls(redis: Redis) -> int:
+    stats = await redis.info("commandstats")
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+async def stall_server(url: str, seconds: float, started: asyncio.Event) -> None:
+    staller = Redis.from_url(url)
+    try:
+        await staller.ping()
+        call = asyncio.ensure_future(staller.execute_command("DEBUG", "SLEEP", seconds))
+        await asyncio.sleep(0)  # the DEBUG SLEEP is on the wire
+        started.set()
+        await call
+    finally:
+        await staller.aclose()
+
+
+async def test_redis_py_resends_do_not_double_count(
+    aiolock_server: ServerInfo, aiolock_client: aiolock.Client, redis: Redis
+) -> None:
+    # The constructor's default Retry (10 retries) is what resends; from_url sets none.
+    address = urlsplit(aiolock_server.url)
+    flaky = Redis(
+        host=address.hostname or "127.0.0.1", port=address.port or 6379, socket_timeout=0.05
+    )
+    client = aiolock.Client(flaky, key_prefix=aiolock_client.key_prefix)
+    lock = client.lock("resent")
+    try:
+        await redis.execute_command("DEBUG", "SLEEP", 0)
+    except ResponseError:
+        pytest.skip("this server does not allow DEBUG (enable-debug-command)")
+    try:
+        await lock.lock()  # warm up: scripts loaded, connection open
+        await lock.unlock()
+        for step in ("acquire", "reenter", "release", "release-last"):
+            before = await evalsha_calls(redis)
+            started = asyncio.Event()
+            stall = asyncio.create_task(stall_server(aiolock_server.url, 0.3, started))
+            await started.wait()
+            if step in ("acquire", "reenter"):
+                await lock.lock()
+            else:
+                await lock.unlock()
+            await stall
+            calls = await evalsha_calls(redis) - before
+            assert calls >= 2, f"{step}: redis-py did not resend ({calls} call)"
+            expected = {"acquire": 1, "reenter": 2, "release": 1, "release-last": 0}[step]
+            assert await lock.hold_count() == expected, step
+        assert not await lock.is_locked()
+    finally:
+        await client.aclose()
+        await flaky.aclose()
