@@ -31,7 +31,7 @@ return 1
 
 
 async def write(redis: Redis, value: str, token: int) -> bool:
-    written = await redis.eval(CONDITIONAL_WRITE, 1, "example:record", value, token)  # type: ignore[misc]
+    written = await redis.eval(CONDITIONAL_WRITE, 1, "example:record", value, token)
     return bool(written)
 
 
