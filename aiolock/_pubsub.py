@@ -141,7 +141,8 @@ class PubSub:
 
     def __init__(self, redis: Redis, *, concurrency: int, ping_interval: float = 5.0) -> None:
         self._redis = redis
-        self._semaphores = [asyncio.Semaphore(1) for _ in range(concurrency)]
+        self._concurrency = concurrency
+        self._semaphores: dict[int, asyncio.Semaphore] = {}  # made on first use of a slot
         self._ping_interval = ping_interval
         self._entries: dict[bytes, Entry] = {}
         self._confirmations: dict[bytes, deque[asyncio.Future[None]]] = {}
@@ -224,7 +225,11 @@ class PubSub:
     # -- subscribe / unsubscribe work, under the channel's semaphore ---------------------------
 
     def _semaphore(self, key: bytes) -> asyncio.Semaphore:
-        return self._semaphores[zlib.crc32(key) % len(self._semaphores)]
+        slot = zlib.crc32(key) % self._concurrency
+        semaphore = self._semaphores.get(slot)
+        if semaphore is None:
+            semaphore = self._semaphores[slot] = asyncio.Semaphore(1)
+        return semaphore
 
     async def _confirm(self, entry: Entry) -> None:
         confirmation: asyncio.Future[None] = asyncio.get_running_loop().create_future()

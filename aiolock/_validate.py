@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["check_lease", "check_name", "check_positive", "check_wait"]
+__all__ = ["MAX_SECONDS", "check_lease", "check_name", "check_timeout", "check_wait"]
+
+# About 31 years.  Far beyond any real lease, and far below what Redis accepts: PEXPIRE fails
+# once now + lease overflows, and it would fail inside the script after the lock was written.
+MAX_SECONDS = 1e9
 
 
 def _seconds(value: object, param: str) -> float:
@@ -28,22 +32,20 @@ def check_name(name: object, param: str = "name") -> str:
 
 
 def check_wait(wait: object) -> float | None:
-    """``None`` waits forever; otherwise a finite, non-negative number of seconds."""
-    return None if wait is None else _seconds(wait, "wait")
+    """``None`` waits forever; otherwise from 0 to :data:`MAX_SECONDS` seconds."""
+    return None if wait is None else check_timeout(wait, "wait", minimum=0)
 
 
 def check_lease(lease: object) -> float | None:
-    """``None`` means the watchdog; otherwise a finite number of seconds, at least 1 ms."""
-    if lease is None:
-        return None
-    seconds = _seconds(lease, "lease")
-    if seconds < 0.001:
-        raise ValueError(f"lease must be at least 0.001 seconds, got {lease!r}")
-    return seconds
+    """``None`` means the watchdog; otherwise from 1 ms to :data:`MAX_SECONDS`."""
+    return None if lease is None else check_timeout(lease, "lease", minimum=0.001)
 
 
-def check_positive(value: object, param: str) -> float:
+def check_timeout(value: object, param: str, *, minimum: float) -> float:
+    """A duration from ``minimum`` to :data:`MAX_SECONDS` seconds."""
     seconds = _seconds(value, param)
-    if seconds == 0:
-        raise ValueError(f"{param} must be positive, got {value!r}")
+    if seconds < minimum:
+        raise ValueError(f"{param} must be at least {minimum} seconds, got {value!r}")
+    if seconds > MAX_SECONDS:
+        raise ValueError(f"{param} must be at most {MAX_SECONDS:.0e} seconds, got {value!r}")
     return seconds

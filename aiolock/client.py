@@ -20,7 +20,7 @@ from redis.asyncio import Redis
 from ._holds import Holds, NameCounters
 from ._keys import LockKeys
 from ._pubsub import PubSub
-from ._validate import check_name, check_positive
+from ._validate import check_name, check_timeout
 from ._watchdog import Watchdog
 from .lock import AsyncRLock
 
@@ -219,7 +219,8 @@ def _check_options(key_prefix: object, watchdog_timeout: object, concurrency: ob
     assert isinstance(key_prefix, str)
     if "{" in key_prefix or "}" in key_prefix:
         raise ValueError("key_prefix must not contain '{' or '}' (they set Redis hash tags)")
-    check_positive(watchdog_timeout, "watchdog_timeout")
+    # Renewals run every third of it: below 10 ms the watchdog would only spin.
+    check_timeout(watchdog_timeout, "watchdog_timeout", minimum=0.01)
     if isinstance(concurrency, bool) or not isinstance(concurrency, int):
         raise TypeError(f"subscribe_concurrency must be an int, not {type(concurrency).__name__}")
     if concurrency < 1:

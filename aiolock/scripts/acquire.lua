@@ -14,6 +14,10 @@
 -- lease that is already set.
 local request = ARGV[2] .. '/' .. ARGV[3]
 local lease = tonumber(ARGV[1])
+-- Checked before any write: a PEXPIRE that fails after HSET would leave a lock that never expires.
+if not lease or lease < 1 or lease > 1e12 then
+    return redis.error_reply('ERR aiolock: lease must be 1 to 1e12 milliseconds')
+end
 
 if redis.call('HEXISTS', KEYS[1], ARGV[2]) == 1 then
     local count

@@ -8,6 +8,9 @@
 -- (expired, force-unlocked, or taken by another owner: a stale renewal never extends
 -- somebody else's lease).  A longer lease that is already set is kept.
 local lease = tonumber(ARGV[1])
+if not lease or lease < 1 or lease > 1e12 then
+    return redis.error_reply('ERR aiolock: lease must be 1 to 1e12 milliseconds')
+end
 local renewed = {}
 for i, key in ipairs(KEYS) do
     if redis.call('HEXISTS', key, ARGV[i + 1]) == 1 then

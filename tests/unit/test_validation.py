@@ -51,7 +51,7 @@ def test_bad_names(name: Any, error: type[Exception]) -> None:
             client.lock("ok", owner=name)
 
 
-@pytest.mark.parametrize(("value", "error"), BAD_SECONDS)
+@pytest.mark.parametrize(("value", "error"), [*BAD_SECONDS, (1e16, ValueError)])
 async def test_bad_wait(lock: aiolock.AsyncRLock, value: Any, error: type[Exception]) -> None:
     with pytest.raises(error, match="wait"):
         await lock.try_lock(wait=value)
@@ -59,7 +59,10 @@ async def test_bad_wait(lock: aiolock.AsyncRLock, value: Any, error: type[Except
         lock.acquire(wait=value)
 
 
-@pytest.mark.parametrize(("value", "error"), [*BAD_SECONDS, (0, ValueError), (0.0, ValueError)])
+@pytest.mark.parametrize(
+    ("value", "error"),
+    [*BAD_SECONDS, (0, ValueError), (0.0, ValueError), (1e-4, ValueError), (1e16, ValueError)],
+)
 async def test_bad_lease(lock: aiolock.AsyncRLock, value: Any, error: type[Exception]) -> None:
     with pytest.raises(error, match="lease"):
         await lock.try_lock(lease=value)
@@ -84,6 +87,8 @@ def test_bad_cancel_on_loss(lock: aiolock.AsyncRLock) -> None:
         ({"watchdog_timeout": -1}, ValueError, "watchdog_timeout"),
         ({"watchdog_timeout": math.nan}, ValueError, "watchdog_timeout"),
         ({"watchdog_timeout": True}, TypeError, "watchdog_timeout"),
+        ({"watchdog_timeout": 1e-300}, ValueError, "watchdog_timeout"),
+        ({"watchdog_timeout": 2e9}, ValueError, "watchdog_timeout"),
         ({"subscribe_concurrency": 0}, ValueError, "subscribe_concurrency"),
         ({"subscribe_concurrency": 2.5}, TypeError, "subscribe_concurrency"),
         ({"subscribe_concurrency": True}, TypeError, "subscribe_concurrency"),
