@@ -232,38 +232,53 @@ class AsyncRLock:
         return client._task_owner_id(task), task
 
     async def _acquire(self, wait: float | None, lease: float | None) -> Hold | None:
-        """The wait loop: a grant, or ``None`` when ``wait`` ran out."""
+        """A grant, or ``None`` when ``wait`` ran out.
+
+        ``wait=0`` is one attempt, however long that call takes.  Any other ``wait`` bounds the
+        whole acquire, calls in flight included (a stalled server or a frozen connection cannot
+        hold the caller past it): a grant that arrives after the deadline is undone in the
+        background, as for a cancelled caller.
+        """
         owner, task = self._owner()
+        if wait == 0:
+            await self._client._holds.settle(self._keys.lock, owner)
+            outcome = await self._try_acquire(owner, task, lease)
+            return outcome if isinstance(outcome, Hold) else None
+        deadline = None if wait is None else asyncio.get_running_loop().time() + wait
+        try:
+            async with asyncio.timeout_at(deadline) as timeout:
+                return await self._wait_for_grant(owner, task, lease, deadline)
+        except TimeoutError:
+            if timeout.expired():
+                return None
+            raise
+
+    async def _wait_for_grant(
+        self,
+        owner: str,
+        task: asyncio.Task[Any] | None,
+        lease: float | None,
+        deadline: float | None,
+    ) -> Hold:
+        """The wait loop (see the module docstring); the caller bounds it by ``deadline``."""
         client = self._client
         loop = asyncio.get_running_loop()
-        deadline = None if wait is None else loop.time() + wait
         await client._holds.settle(self._keys.lock, owner)
-
         outcome = await self._try_acquire(owner, task, lease)
         if isinstance(outcome, Hold):
             return outcome
-        if deadline is not None and loop.time() >= deadline:
-            return None
-
         self._counters.waiters += 1
         try:
-            try:
-                async with asyncio.timeout_at(deadline) as timeout:
-                    entry = await client._pubsub.subscribe(self._keys.channel)
-            except TimeoutError:
-                if timeout.expired():
-                    return None
-                raise
+            entry = await client._pubsub.subscribe(self._keys.channel)
             try:
                 while True:
                     outcome = await self._try_acquire(owner, task, lease)
                     if isinstance(outcome, Hold):
                         return outcome
-                    now = loop.time()
-                    if deadline is not None and now >= deadline:
-                        return None
-                    until = now + outcome
-                    await entry.wait(until if deadline is None else min(until, deadline))
+                    until = None if outcome == math.inf else loop.time() + outcome
+                    if deadline is not None:
+                        until = deadline if until is None else min(until, deadline)
+                    await entry.wait(until)
             finally:
                 client._pubsub.release(entry)
         finally:
