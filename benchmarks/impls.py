@@ -34,7 +34,7 @@ import aiolock
 __all__ = ["IMPLS", "POOL_SIZE", "Handle", "Impl", "available", "make"]
 
 POOL_SIZE = 128
-LEASE_S = 10  # the lease of every polling lock (aiolock uses its watchdog, lease=None)
+LEASE_S = 60  # the lease of every polling lock (aiolock uses its watchdog, lease=None)
 
 
 class Handle(Protocol):
@@ -135,9 +135,7 @@ class RedisPyImpl(Impl):
     def handle(self, key: str) -> Handle:
         # thread_local=False: the default keeps the token in threading.local(), which every task
         # of the loop shares; each task has its own Lock object here anyway.
-        lock = RedisPyLock(
-            self._redis, key, timeout=LEASE_S, sleep=self.sleep, thread_local=False
-        )
+        lock = RedisPyLock(self._redis, key, timeout=LEASE_S, sleep=self.sleep, thread_local=False)
         return _RedisPyHandle(lock)
 
     async def aclose(self) -> None:
@@ -168,7 +166,10 @@ class _SpinHandle:
 
     async def acquire(self) -> None:
         redis_ = self._impl.redis
-        while not await redis_.set(self._key, self._token, nx=True, px=LEASE_S * 1000):
+        # The polling loop is the point of this peer.
+        while not await redis_.set(  # noqa: ASYNC110
+            self._key, self._token, nx=True, px=LEASE_S * 1000
+        ):
             await asyncio.sleep(self._impl.retry_delay)
 
     async def release(self) -> None:
@@ -223,9 +224,7 @@ class PotteryImpl(Impl):
         self._cls = AIORedlock
 
     def handle(self, key: str) -> Handle:
-        return _PotteryHandle(
-            self._cls(key=key, masters={self._redis}, auto_release_time=LEASE_S)
-        )
+        return _PotteryHandle(self._cls(key=key, masters={self._redis}, auto_release_time=LEASE_S))
 
     async def aclose(self) -> None:
         await self._redis.aclose()

@@ -76,7 +76,7 @@ class ServerProbe:
         self._redis = redis.Redis.from_url(url, decode_responses=True)
 
     def sample(self) -> ServerSample:
-        info = self._redis.execute_command("INFO", "stats", "cpu")
+        info = self._redis.execute_command("INFO", "stats", "cpu")  # type: ignore[no-untyped-call]
         return ServerSample(
             at_ns=time.perf_counter_ns(),
             commands=int(info["total_commands_processed"]),

@@ -8,6 +8,8 @@ pool for a whole scenario; fan-in runs take a fresh process each, so RSS starts 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import multiprocessing
 from collections.abc import Callable, Coroutine
 from multiprocessing.connection import Connection
@@ -28,7 +30,7 @@ def _serve(conn: Connection) -> None:
         if job is None:
             return
         func, kwargs = job
-        conn.send(attempt(lambda: asyncio.run(func(**kwargs))))
+        conn.send(attempt(functools.partial(asyncio.run, func(**kwargs))))
 
 
 class WorkerPool:
@@ -88,10 +90,8 @@ class WorkerPool:
     def close(self) -> None:
         for conn, process in zip(self._conns, self._processes, strict=True):
             if process.is_alive():
-                try:
+                with contextlib.suppress(BrokenPipeError, OSError):
                     conn.send(None)
-                except (BrokenPipeError, OSError):
-                    pass
             process.join(timeout=3)
             if process.is_alive():
                 process.kill()

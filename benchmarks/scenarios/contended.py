@@ -18,6 +18,7 @@ At the end of the window tasks that wait are cancelled; holders finish their hol
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 import uuid
 from typing import Any
@@ -34,6 +35,7 @@ _SETUP_S = 1.0  # from sending the jobs to the start of the window
 
 
 async def contend(
+    *,
     impl: str,
     url: str,
     key: str,
@@ -91,7 +93,7 @@ def analyse(
     gaps: list[int] = []
     barged = overlaps = 0
     latest_release = None
-    for previous, current in zip(holds, holds[1:], strict=False):
+    for previous, current in itertools.pairwise(holds):
         gaps.append(current[0] - previous[1])
         barged += current[2] == previous[2]
         latest_release = max(latest_release or previous[1], previous[1])
@@ -109,7 +111,7 @@ def analyse(
 
 
 def _one_run(
-    pool: WorkerPool, probe: ServerProbe, impl: str, url: str, tasks: int, duration_s: float
+    pool: WorkerPool, probe: ServerProbe, *, impl: str, url: str, tasks: int, duration_s: float
 ) -> dict[str, Any]:
     processes = len(pool)
     key = f"bench:contended:{uuid.uuid4().hex}"
@@ -141,7 +143,7 @@ def _one_run(
     if errors:
         return {"error": errors[0]}
     records = [tuple(r) for reply in replies for r in reply["records"]]
-    result = analyse(records, start_ns, end_ns, processes * tasks)  # type: ignore[arg-type]
+    result = analyse(records, start_ns, end_ns, processes * tasks)
     acquisitions = max(1, result["acquisitions"])
     result["commands_per_acquisition"] = commands / acquisitions
     result["server_cpu_us_per_acquisition"] = server_cpu_s / acquisitions * 1e6
@@ -157,7 +159,7 @@ def run(
     quick: bool,
     processes: int = 4,
     waiters: tuple[int, ...] = (16, 64, 256),
-    duration_s: float = 4.0,
+    duration_s: float = 3.0,
 ) -> dict[str, Any]:
     if quick:
         processes, waiters, duration_s = 2, (8,), 0.5
@@ -170,7 +172,11 @@ def run(
                 runs: dict[str, list[dict[str, Any]]] = {name: [] for name in impls}
                 for repeat in range(repeats):
                     for name in rotated(impls, repeat):
-                        runs[name].append(_one_run(pool, probe, name, url, tasks, duration_s))
+                        runs[name].append(
+                            _one_run(
+                                pool, probe, impl=name, url=url, tasks=tasks, duration_s=duration_s
+                            )
+                        )
                 levels[str(processes * tasks)] = {
                     "processes": processes,
                     "tasks_per_process": tasks,

@@ -8,6 +8,7 @@ cycle (``time.process_time_ns``) and the server's CPU and commands per cycle (IN
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 import uuid
 from typing import Any
@@ -59,7 +60,7 @@ def run(url: str, impls: list[str], *, repeats: int, quick: bool) -> dict[str, A
         for repeat in range(repeats):
             ping = asyncio.run(ping_p50_us(url))
             for name in rotated(impls, repeat):
-                result = attempt(lambda name=name: asyncio.run(_cycles(name, url, n, probe)))
+                result = attempt(functools.partial(asyncio.run, _cycles(name, url, n, probe)))
                 if "error" not in result:
                     result["ping_p50_us"] = ping
                     result["p50_over_ping"] = result["p50_us"] / ping

@@ -1,0 +1,1 @@
+"""aiolock's benchmarks against its peers: ``python benchmarks/run.py --help``."""

@@ -1,0 +1,370 @@
+"""From a results JSON to a markdown report, the target checks and PNG charts.
+
+``python benchmarks/report.py benchmarks/results/latest.json`` redraws them without rerunning.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["charts", "markdown", "targets", "write"]
+
+Row = Sequence[object]
+
+
+def _fmt(value: object, digits: int = 1) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, int):
+        return f"{value:,}"
+    if isinstance(value, float):
+        if math.isnan(value):
+            return "-"
+        if abs(value) >= 1000:
+            return f"{value:,.0f}"
+        return f"{value:.{digits}f}"
+    return str(value)
+
+
+def _table(header: Row, rows: list[Row]) -> list[str]:
+    lines = ["| " + " | ".join(map(str, header)) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_fmt(cell) for cell in row) + " |" for row in rows]
+    return [*lines, ""]
+
+
+def _medians(section: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {name: data["median"] for name, data in section["impls"].items()}
+
+
+def _rows(
+    medians: dict[str, dict[str, Any]],
+    labels: dict[str, str],
+    columns: list[str],
+    scale: dict[str, Callable[[float], float]] | None = None,
+) -> list[Row]:
+    rows: list[Row] = []
+    for name, figures in medians.items():
+        if "error" in figures:
+            rows.append([labels.get(name, name), f"failed: {figures['error']}"])
+            continue
+        convert = scale or {}
+        rows.append(
+            [labels.get(name, name)]
+            + [convert.get(c, _same)(figures.get(c, float("nan"))) for c in columns]
+        )
+    return rows
+
+
+def _same(value: float) -> float:
+    return value
+
+
+def _main_level(contended: dict[str, Any]) -> str:
+    levels = list(contended["levels"])
+    return "64" if "64" in levels else levels[len(levels) // 2]
+
+
+def targets(results: dict[str, Any]) -> list[tuple[str, str, bool]]:
+    """(target, measured, holds) for aiolock, from whatever scenarios the results hold."""
+    checks: list[tuple[str, str, bool]] = []
+    scenarios = results["scenarios"]
+    if "uncontended" in scenarios:
+        ours = _medians(scenarios["uncontended"]).get("aiolock", {})
+        ratio = ours.get("p50_over_ping", math.nan)
+        checks.append(("uncontended cycle p50 <= 2.3 x PING p50", f"{ratio:.2f} x", ratio <= 2.3))
+    if "contended" in scenarios:
+        levels = scenarios["contended"]["levels"]
+        main_level = _main_level(scenarios["contended"])
+        main = _medians(levels[main_level])
+        ours, spin = main.get("aiolock", {}), main.get("spin", {})
+        rate, spin_rate = ours.get("acquisitions_per_s", 0.0), spin.get("acquisitions_per_s", 0.0)
+        checks.append(
+            (
+                f"contended ({main_level} waiters): acquisitions/s >= spin",
+                f"{rate:,.0f} vs {spin_rate:,.0f}",
+                rate >= spin_rate,
+            )
+        )
+        per_level = {n: _medians(level).get("aiolock", {}) for n, level in levels.items()}
+        served = min(f.get("served", 0.0) for f in per_level.values())
+        checks.append(("contended: every worker served", f"min {served:.0%}", served >= 1.0))
+        barging = max(f.get("barging", 1.0) for f in per_level.values())
+        checks.append(("contended: barging <= 50 %", f"max {barging:.0%}", barging <= 0.5))
+        costs = [f.get("commands_per_acquisition", math.nan) for f in per_level.values()]
+        spread = max(costs) / min(costs) if costs and min(costs) > 0 else math.nan
+        checks.append(
+            (
+                f"contended: commands/acquisition flat within 20 % ({', '.join(levels)} waiters)",
+                " / ".join(f"{c:.1f}" for c in costs) + f" (x{spread:.2f})",
+                spread <= 1.2,
+            )
+        )
+        overlaps = sum(
+            int(figures.get("overlaps", 0))
+            for level in levels.values()
+            for figures in _medians(level).values()
+        )
+        checks.append(
+            ("contended: overlapping holds, every implementation", str(overlaps), overlaps == 0)
+        )
+    if "fanin" in scenarios:
+        fanin = scenarios["fanin"]
+        ours = _medians(fanin).get("aiolock", {})
+        conns, channels = ours.get("pubsub_connections", -1), ours.get("channels", -1)
+        checks.append(
+            (
+                f"fan-in: 1 pub/sub connection and {fanin['locks']} channels",
+                f"{conns:.0f} and {channels:.0f}",
+                conns == 1 and channels == fanin["locks"],
+            )
+        )
+        rate = ours.get("commands_per_s_waiting", math.inf)
+        checks.append(("fan-in: <= 100 commands/s while waiting", f"{rate:.1f}/s", rate <= 100))
+        rss = ours.get("rss_kb_per_waiter", math.inf)
+        floor = fanin["bare_task"].get("rss_kb_per_waiter", math.nan)
+        checks.append(
+            (
+                "fan-in: <= 2 KB RSS per waiter",
+                f"{rss:.2f} KB (a bare waiting task: {floor:.2f} KB)",
+                rss <= 2.0,
+            )
+        )
+    return checks
+
+
+def markdown(results: dict[str, Any]) -> str:
+    meta, scenarios = results["meta"], results["scenarios"]
+    labels: dict[str, str] = meta["labels"]
+    out = [
+        f"Run {meta['date']} on {meta['machine']}; {meta['server']}; Python {meta['python']}, "
+        f"redis-py {meta['redis_py']}, aiolock {meta['aiolock']}. "
+        f"Medians of {meta['repeats']} repeats{' (quick mode)' if meta['quick'] else ''}.",
+        "",
+    ]
+    checks = targets(results)
+    if checks:
+        out += ["**Targets for aiolock**", ""]
+        out += _table(["target", "measured", "holds"], [list(c) for c in checks])
+    if "rtt" in scenarios:
+        m = scenarios["rtt"]["median"]
+        out += ["**rtt** (redis.asyncio, one connection)", ""]
+        out += _table(
+            ["PING p50 µs", "PING p99 µs", "SET NX PX + DEL p50 µs", "SET NX PX + DEL p99 µs"],
+            [[m["ping_p50_us"], m["ping_p99_us"], m["set_del_p50_us"], m["set_del_p99_us"]]],
+        )
+    if "uncontended" in scenarios:
+        section = scenarios["uncontended"]
+        out += [f"**uncontended**: one task, {section['cycles']:,} acquire + release cycles", ""]
+        columns = [
+            "cycles_per_s",
+            "p50_us",
+            "p99_us",
+            "p50_over_ping",
+            "client_cpu_us_per_cycle",
+            "server_cpu_us_per_cycle",
+            "commands_per_cycle",
+        ]
+        out += _table(
+            [
+                "implementation",
+                "cycles/s",
+                "p50 µs",
+                "p99 µs",
+                "p50 / PING p50",
+                "client CPU µs/cycle",
+                "server CPU µs/cycle",
+                "server commands/cycle",
+            ],
+            _rows(_medians(section), labels, columns),
+        )
+    if "contended" in scenarios:
+        section = scenarios["contended"]
+        main = _main_level(section)
+        level = section["levels"][main]
+        out += [
+            f"**contended**: {level['processes']} processes x {level['tasks_per_process']} tasks, "
+            f"hold {section['hold_s'] * 1000:g} ms, {section['duration_s']:g} s per run",
+            "",
+        ]
+        columns = [
+            "acquisitions_per_s",
+            "gap_p50_us",
+            "gap_p99_us",
+            "barging",
+            "served",
+            "commands_per_acquisition",
+            "server_cpu_us_per_acquisition",
+            "overlaps",
+        ]
+        percent = {"barging": lambda v: v * 100, "served": lambda v: v * 100}
+        out += _table(
+            [
+                "implementation",
+                "acquisitions/s",
+                "handoff gap p50 µs",
+                "gap p99 µs",
+                "barging %",
+                "served %",
+                "server commands/acq",
+                "server CPU µs/acq",
+                "overlaps",
+            ],
+            _rows(_medians(level), labels, columns, percent),
+        )
+        names = list(level["impls"])
+        counts = list(section["levels"])
+        out += [
+            "**contended, growing the waiters**: acquisitions/s and server commands per "
+            "acquisition at " + ", ".join(counts) + " waiters",
+            "",
+        ]
+        rows: list[Row] = []
+        for name in names:
+            figures = [_medians(section["levels"][n]).get(name, {}) for n in counts]
+            rows.append(
+                [labels.get(name, name)]
+                + [f.get("acquisitions_per_s", math.nan) for f in figures]
+                + [f.get("commands_per_acquisition", math.nan) for f in figures]
+            )
+        out += _table(
+            ["implementation"]
+            + [f"acq/s @{n}" for n in counts]
+            + [f"cmds/acq @{n}" for n in counts],
+            rows,
+        )
+    if "fanin" in scenarios:
+        section = scenarios["fanin"]
+        out += [
+            f"**fanin**: {section['waiters']:,} tasks wait on {section['locks']} held locks in "
+            f"one process (a bare asyncio task waiting on an event: "
+            f"{section['bare_task'].get('rss_kb_per_waiter', math.nan):.2f} KB)",
+            "",
+        ]
+        columns = [
+            "connections",
+            "pubsub_connections",
+            "channels",
+            "commands_per_s_waiting",
+            "rss_kb_per_waiter",
+            "drain_s",
+            "acquired_share",
+        ]
+        out += _table(
+            [
+                "implementation",
+                "connections",
+                "pub/sub connections",
+                "channels",
+                "commands/s while waiting",
+                "RSS KB/waiter",
+                "all acquired after (s)",
+                "acquired %",
+            ],
+            _rows(_medians(section), labels, columns, {"acquired_share": lambda v: v * 100}),
+        )
+    return "\n".join(out)
+
+
+def charts(results: dict[str, Any], out_dir: Path) -> list[Path]:
+    """PNG charts next to the JSON; ``summary.png`` has one panel per scenario that ran."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    scenarios, labels = results["scenarios"], results["meta"]["labels"]
+    panels = [s for s in ("uncontended", "contended", "fanin") if s in scenarios]
+    if not panels:
+        return []
+    count = len(panels) + ("contended" in panels)
+    fig, axes = plt.subplots(1, count, figsize=(4.6 * count, 4.2), dpi=90, squeeze=False)
+    axes_iter = iter(axes[0])
+
+    def bars(ax: Any, medians: dict[str, dict[str, Any]], field: str, title: str) -> None:
+        names = [n for n, f in medians.items() if field in f]
+        values = [medians[n][field] for n in names]
+        colors = ["tab:green" if n.startswith("aiolock") else "tab:gray" for n in names]
+        ax.barh([labels.get(n, n) for n in names], values, color=colors)
+        ax.invert_yaxis()
+        ax.set_title(title, fontsize=10)
+        ax.tick_params(labelsize=8)
+
+    if "uncontended" in scenarios:
+        ax = next(axes_iter)
+        bars(
+            ax,
+            _medians(scenarios["uncontended"]),
+            "p50_over_ping",
+            "uncontended: cycle p50 / PING p50",
+        )
+        ax.axvline(2.0, color="black", linestyle=":", label="floor 2.0")
+        ax.axvline(2.3, color="tab:red", linestyle="--", label="target 2.3")
+        ax.legend(fontsize=7)
+    if "contended" in scenarios:
+        section = scenarios["contended"]
+        main = _main_level(section)
+        bars(
+            next(axes_iter),
+            _medians(section["levels"][main]),
+            "acquisitions_per_s",
+            f"contended @{main} waiters: acquisitions/s",
+        )
+        ax = next(axes_iter)
+        counts = list(section["levels"])
+        for name in section["levels"][main]["impls"]:
+            ys = [
+                _medians(section["levels"][n]).get(name, {}).get("commands_per_acquisition")
+                for n in counts
+            ]
+            if any(y is None for y in ys):
+                continue
+            style = {"linewidth": 2.5} if name.startswith("aiolock") else {"alpha": 0.8}
+            ax.plot([int(n) for n in counts], ys, marker="o", label=labels.get(name, name), **style)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xticks([int(n) for n in counts], counts)
+        ax.minorticks_off()
+        ax.set_xlabel("waiters", fontsize=8)
+        ax.set_title("server commands per acquisition", fontsize=10)
+        ax.legend(fontsize=6)
+        ax.tick_params(labelsize=8)
+    if "fanin" in scenarios:
+        ax = next(axes_iter)
+        medians = _medians(scenarios["fanin"])
+        bars(
+            ax,
+            {
+                n: {"v": max(f.get("commands_per_s_waiting", 0), 0.1)}
+                for n, f in medians.items()
+                if "error" not in f
+            },
+            "v",
+            f"fan-in: commands/s while {scenarios['fanin']['waiters']:,} wait",
+        )
+        ax.set_xscale("log")
+    fig.tight_layout()
+    path = out_dir / "summary.png"
+    fig.savefig(path)
+    plt.close(fig)
+    return [path]
+
+
+def write(results: dict[str, Any], out_dir: Path) -> str:
+    """Write ``latest.json``, ``latest.md`` and the charts into ``out_dir``; return the markdown."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "latest.json").write_text(json.dumps(results, indent=1, sort_keys=False) + "\n")
+    text = markdown(results)
+    charts(results, out_dir)
+    (out_dir / "latest.md").write_text(text + "\n")
+    return text
+
+
+if __name__ == "__main__":
+    path = Path(sys.argv[1] if len(sys.argv) > 1 else "benchmarks/results/latest.json")
+    data = json.loads(path.read_text())
+    print(write(data, path.parent))
