@@ -40,8 +40,8 @@ class Hold:
     """One owner's hold on one lock, as the client last saw it.
 
     ``expires_at`` is a lower bound of the server-side expiry in event-loop time: the send time
-    of the call that last set the lease, plus the lease.  ``watchdog`` holds are renewed; the
-    others get a timer at ``expires_at`` that marks them lost.
+    of the call that last set the lease, plus the lease.  ``watchdog`` holds are renewed, which
+    moves it on; every hold has a timer at ``expires_at`` that marks it lost.
     """
 
     name: str
@@ -115,13 +115,17 @@ class Holds:
             hold.expires_at = max(hold.expires_at, expires_at)
             hold.watchdog = hold.watchdog or watchdog
         if hold.watchdog:
-            if hold.timer is not None:
-                hold.timer.cancel()
-                hold.timer = None
             self.changed.set()
-        else:
-            self._arm_timer(hold)
+        # Watchdog holds get the timer too: a renewal that hangs (a frozen TCP path) must not
+        # let the hold outlive its lease unnoticed.
+        self._arm_timer(hold)
         return hold
+
+    def extend(self, hold: Hold, expires_at: float) -> None:
+        """A renewal landed: the lease now ends no earlier than ``expires_at``."""
+        if expires_at > hold.expires_at:
+            hold.expires_at = expires_at
+            self._arm_timer(hold)
 
     def released(self, key: str, owner: str, remaining: int | None) -> Hold | None:
         """Record a release reply: holds left, or ``None`` when the owner no longer held it.

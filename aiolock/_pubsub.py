@@ -194,6 +194,11 @@ class PubSub:
         if entry.refs == 0:
             self._spawn(self._unsubscribe(entry.channel, entry))
 
+    def parked(self, channel: str) -> int:
+        """How many of this client's tasks are parked on ``channel`` right now."""
+        entry = self._entries.get(channel.encode())
+        return 0 if entry is None else entry.parked
+
     def statistics(self) -> PubSubStatistics:
         return PubSubStatistics(
             connected=self._connection is not None and self._connection.is_connected,

@@ -92,7 +92,7 @@ class Watchdog:
             if hold.lost or self._holds.get(hold.key, hold.owner) is not hold:
                 continue  # released or replaced while the call was in flight
             if _RENEWED[int(reply)]:
-                hold.expires_at = max(hold.expires_at, sent_at + self.lease)
+                self._holds.extend(hold, sent_at + self.lease)
                 hold.counters.renewals += 1
                 self.renewals += 1
             else:

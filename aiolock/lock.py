@@ -263,22 +263,31 @@ class AsyncRLock:
         """The wait loop (see the module docstring); the caller bounds it by ``deadline``."""
         client = self._client
         loop = asyncio.get_running_loop()
+        channel = self._keys.channel
         await client._holds.settle(self._keys.lock, owner)
-        outcome = await self._try_acquire(owner, task, lease)
-        if isinstance(outcome, Hold):
-            return outcome
+        # FIFO within this client: while some of its tasks are parked on the lock, a newcomer
+        # (a task that has just released it, say) queues behind them instead of barging in.
+        # With no TTL to go by, it waits at most one watchdog lease for its turn.  An owner that
+        # already holds the lock re-enters at once: it must not queue behind its own waiters.
+        queue_first = (
+            client._pubsub.parked(channel) > 0 and client._holds.get(self._keys.lock, owner) is None
+        )
+        if not queue_first:
+            outcome = await self._try_acquire(owner, task, lease)
+            if isinstance(outcome, Hold):
+                return outcome
         self._counters.waiters += 1
         try:
-            entry = await client._pubsub.subscribe(self._keys.channel)
+            entry = await client._pubsub.subscribe(channel)
             try:
+                if queue_first:
+                    await entry.wait(_earliest(loop.time() + client.watchdog_timeout, deadline))
                 while True:
                     outcome = await self._try_acquire(owner, task, lease)
                     if isinstance(outcome, Hold):
                         return outcome
                     until = None if outcome == math.inf else loop.time() + outcome
-                    if deadline is not None:
-                        until = deadline if until is None else min(until, deadline)
-                    await entry.wait(until)
+                    await entry.wait(_earliest(until, deadline))
             finally:
                 client._pubsub.release(entry)
         finally:
@@ -493,6 +502,13 @@ class _GuardContext:
             ) from exc
         exc.add_note(f"aiolock: lock {self._lock.name!r} was lost while held: {hold.lost_reason}")
         return False
+
+
+def _earliest(a: float | None, b: float | None) -> float | None:
+    """The earlier of two deadlines, ``None`` meaning never."""
+    if a is None:
+        return b
+    return a if b is None else min(a, b)
 
 
 def _current_task() -> asyncio.Task[Any]:

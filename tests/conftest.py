@@ -7,7 +7,9 @@ replaces both with one external server.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import warnings
 from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
@@ -17,6 +19,13 @@ from redis.asyncio import Redis
 import aiolock
 from aiolock.embedded import EmbeddedServer, redis_server_binary
 from aiolock.pytest_plugin import URL_VARIABLE, ServerInfo
+
+# On a failure hypothesis imports libcst (to suggest an @example patch), which warns about
+# mypy_extensions.TypedDict; with filterwarnings=error that turns a test failure into a pytest
+# INTERNALERROR.  Import it once here, quietly.
+with warnings.catch_warnings(), contextlib.suppress(ImportError):
+    warnings.simplefilter("ignore", DeprecationWarning)
+    import hypothesis.extra._patching  # noqa: F401
 
 SERVERS = ["valkey"] + (["redis"] if redis_server_binary() else [])
 

@@ -19,27 +19,26 @@ if not lease or lease < 1 or lease > 1e12 then
     return redis.error_reply('ERR aiolock: lease must be 1 to 1e12 milliseconds')
 end
 
-if redis.call('HEXISTS', KEYS[1], ARGV[2]) == 1 then
-    local count
-    if redis.call('HGET', KEYS[1], ':req') == request then
-        count = tonumber(redis.call('HGET', KEYS[1], ARGV[2]))
-    else
-        count = redis.call('HINCRBY', KEYS[1], ARGV[2], 1)
-        redis.call('HSET', KEYS[1], ':req', request)
-    end
-    local pttl = redis.call('PTTL', KEYS[1])
-    if pttl < lease then
-        redis.call('PEXPIRE', KEYS[1], lease)
-        pttl = lease
-    end
-    return {tonumber(redis.call('HGET', KEYS[1], ':fence')), count, pttl}
+if redis.call('EXISTS', KEYS[1]) == 0 then
+    local token = redis.call('HINCRBY', KEYS[2], 'next', 1)
+    redis.call('HSET', KEYS[1], ARGV[2], 1, ':fence', token, ':req', request)
+    redis.call('PEXPIRE', KEYS[1], lease)
+    return {token, 1, lease}
 end
 
-if redis.call('EXISTS', KEYS[1]) == 1 then
+local held = redis.call('HMGET', KEYS[1], ARGV[2], ':req', ':fence')
+if not held[1] then
     return redis.call('PTTL', KEYS[1])
 end
 
-local token = redis.call('HINCRBY', KEYS[2], 'next', 1)
-redis.call('HSET', KEYS[1], ARGV[2], 1, ':fence', token, ':req', request)
-redis.call('PEXPIRE', KEYS[1], lease)
-return {token, 1, lease}
+local count = tonumber(held[1])
+if held[2] ~= request then
+    count = count + 1
+    redis.call('HSET', KEYS[1], ARGV[2], count, ':req', request)
+end
+local pttl = redis.call('PTTL', KEYS[1])
+if pttl < lease then
+    redis.call('PEXPIRE', KEYS[1], lease)
+    pttl = lease
+end
+return {tonumber(held[3]), count, pttl}

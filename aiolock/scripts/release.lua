@@ -13,24 +13,24 @@
 --
 -- Idempotent: a resend of an applied request returns the same answer without releasing twice.
 local request = ARGV[1] .. '/' .. ARGV[2]
-local count = redis.call('HGET', KEYS[1], ARGV[1])
+local held = redis.call('HMGET', KEYS[1], ARGV[1], ':req')
 
-if not count then
+if not held[1] then
     if redis.call('HGET', KEYS[2], 'released') == request then
         return 0
     end
     return nil
 end
 
-local last = redis.call('HGET', KEYS[1], ':req')
-if last == request then
-    return tonumber(count)
+local count = tonumber(held[1])
+if held[2] == request then
+    return count
 end
-if ARGV[3] and last ~= ARGV[1] .. '/' .. ARGV[3] then
-    return tonumber(count)  -- that acquire was not applied: nothing to undo
+if ARGV[3] and held[2] ~= ARGV[1] .. '/' .. ARGV[3] then
+    return count  -- that acquire was not applied: nothing to undo
 end
 
-count = tonumber(count) - 1
+count = count - 1
 if count > 0 then
     redis.call('HSET', KEYS[1], ARGV[1], count, ':req', request)
     return count

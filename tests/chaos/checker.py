@@ -3,9 +3,13 @@
 What must hold, per phase (see :class:`~tests.chaos.history.Phase`):
 
 - *exclusion*: no two holds of one name that did not end lost overlap in time;
+- *timely loss*: a hold that lost its lock knew it (``guard.lost``) by the end of its body if
+  another hold got the lock before then: the other grant came after the lease ran out on the
+  server, and the client's own expiry estimate is a lower bound of that;
 - *fencing*: tokens are unique per name, and a hold that did not end lost has a larger token
   than every grant of its name that came back before it;
-- *waiting*: every attempt finished, and a bounded wait ended within ``wait + slack``;
+- *waiting*: every attempt finished, and a bounded wait (``wait > 0``) ended within
+  ``wait + slack``;
 - *amnesia*: a hold that lived through a restart which lost the server's state was not reported
   as a success (exclusion and fencing are only checked between such restarts);
 - *diagnostics*: whatever the workers and the orchestrator found (warnings, leftover keys...).
@@ -18,6 +22,7 @@ check exact: a hold that did not end lost covers its whole critical section on t
 
 from __future__ import annotations
 
+import bisect
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -46,6 +51,7 @@ def check_phase(phase: Phase, *, wait_slack: float = 0.5) -> list[Violation]:
     for epoch in epochs:
         for holds in _by_name(epoch).values():
             violations += _check_exclusion(holds, origin)
+            violations += _check_late_losses(holds, origin)
             violations += _check_fencing(holds)
     violations += _check_amnesia(straddlers, phase.amnesia)
     violations += [Violation("diagnostic", problem) for problem in phase.problems]
@@ -83,7 +89,9 @@ def _check_finished(attempts: Iterable[Attempt]) -> list[Violation]:
 def _check_waits(attempts: Iterable[Attempt], slack: float) -> list[Violation]:
     found = []
     for attempt in attempts:
-        if attempt.wait is None or attempt.t_done is None:
+        # wait=0 is documented as one attempt "however long that call takes" (AsyncRLock's
+        # _acquire): only a real wait promises a deadline.
+        if not attempt.wait or attempt.t_done is None:
             continue
         if attempt.result not in (GRANTED, TIMEOUT):
             continue
@@ -133,7 +141,8 @@ def _check_exclusion(holds: Sequence[Attempt], origin: int) -> list[Violation]:
     for hold in holds:
         if _ended_lost(hold):
             continue
-        assert hold.t_grant is not None and hold.t_end is not None
+        assert hold.t_grant is not None
+        assert hold.t_end is not None
         if latest is not None and latest.t_end is not None and hold.t_grant < latest.t_end:
             found.append(
                 Violation(
@@ -144,6 +153,28 @@ def _check_exclusion(holds: Sequence[Attempt], origin: int) -> list[Violation]:
             )
         if latest is None or (latest.t_end or 0) < hold.t_end:
             latest = hold
+    return found
+
+
+def _check_late_losses(holds: Sequence[Attempt], origin: int) -> list[Violation]:
+    """``holds``: one name, sorted by grant time."""
+    kept = [hold for hold in holds if not _ended_lost(hold)]
+    starts = [hold.t_grant or 0 for hold in kept]
+    found = []
+    for hold in holds:
+        if not _ended_lost(hold) or hold.lost_in_body:
+            continue
+        assert hold.t_grant is not None
+        assert hold.t_end is not None
+        index = bisect.bisect_right(starts, hold.t_grant)
+        if index < len(kept) and starts[index] < hold.t_end:
+            found.append(
+                Violation(
+                    "late-loss",
+                    f"{hold.name!r}: {_describe(kept[index], origin)} was granted while "
+                    f"{_describe(hold, origin)} still ran its body, not yet told of its loss",
+                )
+            )
     return found
 
 
@@ -165,8 +196,7 @@ def _check_fencing(holds: Sequence[Attempt]) -> list[Violation]:
                     f"and {hold.label}",
                 )
             )
-        seen[token] = hold
-        if highest is not None and not _ended_lost(hold) and (highest.token or 0) >= token:
+        elif highest is not None and not _ended_lost(hold) and (highest.token or 0) >= token:
             found.append(
                 Violation(
                     "fencing",
@@ -174,6 +204,7 @@ def _check_fencing(holds: Sequence[Attempt]) -> list[Violation]:
                     f"had got {highest.token}",
                 )
             )
+        seen[token] = hold
         if highest is None or (highest.token or 0) < token:
             highest = hold
     return found
@@ -185,7 +216,8 @@ def _check_amnesia(
     """A hold granted before a state-losing restart and ended after it cannot be a success."""
     found = []
     for hold in straddlers:
-        assert hold.t_grant is not None and hold.t_end is not None
+        assert hold.t_grant is not None
+        assert hold.t_end is not None
         survived = any(hold.t_grant < down and hold.t_end > up for down, up in amnesia)
         if survived and hold.outcome == OK and not hold.lost:
             found.append(

@@ -62,7 +62,7 @@ class Fault:
 def make_schedule(
     seed: int, kinds: Sequence[str], *, span: float, lease: float, workers: int
 ) -> list[Fault]:
-    """Faults for ``span`` seconds; stalls and freezes are drawn shorter or longer than ``lease``."""
+    """Faults for ``span`` seconds; stalls and freezes last shorter or longer than ``lease``."""
     rng = random.Random(seed)
     first = list(kinds)
     rng.shuffle(first)
@@ -104,8 +104,11 @@ def _draw(rng: random.Random, kind: str, at: float, lease: float, workers: int) 
 class Injector:
     """Applies a schedule to one server and the workers' proxies (see the module docstring)."""
 
-    def __init__(self, server: EmbeddedServer, proxies: Sequence[FreezableProxy]) -> None:
+    def __init__(
+        self, server: EmbeddedServer, proxies: Sequence[FreezableProxy], *, seed: int
+    ) -> None:
         self._server = server
+        self._rng = random.Random(seed)
         self._proxies = proxies
         self.events: list[FaultEvent] = []
         self.amnesia: list[tuple[int, int]] = []
@@ -131,23 +134,32 @@ class Injector:
             await asyncio.to_thread(self._server.start)
         await self._command("CLIENT", "UNPAUSE")
 
+    def _redis(self) -> Redis:
+        return Redis(host=self._server.host, port=self._server.port)
+
     async def _command(self, *args: str | int | float) -> object:
-        async with Redis(host=self._server.host, port=self._server.port) as redis:
-            return await redis.execute_command(*args)
+        async with self._redis() as redis:
+            return await redis.execute_command(*args)  # type: ignore[no-untyped-call]
+
+    async def _kill_one(self) -> str:
+        async with self._redis() as redis:
+            me = await redis.client_id()
+            listing = await redis.client_list(_type="normal")
+            others = [client["id"] for client in listing if client["id"] != str(me)]
+            if not others:
+                return "no connection to kill"
+            victim = self._rng.choice(sorted(others))
+            await redis.client_kill_filter(_id=victim)
+            return f"killed connection {victim}"
 
     async def _apply(self, fault: Fault) -> str:
         match fault.kind:
             case "kill-normal" if fault.option == "one":
-                listing = await self._command("CLIENT", "LIST", "TYPE", "normal")
-                ids = [line.split()[0].removeprefix(b"id=") for line in _lines(listing)]
-                if len(ids) > 1:  # the last one listed is this very connection
-                    victim = random.choice(ids[:-1]).decode()
-                    await self._command("CLIENT", "KILL", "ID", victim)
-                    return f"killed connection {victim}"
-                return "no connection to kill"
+                return await self._kill_one()
             case "kill-normal" | "kill-pubsub":
                 kind = fault.kind.removeprefix("kill-")
-                killed = await self._command("CLIENT", "KILL", "TYPE", kind, "SKIPME", "yes")
+                async with self._redis() as redis:
+                    killed = await redis.client_kill_filter(_type=kind, skipme=True)
                 return f"killed {killed} {kind} connections"
             case "restart" | "amnesia-restart":
                 kill = fault.option == "sigkill"
@@ -173,8 +185,3 @@ class Injector:
                 proxy.delay = 0.0
                 return ""
         raise ValueError(f"unknown fault kind {fault.kind!r}")
-
-
-def _lines(listing: object) -> list[bytes]:
-    assert isinstance(listing, bytes)
-    return [line for line in listing.splitlines() if line.strip()]

@@ -48,6 +48,7 @@ class Attempt:
     t_end: int | None = None
     outcome: str | None = None  # ok, lost, cancelled or "error:<Type>"; None while held
     lost: bool = False  # guard.lost (or the hold's flag) when the hold ended
+    lost_in_body: bool = False  # ... and when the body ended, before the release
 
     @property
     def granted(self) -> bool:

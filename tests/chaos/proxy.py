@@ -29,6 +29,7 @@ class FreezableProxy:
         self.host = host
         self.upstream_port = upstream_port
         self.delay = 0.0
+        self.port = 0  # where clients connect, once started
         self._flowing = asyncio.Event()
         self._flowing.set()
         self._server: asyncio.Server | None = None
@@ -45,8 +46,8 @@ class FreezableProxy:
 
     async def start(self) -> int:
         self._server = await asyncio.start_server(self._accept, self.host, 0)
-        port: int = self._server.sockets[0].getsockname()[1]
-        return port
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self.port
 
     def freeze(self) -> None:
         self._flowing.clear()

@@ -1,0 +1,27 @@
+"""The CI-mode chaos run, as a test: ``python -m tests.chaos.run`` in a subprocess.
+
+The seed is random unless ``AIOLOCK_CHAOS_SEED`` is set; the run prints it for replay.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.slow
+def test_chaos_ci_mode() -> None:
+    seed = os.environ.get("AIOLOCK_CHAOS_SEED") or str(random.randrange(1 << 32))
+    command = [sys.executable, "-m", "tests.chaos.run", "--seed", seed]
+    run = subprocess.run(
+        command, check=False, cwd=ROOT, capture_output=True, text=True, timeout=180
+    )
+    print(run.stdout)
+    assert run.returncode == 0, f"chaos run failed (seed {seed}):\n{run.stdout}\n{run.stderr}"
