@@ -322,12 +322,11 @@ class PubSub:
                 await asyncio.sleep(delay)
                 continue
             delay = 0.0
-            reconnect = self._reconnects > 0 or any(e.confirmed for e in self._entries.values())
             self._connection = connection
             try:
                 if self._entries:
                     await connection.send_command("SUBSCRIBE", *self._entries, check_health=False)
-                await self._read(connection, resubscribed=reconnect)
+                await self._read(connection)
             except _CONNECTION_ERRORS as exc:
                 logger.warning("pub/sub connection lost, reconnecting: %r", exc)
             finally:
@@ -335,10 +334,10 @@ class PubSub:
                 await connection.disconnect(nowait=True)
             self._reconnects += 1
 
-    async def _read(self, connection: AbstractConnection, *, resubscribed: bool) -> None:
-        # After a reconnect, every confirmed entry may have missed a release: its waiters retry
-        # once its resubscription is confirmed.
-        stale = {key for key, entry in self._entries.items() if entry.confirmed and resubscribed}
+    async def _read(self, connection: AbstractConnection) -> None:
+        # An entry confirmed on an earlier connection may have missed a release meanwhile: its
+        # waiters retry once its resubscription is confirmed.
+        stale = {key for key, entry in self._entries.items() if entry.confirmed}
         ping_outstanding = False
         while True:
             reply = await connection.read_response(timeout=self._ping_interval)

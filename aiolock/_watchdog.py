@@ -2,9 +2,9 @@
 
 Every ``watchdog_timeout / 3`` it renews all watched holds in one script call per batch.  A hold
 whose lock is gone or owned by someone else is marked lost at once.  A renewal that fails (the
-connection dropped) is retried quickly; a hold whose lease ran out meanwhile is marked lost,
-because from then on nobody can say who holds the lock.  A hold whose owning task finished
-without releasing is dropped, and its lock expires within one lease.
+connection dropped) is retried quickly; a hold whose lease runs out meanwhile is marked lost by
+its timer, because from then on nobody can say who holds the lock.  A hold whose owning task
+finished without releasing is dropped, and its lock expires within one lease.
 """
 
 from __future__ import annotations
@@ -62,7 +62,6 @@ class Watchdog:
 
     async def renew_once(self) -> None:
         """One renewal round over every watched hold, retrying failures within the lease."""
-        loop = asyncio.get_running_loop()
         delay = min(0.05, self.period / 10)
         while True:
             holds = [hold for hold in self._holds.watched() if self._owner_alive(hold)]
@@ -73,11 +72,9 @@ class Watchdog:
                     await self._renew(holds[start : start + _BATCH])
                 return
             except (RedisError, OSError) as exc:
+                # Retried within the lease; each hold's timer marks it lost if the lease runs
+                # out before a renewal lands.
                 self.failures += 1
-                now = loop.time()
-                for hold in holds:
-                    if not hold.lost and hold.expires_at <= now:
-                        self._holds.lose(hold, f"its lease could not be renewed ({exc!r})")
                 logger.warning("watchdog renewal failed, retrying: %r", exc)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.period / 3)

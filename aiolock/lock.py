@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final, TypeVar
@@ -307,8 +307,8 @@ class AsyncRLock:
             _scripts.run(
                 client._redis, _scripts.ACQUIRE, (keys.lock, keys.meta), (lease_ms, owner, request)
             ),
-            # A grant that the cancelled caller will never see is undone, exactly that one.
-            on_orphan=lambda: self._undo(owner, request, lease_ms / 1000),
+            # A grant that the caller will never see is undone, exactly that one.
+            on_orphan=lambda work: self._undo_if_granted(work, owner, request, lease_ms / 1000),
         )
         if isinstance(reply, list):
             hold = client._holds.granted(
@@ -329,15 +329,8 @@ class AsyncRLock:
 
     async def _release(self, owner: str) -> int | None:
         """Release one hold; the release completes even if the caller is cancelled."""
-        client = self._client
-        request = client._next_request()
-        work = asyncio.get_running_loop().create_task(self._release_now(owner, request))
-        try:
-            return await asyncio.shield(work)
-        except asyncio.CancelledError:
-            if not work.done():
-                client._holds.defer(self._keys.lock, owner, _finish(work))
-            raise
+        request = self._client._next_request()
+        return await self._shielded(owner, self._release_now(owner, request), on_orphan=None)
 
     async def _release_now(self, owner: str, request: int) -> int | None:
         client = self._client
@@ -371,7 +364,12 @@ class AsyncRLock:
         )
         return None if reply is None else int(reply)
 
-    async def _undo(self, owner: str, acquire_request: int, horizon: float) -> None:
+    async def _undo_if_granted(
+        self, work: asyncio.Future[Any], owner: str, acquire_request: int, horizon: float
+    ) -> None:
+        if work.exception() is None and not isinstance(work.result(), list):
+            return  # the lock was busy: nothing was granted
+        # Granted, or failed with an unknown outcome: undo exactly that request, if it landed.
         request = self._client._next_request()
         await self._retry_release(owner, request, acquire_request, horizon)
 
@@ -397,18 +395,23 @@ class AsyncRLock:
             return
 
     async def _shielded(
-        self, owner: str, call: Awaitable[T], on_orphan: Callable[[], Awaitable[None]]
+        self,
+        owner: str,
+        call: Coroutine[Any, Any, T],
+        on_orphan: Callable[[asyncio.Future[T]], Awaitable[None]] | None,
     ) -> T:
         """Await ``call`` in its own task; if the caller is cancelled, settle it in background.
 
         The caller's cancellation always reaches it here, even where redis-py's own
-        ``asyncio.wait_for`` (Python 3.11) would have swallowed it with the reply.
+        ``asyncio.wait_for`` (Python 3.11) would have swallowed it with the reply.  The call
+        itself goes on; ``on_orphan`` then deals with what it did, and the owner's next call on
+        this lock waits for both.
         """
         work = asyncio.ensure_future(call)
         try:
             return await asyncio.shield(work)
         except asyncio.CancelledError:
-            self._client._holds.defer(self._keys.lock, owner, _after(work, on_orphan))
+            self._client._holds.defer(self._keys.lock, owner, _settle_orphan(work, on_orphan))
             raise
 
 
@@ -491,8 +494,7 @@ class _GuardContext:
         if not hold.lost:
             # The release must not touch a lock somebody else now holds: after a loss we do not
             # send it at all (an explicit owner may have been granted the lock again).
-            owner, _ = self._lock._owner()
-            await self._lock._release(owner)
+            await self._lock._release(hold.owner)
         if not hold.lost:
             return False
         if exc is None or cancelled_by_loss:
@@ -518,15 +520,9 @@ def _current_task() -> asyncio.Task[Any]:
     return task
 
 
-async def _finish(work: asyncio.Future[Any]) -> None:
+async def _settle_orphan(
+    work: asyncio.Future[T], on_orphan: Callable[[asyncio.Future[T]], Awaitable[None]] | None
+) -> None:
     await asyncio.wait([work])
-
-
-async def _after(work: asyncio.Future[Any], on_orphan: Callable[[], Awaitable[None]]) -> None:
-    await asyncio.wait([work])
-    if work.cancelled():
-        return
-    # Whether it succeeded or failed, the call may have been applied: undo exactly it.
-    if work.exception() is None and not isinstance(work.result(), list):
-        return  # the lock was busy: nothing was granted
-    await on_orphan()
+    if on_orphan is not None and not work.cancelled():
+        await on_orphan(work)
