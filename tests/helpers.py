@@ -33,6 +33,12 @@ async def lock_keys(redis: Redis, client: aiolock.Client) -> list[str]:
     return sorted(str(key) for key in keys if not str(key).endswith(":meta"))
 
 
+async def evalsha_calls(redis: Redis) -> int:
+    """How many EVALSHA calls the server has run so far (its own count)."""
+    stats = await redis.info("commandstats")
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+
 async def channels(redis: Redis, client: aiolock.Client) -> list[str]:
     found = await redis.pubsub_channels(f"{client.key_prefix}:*")
     return sorted(str(channel) for channel in found)

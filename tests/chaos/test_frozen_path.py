@@ -29,14 +29,26 @@ async def proxy(aiolock_server: ServerInfo) -> AsyncIterator[FreezableProxy]:
     await proxy.aclose()
 
 
-async def test_a_frozen_watchdog_hold_is_lost_when_its_lease_ends(
+@pytest.fixture
+async def frozen(
     aiolock_client: aiolock.Client, proxy: FreezableProxy
-) -> None:
-    frozen = aiolock.Client.from_url(
+) -> AsyncIterator[aiolock.Client]:
+    """A client that talks to the server through ``proxy``, with a short watchdog lease."""
+    client = aiolock.Client.from_url(
         f"redis://127.0.0.1:{proxy.port}/0",
         key_prefix=aiolock_client.key_prefix,
         watchdog_timeout=0.6,
     )
+    try:
+        yield client
+    finally:
+        proxy.thaw()
+        await client.aclose()
+
+
+async def test_a_frozen_watchdog_hold_is_lost_when_its_lease_ends(
+    aiolock_client: aiolock.Client, proxy: FreezableProxy, frozen: aiolock.Client
+) -> None:
     try:
         async with frozen.lock("x").acquire(wait=1) as guard:
             proxy.freeze()  # the watchdog's next renewal never arrives, nor does any error
@@ -48,19 +60,13 @@ async def test_a_frozen_watchdog_hold_is_lost_when_its_lease_ends(
         pass
     finally:
         proxy.thaw()
-        await frozen.aclose()
         await aiolock_client.lock("x").force_unlock()
     assert guard.lost
 
 
 async def test_cancel_on_loss_cancels_a_frozen_body(
-    aiolock_client: aiolock.Client, proxy: FreezableProxy
+    aiolock_client: aiolock.Client, proxy: FreezableProxy, frozen: aiolock.Client
 ) -> None:
-    frozen = aiolock.Client.from_url(
-        f"redis://127.0.0.1:{proxy.port}/0",
-        key_prefix=aiolock_client.key_prefix,
-        watchdog_timeout=0.6,
-    )
     taken = asyncio.Event()
 
     async def body() -> None:
@@ -81,5 +87,4 @@ async def test_cancel_on_loss_cancels_a_frozen_body(
         proxy.thaw(reset=True)
         holder.cancel()
         await asyncio.gather(holder, return_exceptions=True)
-        await frozen.aclose()
         await aiolock_client.lock("y").force_unlock()

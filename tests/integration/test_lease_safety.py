@@ -55,11 +55,9 @@ async def test_watchdog_keeps_the_lock_alive(make_client: MakeClient, redis: Red
         remaining = await lock.remaining_lease()
         assert remaining is not None
         assert 0 < remaining <= 0.3
-    renewals = lock.statistics().renewals
     assert not await lock.is_locked()
     # After the last release the watchdog has nothing left to renew.
     assert client._holds.watched() == []
-    assert client._watchdog.renewals >= renewals
 
 
 async def test_force_unlock_is_noticed_within_one_period(make_client: MakeClient) -> None:

@@ -18,6 +18,7 @@ from redis.exceptions import ResponseError
 import aiolock
 from aiolock import _scripts
 from aiolock.pytest_plugin import ServerInfo
+from tests.helpers import evalsha_calls
 
 pytestmark = pytest.mark.anyio
 
@@ -58,11 +59,6 @@ async def test_undo_releases_exactly_the_named_grant(aiolock_client: aiolock.Cli
     assert await _scripts.run(raw, _scripts.RELEASE, release, (owner, 4, 3)) == 1
     assert await _scripts.run(raw, _scripts.RELEASE, release, (owner, 4, 3)) == 1  # resent undo
     assert await _scripts.run(raw, _scripts.RELEASE, release, (owner, 5)) == 0
-
-
-async def evalsha_calls(redis: Redis) -> int:
-    stats = await redis.info("commandstats")
-    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
 
 
 async def stall_server(url: str, seconds: float, started: asyncio.Event) -> None:

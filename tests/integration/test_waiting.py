@@ -9,7 +9,7 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
-from tests.helpers import assert_clean, channels, eventually
+from tests.helpers import assert_clean, channels, evalsha_calls, eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -95,28 +95,35 @@ async def test_one_subscription_for_many_waiters(
     await assert_clean(redis, aiolock_client)
 
 
-async def test_one_release_wakes_one_waiter(aiolock_client: aiolock.Client) -> None:
+async def test_one_release_wakes_one_waiter(aiolock_client: aiolock.Client, redis: Redis) -> None:
+    """One message, one wake-up: exactly one acquire attempt follows it, not one per waiter."""
     lock = aiolock_client.lock("wake-one")
-    holder = await hold_in_task(lock)
-    entry_key = lock._keys.channel.encode()
-    waiters = [asyncio.create_task(lock.try_lock(wait=30)) for _ in range(5)]
-    await eventually(
-        lambda: (
-            entry_key in aiolock_client._pubsub._entries
-            and aiolock_client._pubsub._entries[entry_key].parked == 5
-        )
-    )
-    entry = aiolock_client._pubsub._entries[entry_key]
-    messages = aiolock_client._pubsub.statistics().messages
-    holder.cancel()
-    await asyncio.gather(holder, return_exceptions=True)
-    await eventually(lambda: aiolock_client._pubsub.statistics().messages == messages + 1)
-    done, _ = await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-    assert len(done) == 1  # one message, one wake-up: the others stay parked
-    assert entry.parked == 4
-    for task in waiters:
-        task.cancel()
-    await asyncio.gather(*waiters, return_exceptions=True)
+    keys = lock._keys
+    await redis.hset(keys.lock, "someone-else", 1)  # a foreign holder with a 30 s lease
+    await redis.pexpire(keys.lock, 30_000)
+    entries = aiolock_client._pubsub._entries
+    channel = keys.channel.encode()
+    winners: list[int] = []
+    done = asyncio.Event()
+
+    async def waiter(i: int) -> None:
+        async with lock.acquire(wait=30):
+            winners.append(i)
+            await done.wait()
+
+    waiters = [asyncio.create_task(waiter(i)) for i in range(5)]
+    await eventually(lambda: channel in entries and entries[channel].parked == 5)
+    before = await evalsha_calls(redis)
+    await redis.delete(keys.lock)
+    await redis.publish(keys.channel, "released")
+    # Woken waiters that failed would have re-parked after trying, so parked == 4 with one
+    # winner means every attempt since the message has landed.
+    await eventually(lambda: len(winners) == 1 and entries[channel].parked == 4)
+    assert await evalsha_calls(redis) - before == 1
+    done.set()
+    await asyncio.gather(*waiters)  # each release hands the lock to the next waiter
+    assert sorted(winners) == list(range(5))
+    await assert_clean(redis, aiolock_client)
 
 
 async def test_wait_is_bounded_by_the_lease_without_a_message(
