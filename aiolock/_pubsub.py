@@ -36,6 +36,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from ._calls import write
+
 __all__ = ["Entry", "PubSub", "PubSubStatistics"]
 
 logger = logging.getLogger("aiolock.pubsub")
@@ -271,9 +273,8 @@ class PubSub:
         if connection is None or not connection.is_connected:
             return
         try:
-            # check_health=False: a health check would read a reply, making this task a
-            # second reader of the connection.
-            await connection.send_command(*args, check_health=False)
+            # Never a health check (it would read a reply: a second reader of the connection).
+            await write(connection, args)
         except _CONNECTION_ERRORS as exc:
             logger.debug("pub/sub write failed (the reader reconnects): %r", exc)
 
@@ -325,7 +326,7 @@ class PubSub:
             self._connection = connection
             try:
                 if self._entries:
-                    await connection.send_command("SUBSCRIBE", *self._entries, check_health=False)
+                    await write(connection, ("SUBSCRIBE", *self._entries))
                 await self._read(connection)
             except _CONNECTION_ERRORS as exc:
                 logger.warning("pub/sub connection lost, reconnecting: %r", exc)
@@ -344,7 +345,7 @@ class PubSub:
             if reply is None:  # a silent interval
                 if ping_outstanding:
                     raise RedisConnectionError("no reply to PING on the pub/sub connection")
-                await connection.send_command("PING", check_health=False)
+                await write(connection, ("PING",))
                 ping_outstanding = True
                 continue
             ping_outstanding = False

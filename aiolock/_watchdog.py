@@ -12,10 +12,10 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from . import _scripts
+from ._calls import Calls
 from ._holds import Hold, Holds
 
 __all__ = ["Watchdog"]
@@ -29,8 +29,8 @@ _RENEWED = {1: True, 0: False}
 class Watchdog:
     """Renews the watched holds of :class:`~aiolock._holds.Holds` (see the module docstring)."""
 
-    def __init__(self, redis: Redis, holds: Holds, *, lease: float) -> None:
-        self._redis = redis
+    def __init__(self, calls: Calls, holds: Holds, *, lease: float) -> None:
+        self._calls = calls
         self._holds = holds
         self.lease = lease
         self.period = lease / 3
@@ -84,7 +84,7 @@ class Watchdog:
         sent_at = loop.time()
         keys = tuple(hold.key for hold in holds)
         args = (round(self.lease * 1000), *(hold.owner for hold in holds))
-        replies = await _scripts.run(self._redis, _scripts.RENEW, keys, args)
+        replies = await self._calls.run(_scripts.RENEW, keys, args)
         for hold, reply in zip(holds, replies, strict=True):
             if hold.lost or self._holds.get(hold.key, hold.owner) is not hold:
                 continue  # released or replaced while the call was in flight

@@ -17,6 +17,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
+from ._calls import Calls
 from ._holds import Holds, NameCounters
 from ._keys import LockKeys
 from ._pubsub import PubSub
@@ -85,7 +86,8 @@ class Client:
         self._closed = False
         self._holds = Holds()
         self._pubsub = PubSub(redis, concurrency=concurrency)
-        self._watchdog = Watchdog(redis, self._holds, lease=watchdog_timeout)
+        self._calls = Calls(redis)
+        self._watchdog = Watchdog(self._calls, self._holds, lease=watchdog_timeout)
         # Task identities: a fresh number per task, never reused during this client's life
         # (``id(task)`` is reused by Python; a ContextVar would be copied into child tasks).
         self._task_owners: weakref.WeakKeyDictionary[asyncio.Task[Any], str] = (
@@ -151,6 +153,7 @@ class Client:
             await asyncio.wait(pending, timeout=self.watchdog_timeout / 3)
         await self._watchdog.aclose()
         await self._pubsub.aclose()
+        await self._calls.aclose(grace=self.watchdog_timeout / 3)
         self._holds.clear()
         if self._owns_redis:
             await self._redis.aclose()

@@ -3,9 +3,9 @@
 The wait loop, as in Redisson's ``RedissonLock.tryLock``: try the acquire script; on failure
 subscribe to the lock's channel, try again (a release may have been published before the
 subscription existed), then park until a release wakes this task or the lock's remaining lease
-runs out, and repeat until the deadline.  Every script call runs in a task of its own that the
-caller awaits through :func:`asyncio.shield`: a cancelled caller leaves immediately, and what the
-call did on the server is settled in the background (a grant is undone, a release completed).
+runs out, and repeat until the deadline.  A cancelled caller leaves at once, and what its call
+did on the server is settled in the background (a grant is undone, a release completed): see
+:mod:`aiolock._calls` for how a call in flight is finished without its caller.
 """
 
 from __future__ import annotations
@@ -13,15 +13,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, TypeVar
+from typing import TYPE_CHECKING, Any, Final
 
 import anyio
 from redis.exceptions import RedisError
 
 from . import _scripts
+from ._calls import NotSent, not_sent
 from ._holds import Hold, NameCounters
 from ._keys import LockKeys
 from ._validate import check_lease, check_wait
@@ -33,8 +34,6 @@ if TYPE_CHECKING:
 __all__ = ["AsyncRLock", "LockGuard", "LockStatistics"]
 
 logger = logging.getLogger("aiolock.lock")
-
-T = TypeVar("T")
 
 # A release script reply, read in one place: holds left, or None when the caller did not hold it.
 _NOT_OWNED: Final = None
@@ -165,9 +164,7 @@ class AsyncRLock:
         """Delete the lock whoever holds it and wake a waiter; ``True`` if it existed."""
         client = self._client._check_open()
         keys = self._keys
-        deleted = await _scripts.run(
-            client._redis, _scripts.FORCE_UNLOCK, (keys.lock, keys.channel), ()
-        )
+        deleted = await client._calls.run(_scripts.FORCE_UNLOCK, (keys.lock, keys.channel), ())
         if deleted:
             client._holds.lose_all(keys.lock, "it was force-unlocked")
         return bool(deleted)
@@ -302,13 +299,15 @@ class AsyncRLock:
         lease_ms = round((client.watchdog_timeout if lease is None else lease) * 1000)
         request = client._next_request()
         sent_at = asyncio.get_running_loop().time()
-        reply = await self._shielded(
-            owner,
-            _scripts.run(
-                client._redis, _scripts.ACQUIRE, (keys.lock, keys.meta), (lease_ms, owner, request)
-            ),
+        holds = client._holds
+
+        def orphan(work: asyncio.Future[Any]) -> None:
             # A grant that the caller will never see is undone, exactly that one.
-            on_orphan=lambda work: self._undo_if_granted(work, owner, request, lease_ms / 1000),
+            undo = self._undo_if_granted(work, owner, request, lease_ms / 1000)
+            holds.defer(keys.lock, owner, undo)
+
+        reply = await client._calls.run(
+            _scripts.ACQUIRE, (keys.lock, keys.meta), (lease_ms, owner, request), orphan=orphan
         )
         if isinstance(reply, list):
             hold = client._holds.granted(
@@ -329,45 +328,80 @@ class AsyncRLock:
 
     async def _release(self, owner: str) -> int | None:
         """Release one hold; the release completes even if the caller is cancelled."""
-        request = self._client._next_request()
-        return await self._shielded(owner, self._release_now(owner, request), on_orphan=None)
-
-    async def _release_now(self, owner: str, request: int) -> int | None:
         client = self._client
         holds = client._holds
         key = self._keys.lock
-        await holds.settle(key, owner)
+        request = client._next_request()
+
+        def orphan(work: asyncio.Future[Any]) -> None:
+            holds.defer(key, owner, self._release_outcome(work, owner, request))
+
         try:
-            remaining: int | None = await self._run_release(owner, request)
+            await holds.settle(key, owner)
+        except asyncio.CancelledError:
+            orphan(not_sent())
+            raise
+        try:
+            remaining = await self._run_release(owner, request, orphan=orphan)
         except _FAILURES:
             # The outcome is unknown.  Do not keep a hold that may be gone: the watchdog would
             # renew it and the next acquire would silently re-enter it.  The same request is
             # idempotent, so finish it in the background; the owner's next call waits for it.
-            hold = holds.get(key, owner)
-            horizon = client.watchdog_timeout
-            if hold is not None:
-                horizon = max(horizon, hold.expires_at - asyncio.get_running_loop().time())
-                if hold.count > 1:
-                    hold.count -= 1
-                else:
-                    holds.forget(hold)
+            horizon = self._untrack_one(owner)
             holds.defer(key, owner, self._retry_release(owner, request, None, horizon))
             raise
         holds.released(key, owner, remaining)
         return remaining
 
-    async def _run_release(self, owner: str, request: int, undo: int | None = None) -> int | None:
+    async def _release_outcome(self, work: asyncio.Future[Any], owner: str, request: int) -> None:
+        """Settle a release whose caller was cancelled: record it, or resend it until it lands."""
+        await asyncio.wait([work])
+        if work.cancelled():
+            return  # the client is closing
+        if work.exception() is None:
+            self._client._holds.released(self._keys.lock, owner, _remaining(work.result()))
+            return
+        horizon = self._untrack_one(owner)
+        await self._retry_release(owner, request, None, horizon)
+
+    def _untrack_one(self, owner: str) -> float:
+        """Stop counting one hold whose release has an unknown outcome; how long to resend it."""
+        holds = self._client._holds
+        hold = holds.get(self._keys.lock, owner)
+        horizon = self._client.watchdog_timeout
+        if hold is not None:
+            horizon = max(horizon, hold.expires_at - asyncio.get_running_loop().time())
+            if hold.count > 1:
+                hold.count -= 1
+            else:
+                holds.forget(hold)
+        return horizon
+
+    async def _run_release(
+        self,
+        owner: str,
+        request: int,
+        undo: int | None = None,
+        *,
+        orphan: Callable[[asyncio.Future[Any]], None] | None = None,
+    ) -> int | None:
         keys = self._keys
         args: tuple[Any, ...] = (owner, request) if undo is None else (owner, request, undo)
-        reply = await _scripts.run(
-            self._client._redis, _scripts.RELEASE, (keys.lock, keys.meta, keys.channel), args
+        reply = await self._client._calls.run(
+            _scripts.RELEASE, (keys.lock, keys.meta, keys.channel), args, orphan=orphan
         )
-        return None if reply is None else int(reply)
+        return _remaining(reply)
 
     async def _undo_if_granted(
         self, work: asyncio.Future[Any], owner: str, acquire_request: int, horizon: float
     ) -> None:
-        if work.exception() is None and not isinstance(work.result(), list):
+        await asyncio.wait([work])
+        if work.cancelled():
+            return  # the client is closing
+        failure = work.exception()
+        if isinstance(failure, NotSent):
+            return
+        if failure is None and not isinstance(work.result(), list):
             return  # the lock was busy: nothing was granted
         # Granted, or failed with an unknown outcome: undo exactly that request, if it landed.
         request = self._client._next_request()
@@ -393,26 +427,6 @@ class AsyncRLock:
                 continue
             client._holds.released(self._keys.lock, owner, remaining)
             return
-
-    async def _shielded(
-        self,
-        owner: str,
-        call: Coroutine[Any, Any, T],
-        on_orphan: Callable[[asyncio.Future[T]], Awaitable[None]] | None,
-    ) -> T:
-        """Await ``call`` in its own task; if the caller is cancelled, settle it in background.
-
-        The caller's cancellation always reaches it here, even where redis-py's own
-        ``asyncio.wait_for`` (Python 3.11) would have swallowed it with the reply.  The call
-        itself goes on; ``on_orphan`` then deals with what it did, and the owner's next call on
-        this lock waits for both.
-        """
-        work = asyncio.ensure_future(call)
-        try:
-            return await asyncio.shield(work)
-        except asyncio.CancelledError:
-            self._client._holds.defer(self._keys.lock, owner, _settle_orphan(work, on_orphan))
-            raise
 
 
 class LockGuard:
@@ -520,9 +534,6 @@ def _current_task() -> asyncio.Task[Any]:
     return task
 
 
-async def _settle_orphan(
-    work: asyncio.Future[T], on_orphan: Callable[[asyncio.Future[T]], Awaitable[None]] | None
-) -> None:
-    await asyncio.wait([work])
-    if on_orphan is not None and not work.cancelled():
-        await on_orphan(work)
+def _remaining(reply: Any) -> int | None:
+    """A release script reply: holds left, or ``None`` when the owner did not hold the lock."""
+    return None if reply is None else int(reply)

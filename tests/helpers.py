@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Awaitable, Callable
 
 from redis.asyncio import Redis
 
 import aiolock
+from aiolock._calls import write
 
 
 async def eventually(
@@ -57,3 +59,17 @@ async def assert_clean(redis: Redis, client: aiolock.Client) -> None:
     await eventually(unsubscribed, what="no channels left")
     stats = client.statistics()
     assert (stats.holds, stats.waiters, stats.subscriptions) == (0, 0, 0), stats
+
+
+async def stall_server(url: str, seconds: float, started: asyncio.Event) -> None:
+    """Block the server for ``seconds`` (DEBUG SLEEP); ``started`` is set once it is written."""
+    staller = Redis.from_url(url)
+    conn = await staller.connection_pool.get_connection()
+    try:
+        await conn.connect()
+        await write(conn, ("DEBUG", "SLEEP", seconds))  # in the socket before the event is set
+        started.set()
+        await conn.read_response(timeout=math.inf)
+    finally:
+        await staller.connection_pool.release(conn)
+        await staller.aclose()

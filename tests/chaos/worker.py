@@ -70,7 +70,8 @@ class Diagnostics:
 
     def _on_loop_error(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
         exc = context.get("exception")
-        self.problems.append(f"event loop: {context.get('message')} {exc!r}")
+        where = "".join(traceback.format_exception(exc)[-6:]) if exc is not None else ""
+        self.problems.append(f"event loop: {context.get('message')} {exc!r}\n{where}")
 
     def _on_warning(self, message: Warning | str, category: type[Warning], *args: Any) -> None:
         self.problems.append(f"warning: {category.__name__}: {message}")

@@ -1,0 +1,263 @@
+"""Script calls on the client's own connections, made with its redis-py pool's settings.
+
+A lock operation is one small script call, and redis-py's ``execute_command`` costs more than
+the round trip itself on loopback: two pool locks, a health check, observability hooks, and,
+under a ``socket_timeout`` (5 s by default in redis-py 8), an ``asyncio.wait_for`` per send that
+adds a task and on Python 3.11 may swallow a cancellation.  So the client runs its scripts
+itself: pack, write, read one reply.  redis-py's ``Connection`` still does the protocol, TLS,
+AUTH and reconnects, and its ``Retry`` still resends (the scripts are idempotent per request).
+
+The connections are the client's own (made by ``pool.make_connection()``, at most
+``min(32, pool.max_connections)``; callers beyond that queue in FIFO order), so that they never
+starve the pool that the application shares.
+
+A caller cancelled while its call is in flight leaves at once.  The call is not abandoned: the
+reply is read in the background and handed, as a future, to the caller's ``orphan`` callback, so
+that what the script did on the server (a grant, a release) can be settled.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import deque
+from collections.abc import Callable
+from typing import Any, Final
+
+from redis.asyncio import Redis
+from redis.asyncio.connection import AbstractConnection
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from ._scripts import Script
+
+__all__ = ["Calls", "NotSent", "not_sent", "write"]
+
+# At most this many connections of its own per client, and never more than the pool allows.
+# The server runs one script at a time: more calls in flight would only queue there.
+_MAX_CONNECTIONS: Final = 32
+
+
+class NotSent(Exception):
+    """The call was cancelled before any of it reached the server."""
+
+
+Orphan = Callable[["asyncio.Future[Any]"], object]
+
+
+class Calls:
+    """Runs one client's scripts (see the module docstring)."""
+
+    def __init__(self, redis: Redis) -> None:
+        self._pool = redis.connection_pool
+        self._limit = max(1, min(_MAX_CONNECTIONS, self._pool.max_connections))
+        self._connections = 0
+        self._idle: list[AbstractConnection] = []
+        self._queue: deque[asyncio.Future[AbstractConnection]] = deque()
+        self._closed = False
+        self._background: set[asyncio.Task[Any]] = set()
+
+    async def run(
+        self,
+        script: Script,
+        keys: tuple[str, ...],
+        args: tuple[Any, ...],
+        *,
+        orphan: Orphan | None = None,
+    ) -> Any:
+        """Run ``script`` by SHA (its source once on NOSCRIPT) and return the reply.
+
+        If the caller is cancelled, ``orphan`` receives a future of the call's outcome: the
+        reply, :class:`NotSent`, or the error that left the outcome unknown.
+        """
+        try:
+            return await self._call(("EVALSHA", script.sha, len(keys), *keys, *args), orphan)
+        except NoScriptError:
+            # EVAL caches the script, so the next EVALSHA on this server finds it.
+            return await self._call(("EVAL", script.source, len(keys), *keys, *args), orphan)
+
+    async def _call(self, command: tuple[Any, ...], orphan: Orphan | None) -> Any:
+        try:
+            conn = await self._borrow()
+        except asyncio.CancelledError:
+            _orphaned(orphan, NotSent())
+            raise
+        sent = False  # some attempt reached the socket: the script may have run
+        in_flight = False  # this connection owes the reply of the current attempt
+        connecting: asyncio.Task[None] | None = None
+
+        async def attempt() -> Any:
+            nonlocal sent, in_flight, connecting
+            if not conn.is_connected:
+                # redis-py's handshake writes through asyncio.wait_for, which on Python 3.11
+                # may swallow our caller's cancellation: connect in a task of its own.
+                connecting = asyncio.ensure_future(conn.connect())  # type: ignore[no-untyped-call]
+                await asyncio.shield(connecting)
+                connecting = None
+            in_flight = True  # set first: a cancel inside write() comes after the bytes left
+            sent = True
+            await write(conn, command)
+            # Not disconnected on cancellation: the reply is then read in the background.
+            reply = await conn.read_response(disconnect_on_error=False)
+            in_flight = False
+            return reply
+
+        async def failed(error: Exception) -> None:
+            nonlocal in_flight
+            in_flight = False
+            await conn.disconnect(nowait=True)
+
+        try:
+            reply = await conn.retry.call_with_retry(attempt, failed)
+        except asyncio.CancelledError:
+            if in_flight:
+                # The scripts are idempotent per request, so this reply is the call's outcome,
+                # even when it answers a resend.
+                self._spawn(self._finish(conn), orphan)
+            else:
+                self._spawn(self._discard(conn, after=connecting), None)
+                _orphaned(
+                    orphan,
+                    RedisConnectionError("cancelled between attempts") if sent else NotSent(),
+                )
+            raise
+        except ResponseError:
+            self._give_back(conn)  # the reply was read whole: the connection is clean
+            raise
+        except BaseException:
+            self._spawn(self._discard(conn), None)
+            raise
+        self._give_back(conn)
+        return reply
+
+    async def _finish(self, conn: AbstractConnection) -> Any:
+        """Read the reply of a call whose caller was cancelled, then give the connection back."""
+        try:
+            reply = await conn.read_response()
+        except NoScriptError:
+            self._give_back(conn)
+            raise NotSent() from None
+        except BaseException:
+            await self._discard(conn)
+            raise
+        self._give_back(conn)
+        return reply
+
+    async def _discard(
+        self, conn: AbstractConnection, after: asyncio.Future[Any] | None = None
+    ) -> None:
+        """Drop a connection's socket (its state is unknown) and give it back.
+
+        ``after``: a connect still running on it, waited for first.
+        """
+        try:
+            if after is not None:
+                await asyncio.wait([after])
+                if not after.cancelled():
+                    after.exception()  # retrieved: the caller has gone
+            await conn.disconnect(nowait=True)
+        finally:
+            self._give_back(conn)
+
+    async def _borrow(self) -> AbstractConnection:
+        """An idle connection, a new one below the limit, or the next one given back (FIFO)."""
+        while self._idle:
+            conn = self._idle.pop()
+            # The pool's own check: data or EOF on an idle connection means it is not clean.
+            try:
+                dirty = conn.is_connected and await conn.can_read()
+            except (RedisConnectionError, RedisTimeoutError, OSError):
+                dirty = True
+            except asyncio.CancelledError:
+                self._give_back(conn)
+                raise
+            if not dirty:
+                return conn
+            self._spawn(self._discard(conn), None)
+        if self._connections < self._limit:
+            self._connections += 1
+            made: AbstractConnection = self._pool.make_connection()  # type: ignore[no-untyped-call]
+            return made
+        turn: asyncio.Future[AbstractConnection] = asyncio.get_running_loop().create_future()
+        self._queue.append(turn)
+        try:
+            return await turn
+        except asyncio.CancelledError:
+            if turn.done() and not turn.cancelled():
+                self._give_back(turn.result())  # handed over just as the caller was cancelled
+            raise
+
+    def _give_back(self, conn: AbstractConnection) -> None:
+        if self._closed:
+            self._spawn(conn.disconnect(), None)
+            return
+        while self._queue:
+            turn = self._queue.popleft()
+            if not turn.done():
+                turn.set_result(conn)
+                return
+        self._idle.append(conn)
+
+    def _spawn(self, work: Any, orphan: Orphan | None) -> asyncio.Task[Any]:
+        task: asyncio.Task[Any] = asyncio.get_running_loop().create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+        if orphan is not None:
+            orphan(task)
+        else:
+            task.add_done_callback(_consume)
+        return task
+
+    async def aclose(self, grace: float) -> None:
+        """Close every connection; background reads get ``grace`` seconds to finish first."""
+        self._closed = True
+        if self._background:
+            _, late = await asyncio.wait(set(self._background), timeout=grace)
+            for task in late:
+                task.cancel()
+        # Connections given back from now on are closed as they come (calls still in flight).
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            await conn.disconnect()
+        if self._background:
+            await asyncio.wait(set(self._background))
+
+
+async def write(conn: AbstractConnection, command: tuple[Any, ...]) -> None:
+    """Write one command on ``conn``, synchronously up to the final drain.
+
+    redis-py's ``send_command`` writes inside ``asyncio.wait_for`` under a ``socket_timeout``:
+    on Python 3.11 that is a task of its own, which may swallow a cancellation and which a
+    concurrent disconnect can catch half-way (its writer gone).  Here the bytes are handed to
+    the transport before the first await.
+    """
+    writer = conn._writer
+    if writer is None:
+        raise RedisConnectionError("the connection is closed")
+    writer.writelines(conn.pack_command(*command))
+    try:
+        await writer.drain()
+    except OSError as exc:
+        raise RedisConnectionError(f"error while writing to the socket: {exc!r}") from exc
+
+
+def not_sent() -> asyncio.Future[Any]:
+    """The outcome of a call cancelled before it was sent."""
+    return _failed(NotSent())
+
+
+def _failed(error: BaseException) -> asyncio.Future[Any]:
+    done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    done.set_exception(error)
+    done.exception()  # marked retrieved: the orphan handler may ignore it
+    return done
+
+
+def _orphaned(orphan: Orphan | None, error: BaseException) -> None:
+    if orphan is not None:
+        orphan(_failed(error))
+
+
+def _consume(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
