@@ -32,6 +32,7 @@ class NameCounters:
     renewals: int = 0
     losses: int = 0
     waiters: int = 0
+    contenders: int = 0  # tasks inside the wait loop (trying or parked)
     last_lost: bool = False  # the most recent hold of this name ended in a loss
 
 

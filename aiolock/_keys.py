@@ -16,7 +16,7 @@ def hash_tag(name: str) -> str:
     return "{" + name.translate(_ESCAPES) + "}"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class LockKeys:
     """The Redis names used by one lock.
 

@@ -21,8 +21,8 @@ refcounts and the semaphore pool do not change.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+import math
 import zlib
 from collections import deque
 from dataclasses import dataclass
@@ -52,27 +52,45 @@ class Entry:
     :meth:`PubSub.release`; ``_permits <= refs`` (a wake-up with nobody parked is kept for a task
     that is about to park, since a release may land between its failed try and its wait; more
     permits than waiters would only cause empty retries).
+
+    Thousands of tasks may wait on one client, so a parked waiter is only a future (``True``:
+    woken, ``False``: its deadline passed) and its deadline in the queue; one timer per entry, at
+    the earliest deadline, expires the waiters that are due.  Futures that ended by deadline or
+    cancellation stay queued until skipped or compacted; ``parked`` counts the others.
     """
 
-    __slots__ = ("_permits", "_waiters", "channel", "confirmed", "refs")
+    __slots__ = (
+        "_parked",
+        "_permits",
+        "_timer",
+        "_timer_at",
+        "_waiters",
+        "channel",
+        "confirmed",
+        "refs",
+    )
 
     def __init__(self, channel: bytes) -> None:
         self.channel = channel
         self.refs = 0
         self.confirmed = False
         self._permits = 0
-        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._parked = 0
+        self._waiters: deque[tuple[asyncio.Future[bool], float]] = deque()
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf
 
     @property
     def parked(self) -> int:
-        return len(self._waiters)
+        return self._parked
 
     def wake_one(self) -> None:
         """Hand one wake-up to the longest-parked waiter, or keep it for the next one."""
         while self._waiters:
-            waiter = self._waiters.popleft()
+            waiter, _ = self._waiters.popleft()
             if not waiter.done():
-                waiter.set_result(None)
+                self._parked -= 1
+                waiter.set_result(True)
                 return
         if self._permits < self.refs:
             self._permits += 1
@@ -80,39 +98,65 @@ class Entry:
     def wake_all(self) -> None:
         """Wake every waiter (after a reconnect, when messages may have been missed)."""
         while self._waiters:
-            waiter = self._waiters.popleft()
+            waiter, _ = self._waiters.popleft()
             if not waiter.done():
-                waiter.set_result(None)
+                waiter.set_result(True)
+        self._parked = 0
         self._permits = self.refs
 
-    async def wait(self, deadline: float | None) -> bool:
-        """Park until a wake-up or ``deadline`` (event loop time); ``True`` if woken.
+    def park(self, deadline: float, *, front: bool = False) -> asyncio.Future[bool]:
+        """A future to await until a wake-up (``True``) or ``deadline`` (``False``; ``inf``: none).
 
-        A waiter cancelled after it was handed a wake-up passes it on, so a release is never
-        swallowed by a task that will not retry.
+        ``front``: queue it first, for a task that was already ahead of every parked one.
+
+        A caller cancelled while awaiting it must call :meth:`unpark`; a caller that leaves the
+        lock's wait loop without the lock wakes the next waiter (``PubSub.nudge``), which also
+        hands on a wake-up it was given but will not use.
         """
+        loop = asyncio.get_running_loop()
+        waiter: asyncio.Future[bool] = loop.create_future()
         if self._permits:
             self._permits -= 1
-            return True
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
-        try:
-            async with asyncio.timeout_at(deadline):
-                await waiter
-        except TimeoutError:
-            return self._settle(waiter)
-        except asyncio.CancelledError:
-            if self._settle(waiter):
-                self.wake_one()
-            raise
-        return True
+            waiter.set_result(True)
+            return waiter
+        if len(self._waiters) > 2 * self._parked + 16:
+            self._waiters = deque(item for item in self._waiters if not item[0].done())
+        if front:
+            self._waiters.appendleft((waiter, deadline))
+        else:
+            self._waiters.append((waiter, deadline))
+        self._parked += 1
+        if deadline < self._timer_at:
+            self._arm(loop, deadline)
+        return waiter
 
-    def _settle(self, waiter: asyncio.Future[None]) -> bool:
-        if waiter.done() and not waiter.cancelled():
-            return True  # woken in the same instant as the timeout or the cancellation
-        with contextlib.suppress(ValueError):
-            self._waiters.remove(waiter)
-        return False
+    def unpark(self, waiter: asyncio.Future[bool]) -> None:
+        """The caller of :meth:`park` was cancelled: stop counting it if it was still parked."""
+        if waiter.cancelled():
+            self._parked -= 1
+
+    def _arm(self, loop: asyncio.AbstractEventLoop, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = when
+        self._timer = loop.call_at(when, self._expire_due)
+
+    def _expire_due(self) -> None:
+        loop = asyncio.get_running_loop()
+        self._timer, self._timer_at = None, math.inf
+        # The loop may run a timer up to its clock resolution early.
+        now = loop.time() + 0.001
+        earliest = math.inf
+        for waiter, deadline in self._waiters:
+            if waiter.done():
+                continue
+            if deadline <= now:
+                self._parked -= 1
+                waiter.set_result(False)
+            else:
+                earliest = min(earliest, deadline)
+        if earliest < math.inf:
+            self._arm(loop, earliest)
 
     def __repr__(self) -> str:
         return (
@@ -196,10 +240,11 @@ class PubSub:
         if entry.refs == 0:
             self._spawn(self._unsubscribe(entry.channel, entry))
 
-    def parked(self, channel: str) -> int:
-        """How many of this client's tasks are parked on ``channel`` right now."""
+    def nudge(self, channel: str) -> None:
+        """Wake one of this client's waiters on ``channel``, if it has any."""
         entry = self._entries.get(channel.encode())
-        return 0 if entry is None else entry.parked
+        if entry is not None:
+            entry.wake_one()
 
     def statistics(self) -> PubSubStatistics:
         return PubSubStatistics(

@@ -95,9 +95,12 @@ class Client:
         )
         self._task_numbers = itertools.count(1)
         self._requests = itertools.count(1)
+        # Shared by every lock object of a name while one exists: thousands of waiters on a
+        # few names hold one copy of the keys and counters each.
         self._counters: weakref.WeakValueDictionary[str, NameCounters] = (
             weakref.WeakValueDictionary()
         )
+        self._keys: weakref.WeakValueDictionary[str, LockKeys] = weakref.WeakValueDictionary()
 
     @classmethod
     def from_url(
@@ -132,7 +135,10 @@ class Client:
         check_name(name)
         if owner is not None:
             check_name(owner, "owner")
-        return AsyncRLock(self, name, LockKeys.build(self.key_prefix, name), owner)
+        keys = self._keys.get(name)
+        if keys is None:
+            keys = self._keys[name] = LockKeys.build(self.key_prefix, name)
+        return AsyncRLock(self, name, keys, owner)
 
     # -- lifecycle ---------------------------------------------------------------------------
 

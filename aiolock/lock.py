@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Final
@@ -93,8 +93,8 @@ class AsyncRLock:
         self._keys = keys
         self._explicit_owner = owner
         self._counters: NameCounters = client._counters_for(name)
-        # Guards opened by ``async with lock:``, per task, innermost last.
-        self._guards: dict[asyncio.Task[Any], list[_GuardContext]] = {}
+        # Guards opened by ``async with lock:``, per task, innermost last (made on first use).
+        self._guards: dict[asyncio.Task[Any], list[_GuardContext]] | None = None
 
     # -- acquiring ---------------------------------------------------------------------------
 
@@ -133,6 +133,8 @@ class AsyncRLock:
     async def __aenter__(self) -> LockGuard:
         context = _GuardContext(self, None, None, False)
         guard = await context.__aenter__()
+        if self._guards is None:
+            self._guards = {}
         self._guards.setdefault(_current_task(), []).append(context)
         return guard
 
@@ -143,6 +145,7 @@ class AsyncRLock:
         tb: TracebackType | None,
     ) -> bool | None:
         task = _current_task()
+        assert self._guards is not None, "__aexit__ without __aenter__"
         contexts = self._guards[task]
         context = contexts.pop()
         if not contexts:
@@ -228,67 +231,100 @@ class AsyncRLock:
         task = _current_task()
         return client._task_owner_id(task), task
 
-    async def _acquire(self, wait: float | None, lease: float | None) -> Hold | None:
+    def _acquire(self, wait: float | None, lease: float | None) -> Coroutine[Any, Any, Hold | None]:
         """A grant, or ``None`` when ``wait`` ran out.
 
         ``wait=0`` is one attempt, however long that call takes.  Any other ``wait`` bounds the
         whole acquire, calls in flight included (a stalled server or a frozen connection cannot
         hold the caller past it): a grant that arrives after the deadline is undone in the
         background, as for a cancelled caller.
+
+        A plain function that returns the coroutine: one frame fewer for every waiting task.
         """
         owner, task = self._owner()
+        if wait is None:
+            return self._wait_for_grant(owner, task, lease)
         if wait == 0:
-            await self._client._holds.settle(self._keys.lock, owner)
-            outcome = await self._try_acquire(owner, task, lease)
-            return outcome if isinstance(outcome, Hold) else None
-        deadline = None if wait is None else asyncio.get_running_loop().time() + wait
+            return self._try_once(owner, task, lease)
+        deadline = asyncio.get_running_loop().time() + wait
+        return self._wait_for_grant_until(owner, task, lease, deadline)
+
+    async def _try_once(
+        self, owner: str, task: asyncio.Task[Any] | None, lease: float | None
+    ) -> Hold | None:
+        await self._client._holds.settle(self._keys.lock, owner)
+        outcome = await self._try_acquire(owner, task, lease)
+        return outcome if isinstance(outcome, Hold) else None
+
+    async def _wait_for_grant_until(
+        self, owner: str, task: asyncio.Task[Any] | None, lease: float | None, deadline: float
+    ) -> Hold | None:
         try:
             async with asyncio.timeout_at(deadline) as timeout:
-                return await self._wait_for_grant(owner, task, lease, deadline)
+                return await self._wait_for_grant(owner, task, lease)
         except TimeoutError:
             if timeout.expired():
                 return None
             raise
 
     async def _wait_for_grant(
-        self,
-        owner: str,
-        task: asyncio.Task[Any] | None,
-        lease: float | None,
-        deadline: float | None,
+        self, owner: str, task: asyncio.Task[Any] | None, lease: float | None
     ) -> Hold:
-        """The wait loop (see the module docstring); the caller bounds it by ``deadline``."""
+        """The wait loop (see the module docstring); a caller with a deadline bounds it."""
         client = self._client
         loop = asyncio.get_running_loop()
         channel = self._keys.channel
         await client._holds.settle(self._keys.lock, owner)
-        # FIFO within this client: while some of its tasks are parked on the lock, a newcomer
-        # (a task that has just released it, say) queues behind them instead of barging in.
-        # With no TTL to go by, it waits at most one watchdog lease for its turn.  An owner that
+        counters = self._counters
+        # FIFO within this client: while some of its tasks are already after the lock (trying or
+        # parked), a newcomer (a task that has just released it, say) queues behind them instead
+        # of barging in; those that leave without the lock wake the next in line.  An owner that
         # already holds the lock re-enters at once: it must not queue behind its own waiters.
-        queue_first = (
-            client._pubsub.parked(channel) > 0 and client._holds.get(self._keys.lock, owner) is None
-        )
-        if not queue_first:
-            outcome = await self._try_acquire(owner, task, lease)
-            if isinstance(outcome, Hold):
-                return outcome
-        self._counters.waiters += 1
+        queue_first = counters.contenders > 0 and client._holds.get(self._keys.lock, owner) is None
+        counters.contenders += 1
+        granted = False
         try:
-            entry = await client._pubsub.subscribe(channel)
+            if not queue_first:
+                outcome = await self._try_acquire(owner, task, lease)
+                if isinstance(outcome, Hold):
+                    granted = True
+                    return outcome
+            counters.waiters += 1
             try:
-                if queue_first:
-                    await entry.wait(_earliest(loop.time() + client.watchdog_timeout, deadline))
-                while True:
-                    outcome = await self._try_acquire(owner, task, lease)
-                    if isinstance(outcome, Hold):
-                        return outcome
-                    until = None if outcome == math.inf else loop.time() + outcome
-                    await entry.wait(_earliest(until, deadline))
+                entry = await client._pubsub.subscribe(channel)
+                try:
+                    # Seconds to park before the next try (inf: the lock has no expiry); None:
+                    # try now.  Queued behind tasks that have all left by now: try at once.
+                    # Otherwise, with no TTL to go by, park at most one watchdog lease.
+                    ahead = queue_first and counters.contenders > 1
+                    pause = client.watchdog_timeout if ahead else None
+                    while True:
+                        if pause is None:
+                            outcome = await self._try_acquire(owner, task, lease)
+                            if isinstance(outcome, Hold):
+                                granted = True
+                                return outcome
+                            pause = outcome
+                        # A bare future in the entry's queue: no coroutine frame or timeout
+                        # context per parked task.  A task that has just tried was ahead of
+                        # every parked one (first in, or woken as the head): it stays first.
+                        waiter = entry.park(loop.time() + pause, front=not ahead)
+                        pause, ahead = None, False
+                        try:
+                            await waiter
+                        except asyncio.CancelledError:
+                            entry.unpark(waiter)
+                            raise
+                finally:
+                    client._pubsub.release(entry)
             finally:
-                client._pubsub.release(entry)
+                counters.waiters -= 1
         finally:
-            self._counters.waiters -= 1
+            counters.contenders -= 1
+            if not granted:
+                # Somebody may have queued behind this task, or it may have been handed a
+                # wake-up it will not use: either way the next in line tries now.
+                client._pubsub.nudge(channel)
 
     async def _try_acquire(
         self, owner: str, task: asyncio.Task[Any] | None, lease: float | None
@@ -518,13 +554,6 @@ class _GuardContext:
             ) from exc
         exc.add_note(f"aiolock: lock {self._lock.name!r} was lost while held: {hold.lost_reason}")
         return False
-
-
-def _earliest(a: float | None, b: float | None) -> float | None:
-    """The earlier of two deadlines, ``None`` meaning never."""
-    if a is None:
-        return b
-    return a if b is None else min(a, b)
 
 
 def _current_task() -> asyncio.Task[Any]:

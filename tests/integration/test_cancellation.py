@@ -107,7 +107,7 @@ async def test_cancelled_waiter_passes_its_wake_up_on(
     """A waiter cancelled right after being woken hands the wake-up to the next waiter.
 
     The lock is held by a foreign owner with a 30 s lease and then deleted without a message, so
-    the only thing that can wake the second waiter in time is the wake-up passed on to it.
+    the only thing that can wake the second waiter in time is the first one, as it leaves.
     """
     lock = aiolock_client.lock("pass-it-on")
     await redis.hset(lock._keys.lock, "someone-else", 1)

@@ -188,3 +188,62 @@ async def test_waiters_survive_a_killed_pubsub_connection(
     assert await asyncio.wait_for(waiter, 5)  # the message reached the new subscription
     await holder_task
     await assert_clean(redis, aiolock_client)
+
+
+async def test_newcomers_queue_behind_a_task_already_trying(
+    aiolock_client: aiolock.Client, redis: Redis
+) -> None:
+    """Five tasks at once on a busy lock: only the first one asks Redis; the rest queue behind."""
+    lock = aiolock_client.lock("queue-behind")
+    keys = lock._keys
+    await redis.hset(keys.lock, "someone-else", 1)
+    await redis.pexpire(keys.lock, 30_000)
+    entries = aiolock_client._pubsub._entries
+    channel = keys.channel.encode()
+    served: list[int] = []
+
+    async def waiter(i: int) -> None:
+        async with lock.acquire(wait=30):
+            served.append(i)
+
+    before = await evalsha_calls(redis)
+    waiters = [asyncio.create_task(waiter(i)) for i in range(5)]
+    await eventually(lambda: channel in entries and entries[channel].parked == 5)
+    # The first: one try, then one more once subscribed.  The others: none yet.
+    assert await evalsha_calls(redis) - before == 2
+    await redis.delete(keys.lock)
+    await redis.publish(keys.channel, "released")
+    await asyncio.gather(*waiters)  # each release wakes the next in line
+    assert served == list(range(5))  # in the order they came
+    await assert_clean(redis, aiolock_client)
+
+
+async def test_a_waiter_leaving_without_the_lock_lets_the_next_try(
+    aiolock_client: aiolock.Client, redis: Redis
+) -> None:
+    """A newcomer queued behind a waiter that is then cancelled does not wait a watchdog lease.
+
+    The lock's foreign holder has a short lease and never publishes: the queued newcomer must
+    try, learn the TTL and retry when it runs out, long before its 30 s queueing pause.
+    """
+    lock = aiolock_client.lock("leaving")
+    keys = lock._keys
+    await redis.hset(keys.lock, "someone-else", 1)
+    await redis.pexpire(keys.lock, 1_500)
+    entries = aiolock_client._pubsub._entries
+    channel = keys.channel.encode()
+    first = asyncio.create_task(lock.try_lock(wait=30))
+    await eventually(lambda: channel in entries and entries[channel].parked == 1)
+
+    async def newcomer() -> bool:
+        acquired = await lock.try_lock(wait=30)
+        await lock.unlock()
+        return acquired
+
+    second = asyncio.create_task(newcomer())
+    await eventually(lambda: entries[channel].parked == 2)
+    first.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await first
+    assert await asyncio.wait_for(second, 10)
+    await assert_clean(redis, aiolock_client)

@@ -1,0 +1,91 @@
+"""The pub/sub entry's parking queue: wake-ups, deadlines on one timer, cancellation (no server)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from aiolock._pubsub import Entry
+
+pytestmark = pytest.mark.anyio
+
+
+def make_entry(refs: int) -> Entry:
+    entry = Entry(b"channel")
+    entry.refs = refs
+    return entry
+
+
+async def test_wake_one_goes_to_the_longest_parked() -> None:
+    entry = make_entry(refs=3)
+    first, second = entry.park(float("inf")), entry.park(float("inf"))
+    assert entry.parked == 2
+    entry.wake_one()
+    assert first.result() is True
+    assert not second.done()
+    assert entry.parked == 1
+
+
+async def test_a_wake_up_with_nobody_parked_is_kept_for_the_next() -> None:
+    entry = make_entry(refs=1)
+    entry.wake_one()
+    entry.wake_one()  # no more permits than references
+    assert entry.park(float("inf")).result() is True
+    assert not entry.park(float("inf")).done()
+
+
+async def test_deadlines_share_one_timer_and_expire_in_order() -> None:
+    entry = make_entry(refs=3)
+    loop = asyncio.get_running_loop()
+    now = loop.time()
+    late = entry.park(now + 0.2)
+    early = entry.park(now + 0.05)
+    never = entry.park(float("inf"))
+    assert await asyncio.wait_for(early, 5) is False
+    assert not late.done()
+    assert entry.parked == 2
+    assert await asyncio.wait_for(late, 5) is False
+    assert loop.time() >= now + 0.2 - 0.002
+    assert not never.done()
+    entry.wake_one()  # skips the expired ones
+    assert never.result() is True
+    assert entry.parked == 0
+
+
+async def test_a_cancelled_waiter_stops_counting_and_is_skipped() -> None:
+    entry = make_entry(refs=2)
+    gone, kept = entry.park(float("inf")), entry.park(float("inf"))
+    gone.cancel()
+    entry.unpark(gone)
+    assert entry.parked == 1
+    entry.wake_one()
+    assert kept.result() is True
+
+
+async def test_the_queue_of_finished_waiters_is_compacted() -> None:
+    entry = make_entry(refs=1)
+    for _ in range(1000):
+        waiter = entry.park(float("inf"))
+        waiter.cancel()
+        entry.unpark(waiter)
+    assert entry.parked == 0
+    assert len(entry._waiters) <= 17
+
+
+async def test_wake_all_wakes_every_waiter_and_arms_permits() -> None:
+    entry = make_entry(refs=3)
+    waiters = [entry.park(float("inf")) for _ in range(2)]
+    entry.wake_all()
+    assert [w.result() for w in waiters] == [True, True]
+    assert entry.parked == 0
+    assert entry.park(float("inf")).result() is True  # a permit for the one not parked yet
+
+
+async def test_a_waiter_that_was_ahead_parks_first() -> None:
+    entry = make_entry(refs=3)
+    queued = entry.park(float("inf"))
+    ahead = entry.park(float("inf"), front=True)
+    entry.wake_one()
+    assert ahead.result() is True
+    assert not queued.done()
