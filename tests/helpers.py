@@ -64,7 +64,7 @@ async def assert_clean(redis: Redis, client: aiolock.Client) -> None:
 async def stall_server(url: str, seconds: float, started: asyncio.Event) -> None:
     """Block the server for ``seconds`` (DEBUG SLEEP); ``started`` is set once it is written."""
     staller = Redis.from_url(url)
-    conn = await staller.connection_pool.get_connection()
+    conn = await staller.connection_pool.get_connection()  # type: ignore[no-untyped-call]
     try:
         await conn.connect()
         await write(conn, ("DEBUG", "SLEEP", seconds))  # in the socket before the event is set
@@ -73,3 +73,15 @@ async def stall_server(url: str, seconds: float, started: asyncio.Event) -> None
     finally:
         await staller.connection_pool.release(conn)
         await staller.aclose()
+
+
+async def hold_as_stranger(redis: Redis, lock: aiolock.AsyncRLock, lease_ms: int) -> None:
+    """Make ``lock`` held by a foreign owner for ``lease_ms``; it never publishes a release."""
+    await redis.hset(lock._keys.lock, "someone-else", 1)
+    await redis.pexpire(lock._keys.lock, lease_ms)
+
+
+def parked(client: aiolock.Client, lock: aiolock.AsyncRLock) -> int:
+    """How many of ``client``'s tasks are parked on ``lock``'s channel."""
+    entry = client._pubsub._entries.get(lock._keys.channel.encode())
+    return 0 if entry is None else entry.parked

@@ -16,7 +16,7 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
-from tests.helpers import assert_clean, eventually
+from tests.helpers import assert_clean, eventually, hold_as_stranger
 
 pytestmark = pytest.mark.anyio
 
@@ -110,8 +110,7 @@ async def test_cancelled_waiter_passes_its_wake_up_on(
     the only thing that can wake the second waiter in time is the first one, as it leaves.
     """
     lock = aiolock_client.lock("pass-it-on")
-    await redis.hset(lock._keys.lock, "someone-else", 1)
-    await redis.pexpire(lock._keys.lock, 30_000)
+    await hold_as_stranger(redis, lock, 30_000)
     key = lock._keys.channel.encode()
     entries = aiolock_client._pubsub._entries
     first = asyncio.create_task(lock.try_lock(wait=30))

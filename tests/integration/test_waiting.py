@@ -9,7 +9,14 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
-from tests.helpers import assert_clean, channels, evalsha_calls, eventually
+from tests.helpers import (
+    assert_clean,
+    channels,
+    evalsha_calls,
+    eventually,
+    hold_as_stranger,
+    parked,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -99,8 +106,7 @@ async def test_one_release_wakes_one_waiter(aiolock_client: aiolock.Client, redi
     """One message, one wake-up: exactly one acquire attempt follows it, not one per waiter."""
     lock = aiolock_client.lock("wake-one")
     keys = lock._keys
-    await redis.hset(keys.lock, "someone-else", 1)  # a foreign holder with a 30 s lease
-    await redis.pexpire(keys.lock, 30_000)
+    await hold_as_stranger(redis, lock, 30_000)
     entries = aiolock_client._pubsub._entries
     channel = keys.channel.encode()
     winners: list[int] = []
@@ -196,10 +202,7 @@ async def test_newcomers_queue_behind_a_task_already_trying(
     """Five tasks at once on a busy lock: only the first one asks Redis; the rest queue behind."""
     lock = aiolock_client.lock("queue-behind")
     keys = lock._keys
-    await redis.hset(keys.lock, "someone-else", 1)
-    await redis.pexpire(keys.lock, 30_000)
-    entries = aiolock_client._pubsub._entries
-    channel = keys.channel.encode()
+    await hold_as_stranger(redis, lock, 30_000)
     served: list[int] = []
 
     async def waiter(i: int) -> None:
@@ -208,7 +211,7 @@ async def test_newcomers_queue_behind_a_task_already_trying(
 
     before = await evalsha_calls(redis)
     waiters = [asyncio.create_task(waiter(i)) for i in range(5)]
-    await eventually(lambda: channel in entries and entries[channel].parked == 5)
+    await eventually(lambda: parked(aiolock_client, lock) == 5)
     # The first: one try, then one more once subscribed.  The others: none yet.
     assert await evalsha_calls(redis) - before == 2
     await redis.delete(keys.lock)
@@ -227,13 +230,9 @@ async def test_a_waiter_leaving_without_the_lock_lets_the_next_try(
     try, learn the TTL and retry when it runs out, long before its 30 s queueing pause.
     """
     lock = aiolock_client.lock("leaving")
-    keys = lock._keys
-    await redis.hset(keys.lock, "someone-else", 1)
-    await redis.pexpire(keys.lock, 1_500)
-    entries = aiolock_client._pubsub._entries
-    channel = keys.channel.encode()
+    await hold_as_stranger(redis, lock, 1_500)
     first = asyncio.create_task(lock.try_lock(wait=30))
-    await eventually(lambda: channel in entries and entries[channel].parked == 1)
+    await eventually(lambda: parked(aiolock_client, lock) == 1)
 
     async def newcomer() -> bool:
         acquired = await lock.try_lock(wait=30)
@@ -241,7 +240,7 @@ async def test_a_waiter_leaving_without_the_lock_lets_the_next_try(
         return acquired
 
     second = asyncio.create_task(newcomer())
-    await eventually(lambda: entries[channel].parked == 2)
+    await eventually(lambda: parked(aiolock_client, lock) == 2)
     first.cancel()
     with pytest.raises(asyncio.CancelledError):
         await first
