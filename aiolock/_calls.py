@@ -31,7 +31,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._scripts import Script
 
-__all__ = ["Calls", "NotSent", "not_sent", "write"]
+__all__ = ["Calls", "NotSent", "Orphan", "not_sent", "write"]
 
 # At most this many connections of its own per client, and never more than the pool allows.
 # The server runs one script at a time: more calls in flight would only queue there.
@@ -198,7 +198,7 @@ class Calls:
                 return
         self._idle.append(conn)
 
-    def _spawn(self, work: Any, orphan: Orphan | None) -> asyncio.Task[Any]:
+    def _spawn(self, work: Any, orphan: Orphan | None) -> None:
         task: asyncio.Task[Any] = asyncio.get_running_loop().create_task(work)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
@@ -206,7 +206,6 @@ class Calls:
             orphan(task)
         else:
             task.add_done_callback(_consume)
-        return task
 
     async def aclose(self, grace: float) -> None:
         """Close every connection; background reads get ``grace`` seconds to finish first."""

@@ -22,7 +22,7 @@ import anyio
 from redis.exceptions import RedisError
 
 from . import _scripts
-from ._calls import NotSent, not_sent
+from ._calls import NotSent, Orphan, not_sent
 from ._holds import Hold, NameCounters
 from ._keys import LockKeys
 from ._validate import check_lease, check_wait
@@ -335,12 +335,12 @@ class AsyncRLock:
         lease_ms = round((client.watchdog_timeout if lease is None else lease) * 1000)
         request = client._next_request()
         sent_at = asyncio.get_running_loop().time()
-        holds = client._holds
 
         def orphan(work: asyncio.Future[Any]) -> None:
             # A grant that the caller will never see is undone, exactly that one.
-            undo = self._undo_if_granted(work, owner, request, lease_ms / 1000)
-            holds.defer(keys.lock, owner, undo)
+            self._settle_later(
+                owner, work, lambda: self._undo_if_granted(work, owner, request, lease_ms / 1000)
+            )
 
         reply = await client._calls.run(
             _scripts.ACQUIRE, (keys.lock, keys.meta), (lease_ms, owner, request), orphan=orphan
@@ -370,7 +370,7 @@ class AsyncRLock:
         request = client._next_request()
 
         def orphan(work: asyncio.Future[Any]) -> None:
-            holds.defer(key, owner, self._release_outcome(work, owner, request))
+            self._settle_later(owner, work, lambda: self._release_outcome(work, owner, request))
 
         try:
             await holds.settle(key, owner)
@@ -391,14 +391,29 @@ class AsyncRLock:
 
     async def _release_outcome(self, work: asyncio.Future[Any], owner: str, request: int) -> None:
         """Settle a release whose caller was cancelled: record it, or resend it until it lands."""
-        await asyncio.wait([work])
-        if work.cancelled():
-            return  # the client is closing
         if work.exception() is None:
             self._client._holds.released(self._keys.lock, owner, _remaining(work.result()))
             return
         horizon = self._untrack_one(owner)
         await self._retry_release(owner, request, None, horizon)
+
+    def _settle_later(
+        self,
+        owner: str,
+        work: asyncio.Future[Any],
+        settle: Callable[[], Coroutine[Any, Any, None]],
+    ) -> None:
+        """Once the orphaned call ``work`` is over, ``settle()`` what it did on the server.
+
+        Registered at once, so the owner's next call on this lock waits for both.
+        """
+
+        async def when_done() -> None:
+            await asyncio.wait([work])
+            if not work.cancelled():  # cancelled: the client is closing
+                await settle()
+
+        self._client._holds.defer(self._keys.lock, owner, when_done())
 
     def _untrack_one(self, owner: str) -> float:
         """Stop counting one hold whose release has an unknown outcome; how long to resend it."""
@@ -419,7 +434,7 @@ class AsyncRLock:
         request: int,
         undo: int | None = None,
         *,
-        orphan: Callable[[asyncio.Future[Any]], None] | None = None,
+        orphan: Orphan | None = None,
     ) -> int | None:
         keys = self._keys
         args: tuple[Any, ...] = (owner, request) if undo is None else (owner, request, undo)
@@ -431,9 +446,6 @@ class AsyncRLock:
     async def _undo_if_granted(
         self, work: asyncio.Future[Any], owner: str, acquire_request: int, horizon: float
     ) -> None:
-        await asyncio.wait([work])
-        if work.cancelled():
-            return  # the client is closing
         failure = work.exception()
         if isinstance(failure, NotSent):
             return

@@ -66,7 +66,6 @@ async def stall_server(url: str, seconds: float, started: asyncio.Event) -> None
     staller = Redis.from_url(url)
     conn = await staller.connection_pool.get_connection()  # type: ignore[no-untyped-call]
     try:
-        await conn.connect()
         await write(conn, ("DEBUG", "SLEEP", seconds))  # in the socket before the event is set
         started.set()
         await conn.read_response(timeout=math.inf)

@@ -42,6 +42,7 @@ async def test_deadlines_share_one_timer_and_expire_in_order() -> None:
     late = entry.park(now + 0.2)
     early = entry.park(now + 0.05)
     never = entry.park(float("inf"))
+    assert entry._timer_at == now + 0.05  # one timer, at the earliest deadline
     assert await asyncio.wait_for(early, 5) is False
     assert not late.done()
     assert entry.parked == 2
