@@ -35,6 +35,11 @@ class NameCounters:
     contenders: int = 0  # tasks inside the wait loop (trying or parked)
     last_lost: bool = False  # the most recent hold of this name ended in a loss
 
+    @property
+    def first_tries(self) -> int:
+        """Tasks inside the wait loop that have not joined the lock's channel: on a first try."""
+        return self.contenders - self.waiters
+
 
 @dataclass(eq=False)
 class Hold:

@@ -3,11 +3,12 @@
 The pieces, as in Redisson's ``PublishSubscribeService`` and ``RedissonLockEntry``:
 
 - :class:`Entry`: one per subscribed channel, with a reference count (the tasks waiting on that
-  lock) and a wake-one latch: each published release hands out *one* wake-up.
-- :class:`PubSub`: the cache of entries keyed by channel.  The first waiter of a channel
-  SUBSCRIBEs, the last one out UNSUBSCRIBEs.  A pool of ``asyncio.Semaphore(1)``, picked by
-  hashing the channel, serialises subscribe and unsubscribe work per channel and bounds how much
-  of it runs at once.
+  lock) and a wake-one latch: each published release hands out *one* wake-up, and so does the
+  confirmation of the SUBSCRIBE (a release may have been published before it).
+- :class:`PubSub`: the cache of entries keyed by channel.  The first waiter of a channel creates
+  its entry and schedules the SUBSCRIBE, the last one out schedules the UNSUBSCRIBE; both run in
+  the background, so joining never waits.  A pool of ``asyncio.Semaphore(1)``, picked by hashing
+  the channel, serialises that work per channel and bounds how much of it runs at once.
 - One reader task owns the connection: it alone connects, reads and reconnects (redis-py
   connections tolerate exactly one reader).  Other tasks only *write* SUBSCRIBE/UNSUBSCRIBE, and
   only while the connection is up; after a reconnect the reader resubscribes every cached channel
@@ -37,6 +38,7 @@ from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._calls import write
+from ._holds import NameCounters
 
 __all__ = ["Entry", "PubSub", "PubSubStatistics"]
 
@@ -48,10 +50,12 @@ _CONNECTION_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError, EOFError
 class Entry:
     """A subscribed channel: who waits on it, and the wake-ups handed to them.
 
-    Invariants: ``refs`` counts the tasks between :meth:`PubSub.subscribe` and
-    :meth:`PubSub.release`; ``_permits <= refs`` (a wake-up with nobody parked is kept for a task
-    that is about to park, since a release may land between its failed try and its wait; more
-    permits than waiters would only cause empty retries).
+    Invariants: ``refs`` counts the tasks between :meth:`PubSub.join` and
+    :meth:`PubSub.release`; ``_permits <= refs + counters.first_tries``.  A wake-up is kept as a
+    permit for the next task to park when nobody is parked, and also while a task of this client
+    is on its first try: that task came before every parked one, and its try may have run
+    before the release (or before the subscription existed).  More permits than tasks that may
+    park would only cause empty retries.
 
     Thousands of tasks may wait on one client, so a parked waiter is only a future (``True``:
     woken, ``False``: its deadline passed) and its deadline in the queue; one timer per entry, at
@@ -67,13 +71,17 @@ class Entry:
         "_waiters",
         "channel",
         "confirmed",
+        "counters",
+        "dead",
         "refs",
     )
 
-    def __init__(self, channel: bytes) -> None:
+    def __init__(self, channel: bytes, counters: NameCounters | None = None) -> None:
         self.channel = channel
+        self.counters = counters  # of the lock this channel belongs to; None: no first tries
         self.refs = 0
-        self.confirmed = False
+        self.confirmed = False  # the server has confirmed its SUBSCRIBE
+        self.dead = False  # its SUBSCRIBE failed: its waiters must join a new entry
         self._permits = 0
         self._parked = 0
         self._waiters: deque[tuple[asyncio.Future[bool], float]] = deque()
@@ -85,15 +93,23 @@ class Entry:
         return self._parked
 
     def wake_one(self) -> None:
-        """Hand one wake-up to the longest-parked waiter, or keep it for the next one."""
-        while self._waiters:
+        """Hand one wake-up to the longest-parked waiter, or keep it (see the class docstring)."""
+        first_tries = self._first_tries()
+        while self._waiters and not first_tries:
             waiter, _ = self._waiters.popleft()
             if not waiter.done():
                 self._parked -= 1
                 waiter.set_result(True)
                 return
-        if self._permits < self.refs:
+        if self._permits < self.refs + first_tries:
             self._permits += 1
+
+    def trim(self) -> None:
+        """Drop permits that no task can use any more (after one left)."""
+        self._permits = min(self._permits, self.refs + self._first_tries())
+
+    def _first_tries(self) -> int:
+        return 0 if self.counters is None else self.counters.first_tries
 
     def wake_all(self) -> None:
         """Wake every waiter (after a reconnect, when messages may have been missed)."""
@@ -103,6 +119,16 @@ class Entry:
                 waiter.set_result(True)
         self._parked = 0
         self._permits = self.refs
+
+    def kill(self) -> None:
+        """Its SUBSCRIBE failed: mark it ``dead`` and wake every waiter, so they join anew."""
+        self.dead = True
+        self.wake_all()
+
+    def confirm(self) -> None:
+        """The server confirmed the SUBSCRIBE: one waiter tries, as after a release."""
+        self.confirmed = True
+        self.wake_one()
 
     def park(self, deadline: float, *, front: bool = False) -> asyncio.Future[bool]:
         """A future to await until a wake-up (``True``) or ``deadline`` (``False``; ``inf``: none).
@@ -202,41 +228,31 @@ class PubSub:
 
     # -- the public surface used by the wait loop ------------------------------------------
 
-    async def subscribe(self, channel: str) -> Entry:
-        """Take a reference on ``channel``'s entry; SUBSCRIBE first if it is new.
+    def join(self, channel: str, counters: NameCounters) -> Entry:
+        """Take a reference on ``channel``'s entry, creating it if it is new; no I/O, no wait.
 
-        Returns once the server has confirmed the subscription, so a release published after
-        this returns is seen.  Every successful call must be balanced by :meth:`release`.
+        ``counters`` are those of the lock the channel belongs to.  A new entry's SUBSCRIBE runs
+        in the background; until the server confirms it,
+        ``entry.confirmed`` is false.  The confirmation wakes one parked waiter, who must try the
+        lock (a release may have been published before the subscription existed).  If the
+        SUBSCRIBE fails the entry dies: its waiters wake, see ``entry.dead``, release it and
+        join again.  Every call must be balanced by :meth:`release`.
         """
         if self._closed:
             raise RuntimeError("the aiolock client is closed")
         key = channel.encode()
-        async with self._semaphore(key):
-            entry = self._entries.get(key)
-            if entry is not None:
-                # Either confirmed, or a refs==0 entry whose UNSUBSCRIBE has not run yet (it
-                # will see refs > 0 and skip); both are live subscriptions.
-                entry.refs += 1
-                return entry
-            entry = Entry(key)
-            entry.refs = 1
-            self._entries[key] = entry
-            try:
-                await self._confirm(entry)
-            except BaseException:
-                # A failed or cancelled SUBSCRIBE must not leave an entry later waiters trust;
-                # the server may still have subscribed, so unsubscribe in the background.
-                entry.refs -= 1
-                if self._entries.get(key) is entry:
-                    del self._entries[key]
-                self._spawn(self._unsubscribe(key, None))
-                raise
-            return entry
+        entry = self._entries.get(key)
+        if entry is None:
+            entry = self._entries[key] = Entry(key, counters)
+            self._spawn(self._subscribe(entry))
+        # A refs==0 entry still cached has an UNSUBSCRIBE scheduled; it sees refs > 0 and skips.
+        entry.refs += 1
+        return entry
 
     def release(self, entry: Entry) -> None:
         """Drop a reference; the last one schedules the UNSUBSCRIBE (off the caller's path)."""
         entry.refs -= 1
-        entry._permits = min(entry._permits, entry.refs)
+        entry.trim()
         if entry.refs == 0:
             self._spawn(self._unsubscribe(entry.channel, entry))
 
@@ -256,7 +272,7 @@ class PubSub:
         )
 
     async def drain(self) -> None:
-        """Wait until every scheduled UNSUBSCRIBE has been sent (for tests and shutdown)."""
+        """Wait until the scheduled SUBSCRIBE/UNSUBSCRIBE work is done (for tests and shutdown)."""
         while self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
 
@@ -283,22 +299,37 @@ class PubSub:
             semaphore = self._semaphores[slot] = asyncio.Semaphore(1)
         return semaphore
 
-    async def _confirm(self, entry: Entry) -> None:
+    async def _subscribe(self, entry: Entry) -> None:
+        """SUBSCRIBE a new entry, holding its semaphore until the server confirms it."""
+        key = entry.channel
         confirmation: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._confirmations.setdefault(entry.channel, deque()).append(confirmation)
-        self._start_reader()
         try:
-            # While the connection is down the reader resubscribes every cached entry after it
-            # reconnects, which confirms this one too.
-            await self._send("SUBSCRIBE", entry.channel)
-            await confirmation
+            async with self._semaphore(key):
+                # Sent even if every waiter has left meanwhile: while the entry is cached a new
+                # waiter may join it, and its UNSUBSCRIBE is scheduled after this.
+                self._confirmations.setdefault(key, deque()).append(confirmation)
+                self._start_reader()
+                # While the connection is down the reader subscribes every cached entry after it
+                # reconnects, which confirms this one too.
+                await self._send("SUBSCRIBE", key)
+                await confirmation
+        except BaseException as exc:
+            # A failed SUBSCRIBE must not leave an entry that later waiters trust.  The server
+            # may still have subscribed, so unsubscribe too (unless a new entry wants it).
+            if self._entries.get(key) is entry:
+                del self._entries[key]
+            entry.kill()
+            if not self._closed:
+                self._spawn(self._unsubscribe(key, None))
+            if not isinstance(exc, Exception):
+                raise
+            logger.debug("SUBSCRIBE %r failed (its waiters join anew): %r", key, exc)
         finally:
-            waiting = self._confirmations.get(entry.channel)
+            waiting = self._confirmations.get(key)
             if waiting is not None and confirmation in waiting:
                 waiting.remove(confirmation)
                 if not waiting:
-                    del self._confirmations[entry.channel]
-        entry.confirmed = True
+                    del self._confirmations[key]
 
     async def _unsubscribe(self, key: bytes, entry: Entry | None) -> None:
         async with self._semaphore(key):
@@ -404,11 +435,14 @@ class PubSub:
                     entry.wake_one()
             elif kind == b"subscribe":
                 self._confirmed(channel)
-                if channel in stale:
+                entry = self._entries.get(channel)
+                if entry is None:
+                    pass
+                elif not entry.confirmed:
+                    entry.confirm()
+                elif channel in stale:
                     stale.discard(channel)
-                    entry = self._entries.get(channel)
-                    if entry is not None:
-                        entry.wake_all()
+                    entry.wake_all()
 
     def _confirmed(self, channel: bytes) -> None:
         waiting = self._confirmations.get(channel)

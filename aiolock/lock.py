@@ -1,11 +1,12 @@
 """``AsyncRLock``: a reentrant distributed lock, and ``LockGuard``, the proof of holding it.
 
 The wait loop, as in Redisson's ``RedissonLock.tryLock``: try the acquire script; on failure
-subscribe to the lock's channel, try again (a release may have been published before the
-subscription existed), then park until a release wakes this task or the lock's remaining lease
-runs out, and repeat until the deadline.  A cancelled caller leaves at once, and what its call
-did on the server is settled in the background (a grant is undone, a release completed): see
-:mod:`aiolock._calls` for how a call in flight is finished without its caller.
+join the lock's channel and park until a release wakes this task or the lock's remaining lease
+runs out, and repeat until the deadline.  A release published before the subscription existed
+is not missed: the SUBSCRIBE's confirmation wakes one waiter too (see :mod:`aiolock._pubsub`).
+A cancelled caller leaves at once, and what its call did on the server is settled in the
+background (a grant is undone, a release completed): see :mod:`aiolock._calls` for how a call
+in flight is finished without its caller.
 """
 
 from __future__ import annotations
@@ -284,40 +285,50 @@ class AsyncRLock:
         counters.contenders += 1
         granted = False
         try:
+            # Seconds to park before the next try (inf: the lock has no expiry), or None: try
+            # now.  A queued task parks at the back until the tasks ahead hand on (with no TTL
+            # to go by, at most one watchdog lease); one that has tried parks at the front.
+            pause: float | None = client.watchdog_timeout
             if not queue_first:
                 outcome = await self._try_acquire(owner, task, lease)
                 if isinstance(outcome, Hold):
                     granted = True
                     return outcome
+                pause = outcome
             counters.waiters += 1
+            # A release published during the first try, or the confirmation of a subscription
+            # made meanwhile, left a permit for this task (see Entry): no try needed before.
+            entry = client._pubsub.join(channel, counters)
             try:
-                entry = await client._pubsub.subscribe(channel)
-                try:
-                    # Seconds to park before the next try (inf: the lock has no expiry); None:
-                    # try now.  Queued behind tasks that have all left by now: try at once.
-                    # Otherwise, with no TTL to go by, park at most one watchdog lease.
-                    ahead = queue_first and counters.contenders > 1
-                    pause = client.watchdog_timeout if ahead else None
+                front = not queue_first
+                while True:
+                    if pause is None:
+                        outcome = await self._try_acquire(owner, task, lease)
+                        if isinstance(outcome, Hold):
+                            granted = True
+                            return outcome
+                        pause = outcome
+                    # A bare future in the entry's queue: no coroutine frame or timeout context
+                    # per parked task.
+                    deadline = loop.time() + pause
                     while True:
-                        if pause is None:
-                            outcome = await self._try_acquire(owner, task, lease)
-                            if isinstance(outcome, Hold):
-                                granted = True
-                                return outcome
-                            pause = outcome
-                        # A bare future in the entry's queue: no coroutine frame or timeout
-                        # context per parked task.  A task that has just tried was ahead of
-                        # every parked one (first in, or woken as the head): it stays first.
-                        waiter = entry.park(loop.time() + pause, front=not ahead)
-                        pause, ahead = None, False
+                        waiter = entry.park(deadline, front=front)
                         try:
                             await waiter
                         except asyncio.CancelledError:
                             entry.unpark(waiter)
                             raise
-                finally:
-                    client._pubsub.release(entry)
+                        if not entry.dead:
+                            break
+                        # Its SUBSCRIBE failed: park on a new subscription until the same
+                        # deadline (all were woken in order: each goes to the back).  Its
+                        # confirmation wakes one to try, should a release have been missed.
+                        dead, entry = entry, client._pubsub.join(channel, counters)
+                        client._pubsub.release(dead)
+                        front = False
+                    pause, front = None, True
             finally:
+                client._pubsub.release(entry)
                 counters.waiters -= 1
         finally:
             counters.contenders -= 1

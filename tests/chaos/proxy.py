@@ -3,7 +3,7 @@
 This is the fault that a closed connection does not model: a peer that vanished behind a NAT or
 a stuck middlebox.  Nothing errors, nothing closes, bytes simply stop arriving, and only a
 timeout or an application-level PING notices.  The proxy can also slow the path down (every
-chunk waits ``delay`` seconds, in order) and reset every connection at once.
+chunk waits ``delay`` seconds, in order), reset every connection at once, and refuse new ones.
 """
 
 from __future__ import annotations
@@ -23,12 +23,14 @@ class FreezableProxy:
     >>> port = await proxy.start()
     >>> proxy.freeze()        # bytes stop flowing; sockets stay open
     >>> proxy.thaw()          # buffered bytes flow again (``reset=True``: abort them all)
+    >>> proxy.refuse = True   # new connections are reset at once; open ones keep flowing
     """
 
     def __init__(self, upstream_port: int, host: str = "127.0.0.1") -> None:
         self.host = host
         self.upstream_port = upstream_port
         self.delay = 0.0
+        self.refuse = False
         self.port = 0  # where clients connect, once started
         self._flowing = asyncio.Event()
         self._flowing.set()
@@ -75,6 +77,9 @@ class FreezableProxy:
             await self._server.wait_closed()
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self.refuse:
+            writer.transport.abort()
+            return
         try:
             up_reader, up_writer = await asyncio.open_connection(self.host, self.upstream_port)
         except OSError:

@@ -8,25 +8,15 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from urllib.parse import urlsplit
 
 import pytest
 
 import aiolock
-from aiolock.pytest_plugin import ServerInfo
 from tests.helpers import eventually
 
 from .proxy import FreezableProxy
 
 pytestmark = pytest.mark.anyio
-
-
-@pytest.fixture
-async def proxy(aiolock_server: ServerInfo) -> AsyncIterator[FreezableProxy]:
-    proxy = FreezableProxy(urlsplit(aiolock_server.url).port or 6379)
-    await proxy.start()
-    yield proxy
-    await proxy.aclose()
 
 
 @pytest.fixture

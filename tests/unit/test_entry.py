@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from aiolock._holds import NameCounters
 from aiolock._pubsub import Entry
 
 pytestmark = pytest.mark.anyio
@@ -90,3 +91,50 @@ async def test_a_waiter_that_was_ahead_parks_first() -> None:
     entry.wake_one()
     assert ahead.result() is True
     assert not queued.done()
+
+
+async def test_a_wake_up_is_kept_for_a_task_on_its_first_try() -> None:
+    """That task came before every parked one: the wake-up is its, once it parks."""
+    counters = NameCounters(contenders=3, waiters=2)  # one task in the loop has not joined
+    entry = Entry(b"channel", counters)
+    entry.refs = 2
+    queued = entry.park(float("inf"))
+    entry.wake_one()
+    assert not queued.done()
+    counters.waiters = entry.refs = 3  # the first try failed: it joins and parks first
+    first = entry.park(float("inf"), front=True)
+    assert first.result() is True  # at once, from the permit
+    assert not queued.done()
+    counters.contenders = counters.waiters = entry.refs = 2  # it got the lock and left
+    entry.trim()
+    entry.wake_one()  # nobody on a first try any more: the parked one wakes
+    assert queued.result() is True
+
+
+async def test_without_a_first_try_no_more_permits_than_references() -> None:
+    entry = Entry(b"channel", NameCounters(contenders=1, waiters=1))
+    entry.refs = 1
+    entry.wake_one()
+    entry.wake_one()
+    assert entry.park(float("inf")).result() is True
+    assert not entry.park(float("inf")).done()
+
+
+async def test_the_confirmation_wakes_one_waiter() -> None:
+    """A release may have been published before the subscription existed: one waiter tries."""
+    entry = make_entry(refs=2)
+    first, second = entry.park(float("inf")), entry.park(float("inf"))
+    assert not entry.confirmed
+    entry.confirm()
+    assert entry.confirmed
+    assert first.result() is True
+    assert not second.done()
+
+
+async def test_a_killed_entry_wakes_everyone_and_says_so() -> None:
+    entry = make_entry(refs=2)
+    waiters = [entry.park(float("inf")), entry.park(float("inf"))]
+    entry.kill()
+    assert entry.dead
+    assert [waiter.result() for waiter in waiters] == [True, True]
+    assert entry.parked == 0
