@@ -105,12 +105,18 @@ class AsyncRLock:
         :returns: ``True`` once held, ``False`` if ``wait`` ran out.
         """
         wait_s, lease_s = check_wait(wait), check_lease(lease)
-        return await self._acquire(wait_s, lease_s) is not None
+        if wait_s is None:
+            await self._wait_for_grant(lease_s)
+            return True
+        return await self._try_until(wait_s, lease_s)
 
-    async def lock(self, lease: float | None = None) -> None:
-        """Acquire the lock, waiting as long as it takes."""
-        lease_s = check_lease(lease)
-        await self._acquire(None, lease_s)
+    def lock(self, lease: float | None = None) -> Coroutine[Any, Any, None]:
+        """Acquire the lock, waiting as long as it takes: ``await lock.lock()``.
+
+        The arguments are checked at the call; the coroutine it returns does the waiting (a
+        plain function, so that a waiting task carries one coroutine frame fewer).
+        """
+        return self._wait_for_grant(check_lease(lease))
 
     def acquire(
         self,
@@ -232,8 +238,8 @@ class AsyncRLock:
         task = _current_task()
         return client._task_owner_id(task), task
 
-    def _acquire(self, wait: float | None, lease: float | None) -> Coroutine[Any, Any, Hold | None]:
-        """A grant, or ``None`` when ``wait`` ran out.
+    def _try_until(self, wait: float, lease: float | None) -> Coroutine[Any, Any, bool]:
+        """Acquire within ``wait`` seconds: ``True`` once held, ``False`` when it ran out.
 
         ``wait=0`` is one attempt, however long that call takes.  Any other ``wait`` bounds the
         whole acquire, calls in flight included (a stalled server or a frozen connection cannot
@@ -242,36 +248,41 @@ class AsyncRLock:
 
         A plain function that returns the coroutine: one frame fewer for every waiting task.
         """
-        owner, task = self._owner()
-        if wait is None:
-            return self._wait_for_grant(owner, task, lease)
         if wait == 0:
-            return self._try_once(owner, task, lease)
+            return self._try_once(lease)
         deadline = asyncio.get_running_loop().time() + wait
-        return self._wait_for_grant_until(owner, task, lease, deadline)
+        return self._wait_for_grant_until(lease, deadline)
 
-    async def _try_once(
-        self, owner: str, task: asyncio.Task[Any] | None, lease: float | None
-    ) -> Hold | None:
+    async def _try_once(self, lease: float | None) -> bool:
+        owner, task = self._owner()
         await self._client._holds.settle(self._keys.lock, owner)
-        outcome = await self._try_acquire(owner, task, lease)
-        return outcome if isinstance(outcome, Hold) else None
+        return isinstance(await self._try_acquire(owner, task, lease), Hold)
 
-    async def _wait_for_grant_until(
-        self, owner: str, task: asyncio.Task[Any] | None, lease: float | None, deadline: float
-    ) -> Hold | None:
+    async def _wait_for_grant_until(self, lease: float | None, deadline: float) -> bool:
         try:
             async with asyncio.timeout_at(deadline) as timeout:
-                return await self._wait_for_grant(owner, task, lease)
+                await self._wait_for_grant(lease)
+                return True
         except TimeoutError:
             if timeout.expired():
-                return None
+                return False
             raise
 
-    async def _wait_for_grant(
-        self, owner: str, task: asyncio.Task[Any] | None, lease: float | None
-    ) -> Hold:
-        """The wait loop (see the module docstring); a caller with a deadline bounds it."""
+    def _granted(self) -> Hold:
+        """The calling owner's hold, right after an acquire returned (no await in between)."""
+        owner, _ = self._owner()
+        hold = self._client._holds.get(self._keys.lock, owner)
+        if hold is None:  # the grant registers it: never, short of a bug
+            raise RuntimeError(f"lock {self.name!r} was granted but is not registered")
+        return hold
+
+    async def _wait_for_grant(self, lease: float | None) -> None:
+        """The wait loop (see the module docstring); a caller with a deadline bounds it.
+
+        The owner is the task that runs it, not the one that made the coroutine
+        (``asyncio.create_task(lock.lock())`` acquires for the new task).
+        """
+        owner, task = self._owner()
         client = self._client
         loop = asyncio.get_running_loop()
         channel = self._keys.channel
@@ -293,7 +304,7 @@ class AsyncRLock:
                 outcome = await self._try_acquire(owner, task, lease)
                 if isinstance(outcome, Hold):
                     granted = True
-                    return outcome
+                    return
                 pause = outcome
             counters.waiters += 1
             # A release published during the first try, or the confirmation of a subscription
@@ -306,7 +317,7 @@ class AsyncRLock:
                         outcome = await self._try_acquire(owner, task, lease)
                         if isinstance(outcome, Hold):
                             granted = True
-                            return outcome
+                            return
                         pause = outcome
                     # A bare future in the entry's queue: no coroutine frame or timeout context
                     # per parked task.
@@ -535,12 +546,13 @@ class _GuardContext:
     async def __aenter__(self) -> LockGuard:
         if self._guard is not None:
             raise RuntimeError("this acquire() context is already in use")
-        hold = await self._lock._acquire(self._wait, self._lease)
-        if hold is None:
-            raise LockTimeoutError(
-                f"could not acquire lock {self._lock.name!r} within {self._wait}s"
-            )
-        self._guard = LockGuard(self._lock, hold)
+        lock = self._lock
+        if self._wait is None:
+            await lock._wait_for_grant(self._lease)
+        elif not await lock._try_until(self._wait, self._lease):
+            raise LockTimeoutError(f"could not acquire lock {lock.name!r} within {self._wait}s")
+        hold = lock._granted()
+        self._guard = LockGuard(lock, hold)
         if self._cancel_on_loss:
             # Entered here and exited in __aexit__, in the same task, around the block.
             self._scope = scope = anyio.CancelScope()

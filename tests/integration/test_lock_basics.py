@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
 
 import aiolock
-from tests.helpers import assert_clean, lock_keys
+from tests.helpers import assert_clean, eventually, lock_keys
 
 pytestmark = pytest.mark.anyio
 
@@ -64,6 +66,30 @@ async def test_another_task_is_another_owner(aiolock_client: aiolock.Client) -> 
     assert await asyncio.create_task(intruder()) == (True, False, 0)
     assert await lock.hold_count() == 1  # the failed unlock disturbed nothing
     await lock.unlock()
+
+
+async def test_the_task_that_runs_lock_is_the_owner(
+    aiolock_client: aiolock.Client, redis: Redis
+) -> None:
+    """``lock()`` is a plain function returning its coroutine; who runs that coroutine owns."""
+    lock = aiolock_client.lock("made-here-run-there")
+    with pytest.raises(ValueError, match="lease"):
+        lock.lock(lease=-1)  # checked at the call, before anything is awaited
+    done = asyncio.Event()
+
+    async def hold(acquiring: Coroutine[Any, Any, None]) -> int:
+        await acquiring
+        count = await lock.hold_count()
+        await done.wait()
+        await lock.unlock()
+        return count
+
+    holder = asyncio.create_task(hold(lock.lock()))  # made by this task, run by the holder
+    await eventually(lock.is_locked)
+    assert (await lock.is_held(), await lock.hold_count()) == (False, 0)
+    done.set()
+    assert await holder == 1
+    await assert_clean(redis, aiolock_client)
 
 
 async def test_other_client_is_another_owner(
