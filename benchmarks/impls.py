@@ -37,6 +37,8 @@ POOL_SIZE = 128
 LEASE_S = 60  # the lease of every polling lock (aiolock uses its watchdog, lease=None)
 
 
+# Handles have __slots__: fan-in counts RSS per waiting task, and the harness' own objects should
+# add as little to it as they can, for every implementation alike.
 class Handle(Protocol):
     async def acquire(self) -> None: ...
     async def release(self) -> None: ...
@@ -71,6 +73,8 @@ class Impl(ABC):
 
 
 class _AiolockHandle:
+    __slots__ = ("_lock",)
+
     def __init__(self, lock: Any) -> None:
         self._lock = lock
 
@@ -113,6 +117,8 @@ class AiolockSpinImpl(AiolockImpl):
 
 
 class _RedisPyHandle:
+    __slots__ = ("_lock",)
+
     def __init__(self, lock: RedisPyLock) -> None:
         self._lock = lock
 
@@ -159,6 +165,8 @@ return 0
 
 
 class _SpinHandle:
+    __slots__ = ("_impl", "_key", "_token")
+
     def __init__(self, impl: SpinImpl, key: str) -> None:
         self._impl = impl
         self._key = key
@@ -201,6 +209,8 @@ class SpinImpl(Impl):
 
 
 class _PotteryHandle:
+    __slots__ = ("_lock",)
+
     def __init__(self, lock: Any) -> None:
         self._lock = lock
 
@@ -234,6 +244,8 @@ class PotteryImpl(Impl):
 
 
 class _RedisLockHandle:
+    __slots__ = ("_impl", "_lock")
+
     def __init__(self, impl: RedisLockImpl, key: str) -> None:
         import redis_lock
 
