@@ -13,7 +13,9 @@ The pieces, as in Redisson's ``PublishSubscribeService`` and ``RedissonLockEntry
   connections tolerate exactly one reader).  Other tasks only *write* SUBSCRIBE/UNSUBSCRIBE, and
   only while the connection is up; after a reconnect the reader resubscribes every cached channel
   itself.  The reader PINGs an idle connection, so a TCP path that silently stopped forwarding is
-  noticed and replaced.
+  noticed and replaced.  Every command names one channel and the replies due are kept in order,
+  so an error reply (a SUBSCRIBE refused by an ACL) is pinned on its channel: that entry's
+  waiters raise it, and the connection and the other channels carry on.
 
 A later Cluster mode keeps this interface and runs one reader per node (SSUBSCRIBE): entries,
 refcounts and the semaphore pool do not change.
@@ -22,23 +24,24 @@ refcounts and the semaphore pool do not change.
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import math
 import zlib
 from collections import deque
+from collections.abc import Coroutine
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._calls import write
-from ._holds import NameCounters
 
 __all__ = ["Entry", "PubSub", "PubSubStatistics"]
 
@@ -47,11 +50,21 @@ logger = logging.getLogger("aiolock.pubsub")
 _CONNECTION_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError, EOFError)
 
 
+class Contention(Protocol):
+    """What an entry needs to know of its lock's tasks (``NameCounters`` in practice)."""
+
+    @property
+    def first_tries(self) -> int:
+        """Tasks after the lock that have not joined its channel: on their first try."""
+        ...
+
+
 class Entry:
     """A subscribed channel: who waits on it, and the wake-ups handed to them.
 
     Invariants: ``refs`` counts the tasks between :meth:`PubSub.join` and
-    :meth:`PubSub.release`; ``_permits <= refs + counters.first_tries``.  A wake-up is kept as a
+    :meth:`PubSub.release`; ``_permits <= refs + contention.first_tries`` (restored by
+    :meth:`trim` when a task leaves).  A wake-up is kept as a
     permit for the next task to park when nobody is parked, and also while a task of this client
     is on its first try: that task came before every parked one, and its try may have run
     before the release (or before the subscription existed).  More permits than tasks that may
@@ -71,17 +84,17 @@ class Entry:
         "_waiters",
         "channel",
         "confirmed",
-        "counters",
-        "dead",
+        "contention",
         "refs",
+        "refusal",
     )
 
-    def __init__(self, channel: bytes, counters: NameCounters | None = None) -> None:
+    def __init__(self, channel: bytes, contention: Contention | None = None) -> None:
         self.channel = channel
-        self.counters = counters  # of the lock this channel belongs to; None: no first tries
+        self.contention = contention  # of the lock this channel is for; None: no first tries
         self.refs = 0
         self.confirmed = False  # the server has confirmed its SUBSCRIBE
-        self.dead = False  # its SUBSCRIBE failed: its waiters must join a new entry
+        self.refusal: ResponseError | None = None  # the server refused the SUBSCRIBE
         self._permits = 0
         self._parked = 0
         self._waiters: deque[tuple[asyncio.Future[bool], float]] = deque()
@@ -104,26 +117,43 @@ class Entry:
         if self._permits < self.refs + first_tries:
             self._permits += 1
 
+    def granted(self) -> None:
+        """A task of this client got the lock: drop the wake-ups kept meanwhile.
+
+        Any try now would find the lock held; its next release wakes the head as usual.
+        """
+        self._permits = 0
+
     def trim(self) -> None:
         """Drop permits that no task can use any more (after one left)."""
         self._permits = min(self._permits, self.refs + self._first_tries())
 
     def _first_tries(self) -> int:
-        return 0 if self.counters is None else self.counters.first_tries
+        return 0 if self.contention is None else self.contention.first_tries
 
     def wake_all(self) -> None:
-        """Wake every waiter (after a reconnect, when messages may have been missed)."""
+        """Wake every waiter: messages may have been missed (a reconnect), or it is all over."""
         while self._waiters:
             waiter, _ = self._waiters.popleft()
+            # A cancelled one is done already, and counted off by its own ``unpark``.
             if not waiter.done():
+                self._parked -= 1
                 waiter.set_result(True)
-        self._parked = 0
         self._permits = self.refs
 
-    def kill(self) -> None:
-        """Its SUBSCRIBE failed: mark it ``dead`` and wake every waiter, so they join anew."""
-        self.dead = True
-        self.wake_all()
+    def refuse(self, refusal: ResponseError) -> None:
+        """The server refused the SUBSCRIBE (an ACL, say): wake every waiter to raise it."""
+        if self.refusal is None:
+            self.refusal = refusal
+            self.wake_all()
+
+    def raise_refusal(self) -> None:
+        """Raise a copy of the server's refusal, if there was one.
+
+        A copy per waiting task: tracebacks pile up on an exception object raised in several.
+        """
+        if self.refusal is not None:
+            raise copy.copy(self.refusal)
 
     def confirm(self) -> None:
         """The server confirmed the SUBSCRIBE: one waiter tries, as after a release."""
@@ -136,7 +166,7 @@ class Entry:
         ``front``: queue it first, for a task that was already ahead of every parked one.
 
         A caller cancelled while awaiting it must call :meth:`unpark`; a caller that leaves the
-        lock's wait loop without the lock wakes the next waiter (``PubSub.nudge``), which also
+        lock's wait loop without the lock wakes the next waiter (``PubSub.left``), which also
         hands on a wake-up it was given but will not use.
         """
         loop = asyncio.get_running_loop()
@@ -185,9 +215,10 @@ class Entry:
             self._arm(loop, earliest)
 
     def __repr__(self) -> str:
+        state = "refused" if self.refusal else "confirmed" if self.confirmed else "pending"
         return (
-            f"<Entry {self.channel.decode(errors='replace')!r} "
-            f"[refs:{self.refs}, parked:{self.parked}, permits:{self._permits}]>"
+            f"<Entry {self.channel.decode(errors='replace')!r} [{state}, "
+            f"refs:{self.refs}, parked:{self.parked}, permits:{self._permits}]>"
         )
 
 
@@ -219,6 +250,9 @@ class PubSub:
         self._entries: dict[bytes, Entry] = {}
         self._confirmations: dict[bytes, deque[asyncio.Future[None]]] = {}
         self._connection: AbstractConnection | None = None
+        # The replies still due on the connection, oldest first: (kind, channel).  An error
+        # reply names no channel; this tells which command the server refused.
+        self._due: deque[tuple[bytes, bytes | None]] = deque()
         self._reader: asyncio.Task[None] | None = None
         self._demand = asyncio.Event()
         self._background: set[asyncio.Task[None]] = set()
@@ -228,22 +262,23 @@ class PubSub:
 
     # -- the public surface used by the wait loop ------------------------------------------
 
-    def join(self, channel: str, counters: NameCounters) -> Entry:
+    def join(self, channel: str, contention: Contention) -> Entry:
         """Take a reference on ``channel``'s entry, creating it if it is new; no I/O, no wait.
 
-        ``counters`` are those of the lock the channel belongs to.  A new entry's SUBSCRIBE runs
-        in the background; until the server confirms it,
-        ``entry.confirmed`` is false.  The confirmation wakes one parked waiter, who must try the
-        lock (a release may have been published before the subscription existed).  If the
-        SUBSCRIBE fails the entry dies: its waiters wake, see ``entry.dead``, release it and
-        join again.  Every call must be balanced by :meth:`release`.
+        ``contention`` is that of the lock the channel is for.  A new entry's SUBSCRIBE runs in
+        the background; until the server confirms it, ``entry.confirmed`` is false.  The
+        confirmation wakes one parked waiter, who must try the lock (a release may have been
+        published before the subscription existed).  If the connection fails first, the entry
+        stays: the reader subscribes every cached channel when it reconnects.  If the server
+        refuses the SUBSCRIBE, the entry's waiters are woken to raise its error
+        (:meth:`Entry.raise_refusal`).  Every call must be balanced by :meth:`release`.
         """
         if self._closed:
             raise RuntimeError("the aiolock client is closed")
         key = channel.encode()
         entry = self._entries.get(key)
         if entry is None:
-            entry = self._entries[key] = Entry(key, counters)
+            entry = self._entries[key] = Entry(key, contention)
             self._spawn(self._subscribe(entry))
         # A refs==0 entry still cached has an UNSUBSCRIBE scheduled; it sees refs > 0 and skips.
         entry.refs += 1
@@ -253,13 +288,22 @@ class PubSub:
         """Drop a reference; the last one schedules the UNSUBSCRIBE (off the caller's path)."""
         entry.refs -= 1
         entry.trim()
-        if entry.refs == 0:
+        if entry.refs == 0 and not self._closed:
             self._spawn(self._unsubscribe(entry.channel, entry))
 
-    def nudge(self, channel: str) -> None:
-        """Wake one of this client's waiters on ``channel``, if it has any."""
+    def left(self, channel: str, *, granted: bool) -> None:
+        """A task left the lock's wait loop.
+
+        Without the lock: somebody may have queued behind it, or it may have been handed a
+        wake-up it will not use; either way the next in line tries now.  With it: wake-ups kept
+        meanwhile are dropped (:meth:`Entry.granted`).
+        """
         entry = self._entries.get(channel.encode())
-        if entry is not None:
+        if entry is None:
+            return
+        if granted:
+            entry.granted()
+        else:
             entry.wake_one()
 
     def statistics(self) -> PubSubStatistics:
@@ -300,30 +344,25 @@ class PubSub:
         return semaphore
 
     async def _subscribe(self, entry: Entry) -> None:
-        """SUBSCRIBE a new entry, holding its semaphore until the server confirms it."""
+        """SUBSCRIBE a new entry, holding its semaphore until the server answers."""
         key = entry.channel
         confirmation: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         try:
             async with self._semaphore(key):
                 # Sent even if every waiter has left meanwhile: while the entry is cached a new
-                # waiter may join it, and its UNSUBSCRIBE is scheduled after this.
+                # waiter may join it, and its UNSUBSCRIBE comes after this (the semaphore is
+                # first come, first served).
                 self._confirmations.setdefault(key, deque()).append(confirmation)
                 self._start_reader()
                 # While the connection is down the reader subscribes every cached entry after it
                 # reconnects, which confirms this one too.
                 await self._send("SUBSCRIBE", key)
                 await confirmation
-        except BaseException as exc:
-            # A failed SUBSCRIBE must not leave an entry that later waiters trust.  The server
-            # may still have subscribed, so unsubscribe too (unless a new entry wants it).
-            if self._entries.get(key) is entry:
-                del self._entries[key]
-            entry.kill()
-            if not self._closed:
-                self._spawn(self._unsubscribe(key, None))
-            if not isinstance(exc, Exception):
-                raise
-            logger.debug("SUBSCRIBE %r failed (its waiters join anew): %r", key, exc)
+        except (RedisError, OSError, RuntimeError) as exc:
+            # Refused: the reader has failed the entry's waiters already (``_refused``).  The
+            # connection failed, or the client is closing: the entry stays, and the reader
+            # subscribes every cached channel once it has reconnected, which confirms it.
+            logger.debug("SUBSCRIBE %r not confirmed here: %r", key, exc)
         finally:
             waiting = self._confirmations.get(key)
             if waiting is not None and confirmation in waiting:
@@ -343,16 +382,23 @@ class PubSub:
                 del self._entries[key]
             await self._send("UNSUBSCRIBE", key)
 
-    async def _send(self, *args: Any) -> None:
+    async def _send(self, command: str, key: bytes) -> None:
         """Write a command if the connection is up; never connect (that is the reader's job)."""
         connection = self._connection
         if connection is None or not connection.is_connected:
             return
         try:
             # Never a health check (it would read a reply: a second reader of the connection).
-            await write(connection, args)
+            await self._write(connection, command, key)
         except _CONNECTION_ERRORS as exc:
             logger.debug("pub/sub write failed (the reader reconnects): %r", exc)
+
+    def _write(
+        self, connection: AbstractConnection, command: str, key: bytes | None
+    ) -> Coroutine[Any, Any, None]:
+        """Write ``command`` (one channel per command: a refusal then names its channel)."""
+        self._due.append((command.lower().encode(), key))
+        return write(connection, (command,) if key is None else (command, key))
 
     def _spawn(self, coro: Any) -> None:
         task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)
@@ -399,10 +445,10 @@ class PubSub:
                 await asyncio.sleep(delay)
                 continue
             delay = 0.0
-            self._connection = connection
+            self._connection, self._due = connection, deque()
             try:
-                if self._entries:
-                    await write(connection, ("SUBSCRIBE", *self._entries))
+                for key in list(self._entries):
+                    await self._write(connection, "SUBSCRIBE", key)
                 await self._read(connection)
             except _CONNECTION_ERRORS as exc:
                 logger.warning("pub/sub connection lost, reconnecting: %r", exc)
@@ -417,17 +463,25 @@ class PubSub:
         stale = {key for key, entry in self._entries.items() if entry.confirmed}
         ping_outstanding = False
         while True:
-            reply = await connection.read_response(timeout=self._ping_interval)
+            try:
+                reply = await connection.read_response(timeout=self._ping_interval)
+            except ResponseError as error:
+                ping_outstanding = False
+                self._refused(error)
+                continue
             if reply is None:  # a silent interval
                 if ping_outstanding:
                     raise RedisConnectionError("no reply to PING on the pub/sub connection")
-                await write(connection, ("PING",))
+                await self._write(connection, "PING", None)
                 ping_outstanding = True
                 continue
             ping_outstanding = False
             if not isinstance(reply, list) or len(reply) < 2:
+                self._answered()
                 continue  # +PONG when subscribed to nothing
             kind, channel = reply[0], reply[1]
+            if kind != b"message":
+                self._answered()
             if kind == b"message":
                 self._messages += 1
                 entry = self._entries.get(channel)
@@ -436,18 +490,38 @@ class PubSub:
             elif kind == b"subscribe":
                 self._confirmed(channel)
                 entry = self._entries.get(channel)
-                if entry is None:
-                    pass
-                elif not entry.confirmed:
+                if entry is not None and not entry.confirmed:
                     entry.confirm()
-                elif channel in stale:
+                elif entry is not None and channel in stale:
                     stale.discard(channel)
                     entry.wake_all()
 
+    def _answered(self) -> None:
+        if self._due:
+            self._due.popleft()
+
+    def _refused(self, error: ResponseError) -> None:
+        """The server answered the oldest command still due with an error."""
+        kind, key = self._due.popleft() if self._due else (b"a command", None)
+        if kind != b"subscribe" or key is None:
+            logger.warning(
+                "the server refused %s on the pub/sub connection: %s", kind.decode(), error
+            )
+            return
+        logger.warning("the server refused SUBSCRIBE %r: %s", key, error)
+        # Waiting on it would only ever end by timeout: its waiters get the error instead, and
+        # the next task to wait on that lock tries again with an entry of its own.
+        entry = self._entries.pop(key, None)
+        if entry is not None:
+            entry.refuse(error)
+        for confirmation in self._confirmations.pop(key, ()):
+            if not confirmation.done():
+                confirmation.set_exception(error)
+
     def _confirmed(self, channel: bytes) -> None:
         waiting = self._confirmations.get(channel)
-        # A cancelled subscriber's future is cancelled at once but leaves the queue only when
-        # that task runs again: skip it, the confirmation belongs to the next one (if any).
+        # A future already done (failed, or cancelled while the client closes) is skipped: the
+        # confirmation belongs to the next one, if any.
         while waiting:
             confirmation = waiting.popleft()
             if not confirmation.done():

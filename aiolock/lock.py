@@ -306,10 +306,10 @@ class AsyncRLock:
                     granted = True
                     return
                 pause = outcome
-            counters.waiters += 1
             # A release published during the first try, or the confirmation of a subscription
             # made meanwhile, left a permit for this task (see Entry): no try needed before.
             entry = client._pubsub.join(channel, counters)
+            counters.waiters += 1
             try:
                 front = not queue_first
                 while True:
@@ -321,32 +321,21 @@ class AsyncRLock:
                         pause = outcome
                     # A bare future in the entry's queue: no coroutine frame or timeout context
                     # per parked task.
-                    deadline = loop.time() + pause
-                    while True:
-                        waiter = entry.park(deadline, front=front)
-                        try:
-                            await waiter
-                        except asyncio.CancelledError:
-                            entry.unpark(waiter)
-                            raise
-                        if not entry.dead:
-                            break
-                        # Its SUBSCRIBE failed: park on a new subscription until the same
-                        # deadline (all were woken in order: each goes to the back).  Its
-                        # confirmation wakes one to try, should a release have been missed.
-                        dead, entry = entry, client._pubsub.join(channel, counters)
-                        client._pubsub.release(dead)
-                        front = False
+                    waiter = entry.park(loop.time() + pause, front=front)
                     pause, front = None, True
+                    try:
+                        await waiter
+                    except asyncio.CancelledError:
+                        entry.unpark(waiter)
+                        raise
+                    entry.raise_refusal()  # the server refused the channel: waiting is futile
+                    client._check_open()  # woken because the client closes: no more tries
             finally:
                 client._pubsub.release(entry)
                 counters.waiters -= 1
         finally:
             counters.contenders -= 1
-            if not granted:
-                # Somebody may have queued behind this task, or it may have been handed a
-                # wake-up it will not use: either way the next in line tries now.
-                client._pubsub.nudge(channel)
+            client._pubsub.left(channel, granted=granted)
 
     async def _try_acquire(
         self, owner: str, task: asyncio.Task[Any] | None, lease: float | None

@@ -1,8 +1,8 @@
-"""The subscriber connection cannot be opened: every SUBSCRIBE fails, and its entry dies.
+"""The subscriber connection cannot be opened for a while: the lock's subscription stays pending.
 
-The lock's waiters must neither trust the dead entry (they would never hear a release) nor turn
-the failure into a storm of tries: they park on a fresh subscription until the server accepts
-connections again, and a release then wakes them one by one, promptly.
+The waiters must neither turn the failure into a storm of tries nor be stranded: once the server
+accepts connections again, the reader subscribes the pending channel, and a release then wakes
+them one by one, promptly.
 """
 
 from __future__ import annotations
@@ -48,11 +48,12 @@ async def test_waiters_outlast_a_refused_subscriber_connection(
         before = await evalsha_calls(redis)
         with caplog.at_level(logging.WARNING, logger="aiolock.pubsub"):
             waiters = [asyncio.create_task(waiter(i)) for i in range(3)]
-            await eventually(lambda: refusals() >= 3, what="three failed SUBSCRIBEs")
-            await eventually(lambda: parked(client, lock) == 3, what="all parked anew")
+            await eventually(lambda: refusals() >= 3, what="three refused connections")
+            assert parked(client, lock) == 3
             assert await evalsha_calls(redis) - before == 1  # the first try, and no more
             proxy.refuse = False
-            await eventually(lambda: client.statistics().subscriptions == 1)
+            entry = client._pubsub._entries[lock._keys.channel.encode()]
+            await eventually(lambda: entry.confirmed, what="the pending SUBSCRIBE confirmed")
             await redis.delete(lock._keys.lock)
             await redis.publish(lock._keys.channel, "released")
             # Stranded on a dead entry, they would wait out the stranger's 30 s lease.
@@ -62,3 +63,28 @@ async def test_waiters_outlast_a_refused_subscriber_connection(
     finally:
         proxy.refuse = False
         await client.aclose()
+
+
+async def test_closing_the_client_ends_waiters_on_a_pending_subscription(
+    aiolock_client: aiolock.Client,
+    proxy: FreezableProxy,
+    redis: Redis,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    client = aiolock.Client.from_url(
+        f"redis://127.0.0.1:{proxy.port}/0", key_prefix=aiolock_client.key_prefix
+    )
+    lock = client.lock("closing")
+    assert await lock.try_lock()
+    await lock.unlock()
+    await hold_as_stranger(redis, lock, 30_000)
+    proxy.refuse = True
+    with caplog.at_level(logging.WARNING, logger="aiolock.pubsub"):
+        waiters = [asyncio.create_task(lock.try_lock(wait=30)) for _ in range(3)]
+        await eventually(lambda: parked(client, lock) == 3)
+        await client.aclose()
+    outcomes = await asyncio.wait_for(asyncio.gather(*waiters, return_exceptions=True), 5)
+    assert all(isinstance(outcome, RuntimeError) for outcome in outcomes), outcomes
+    assert lock.statistics().waiters == 0
+    assert not client._pubsub._background
+    await redis.delete(lock._keys.lock)

@@ -78,7 +78,7 @@ async def test_the_task_that_runs_lock_is_the_owner(
     done = asyncio.Event()
 
     async def hold(acquiring: Coroutine[Any, Any, None]) -> int:
-        await acquiring
+        assert await acquiring is None
         count = await lock.hold_count()
         await done.wait()
         await lock.unlock()

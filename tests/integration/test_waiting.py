@@ -211,8 +211,12 @@ async def test_newcomers_queue_behind_a_task_already_trying(
 
     before = await evalsha_calls(redis)
     waiters = [asyncio.create_task(waiter(i)) for i in range(5)]
-    await eventually(lambda: parked(aiolock_client, lock) == 5)
-    # The first: one try, then one more once subscribed.  The others: none yet.
+    entries = aiolock_client._pubsub._entries
+    key = keys.channel.encode()
+    # Confirmed and all parked: the confirmation's wake-up has been used (a woken task is not
+    # parked until its try is over).  The first: one try, then one more once subscribed.  The
+    # others: none yet.
+    await eventually(lambda: key in entries and entries[key].confirmed and entries[key].parked == 5)
     assert await evalsha_calls(redis) - before == 2
     await redis.delete(keys.lock)
     await redis.publish(keys.channel, "released")

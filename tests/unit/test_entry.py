@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from redis.exceptions import NoPermissionError
 
 from aiolock._holds import NameCounters
 from aiolock._pubsub import Entry
@@ -131,10 +132,45 @@ async def test_the_confirmation_wakes_one_waiter() -> None:
     assert not second.done()
 
 
-async def test_a_killed_entry_wakes_everyone_and_says_so() -> None:
+async def test_a_refused_entry_wakes_everyone_and_each_raises_a_copy() -> None:
     entry = make_entry(refs=2)
     waiters = [entry.park(float("inf")), entry.park(float("inf"))]
-    entry.kill()
-    assert entry.dead
+    refusal = NoPermissionError("this user has no permissions to access one of the channels")
+    entry.refuse(refusal)
     assert [waiter.result() for waiter in waiters] == [True, True]
     assert entry.parked == 0
+    raised = []
+    for _ in waiters:  # one copy per waiting task: tracebacks do not pile up on one object
+        with pytest.raises(NoPermissionError, match="no permissions") as caught:
+            entry.raise_refusal()
+        raised.append(caught.value)
+    assert raised[0] is not raised[1]
+    assert all(copy is not refusal for copy in raised)
+
+
+async def test_an_entry_not_refused_raises_nothing() -> None:
+    entry = make_entry(refs=1)
+    entry.raise_refusal()
+
+
+async def test_wake_all_leaves_a_cancelled_waiter_to_unpark() -> None:
+    """A waiter cancelled before wake_all, whose task has not run ``unpark`` yet, counts once."""
+    entry = make_entry(refs=2)
+    gone, kept = entry.park(float("inf")), entry.park(float("inf"))
+    gone.cancel()
+    entry.wake_all()
+    entry.unpark(gone)
+    assert kept.result() is True
+    assert entry.parked == 0
+
+
+async def test_a_wake_up_kept_for_a_first_try_that_was_granted_is_dropped() -> None:
+    counters = NameCounters(contenders=2, waiters=1)  # one parked, one on its first try
+    entry = Entry(b"channel", counters)
+    entry.refs = 1
+    parked = entry.park(float("inf"))
+    entry.wake_one()  # kept for the first try
+    counters.contenders = 1  # that try was granted: it leaves without parking
+    entry.granted()
+    assert not parked.done()  # the lock is held now: waking it would be an empty try
+    assert not entry.park(float("inf")).done()  # and no stale wake-up is left for the next
