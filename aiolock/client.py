@@ -94,6 +94,7 @@ class Client:
         # (``id(task)`` is reused by Python; a ContextVar would be copied into child tasks).
         # An entry goes when its task is done: a done callback, run in one shared empty context,
         # costs a waiting task less than a weak reference (and a context copy per callback).
+        # The price: a task that never finishes stays here (and alive) until the client closes.
         self._task_owners: dict[asyncio.Task[Any], str] = {}
         owners = self._task_owners
         self._forget_task: Callable[[asyncio.Task[Any]], object] = lambda t: owners.pop(t, None)
