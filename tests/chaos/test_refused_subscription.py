@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import AsyncIterator
 
 import pytest
 from redis.asyncio import Redis
@@ -21,64 +22,78 @@ from .proxy import FreezableProxy
 pytestmark = pytest.mark.anyio
 
 
-async def test_waiters_outlast_a_refused_subscriber_connection(
-    aiolock_client: aiolock.Client,
-    proxy: FreezableProxy,
-    redis: Redis,
-    caplog: pytest.LogCaptureFixture,
-) -> None:
+@pytest.fixture
+async def behind_proxy(
+    aiolock_client: aiolock.Client, proxy: FreezableProxy
+) -> AsyncIterator[aiolock.Client]:
+    """A client whose connections, its subscriber's included, go through ``proxy``."""
     client = aiolock.Client.from_url(
         f"redis://127.0.0.1:{proxy.port}/0", key_prefix=aiolock_client.key_prefix
     )
     try:
-        lock = client.lock("refused")
-        assert await lock.try_lock()  # the script connection is open before the refusals
-        await lock.unlock()
-        await hold_as_stranger(redis, lock, 30_000)  # never published: only a release wakes
-        proxy.refuse = True
-        served: list[int] = []
-
-        async def waiter(i: int) -> None:
-            async with lock.acquire(wait=30):
-                served.append(i)
-
-        def refusals() -> int:
-            return sum("pub/sub connection failed" in r.getMessage() for r in caplog.records)
-
-        before = await evalsha_calls(redis)
-        with caplog.at_level(logging.WARNING, logger="aiolock.pubsub"):
-            waiters = [asyncio.create_task(waiter(i)) for i in range(3)]
-            await eventually(lambda: refusals() >= 3, what="three refused connections")
-            assert parked(client, lock) == 3
-            assert await evalsha_calls(redis) - before == 1  # the first try, and no more
-            proxy.refuse = False
-            entry = client._pubsub._entries[lock._keys.channel.encode()]
-            await eventually(lambda: entry.confirmed, what="the pending SUBSCRIBE confirmed")
-            await redis.delete(lock._keys.lock)
-            await redis.publish(lock._keys.channel, "released")
-            # Stranded on a dead entry, they would wait out the stranger's 30 s lease.
-            await asyncio.wait_for(asyncio.gather(*waiters), 10)
-        assert served == [0, 1, 2]
-        await assert_clean(redis, client)
+        yield client
     finally:
         proxy.refuse = False
         await client.aclose()
 
 
-async def test_closing_the_client_ends_waiters_on_a_pending_subscription(
-    aiolock_client: aiolock.Client,
-    proxy: FreezableProxy,
-    redis: Redis,
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    client = aiolock.Client.from_url(
-        f"redis://127.0.0.1:{proxy.port}/0", key_prefix=aiolock_client.key_prefix
-    )
-    lock = client.lock("closing")
+async def held_elsewhere_and_refused(
+    client: aiolock.Client, name: str, redis: Redis, proxy: FreezableProxy
+) -> aiolock.AsyncRLock:
+    """``name``'s lock, held by a stranger that never publishes, with new connections refused.
+
+    The client's script connection is opened first, so only the subscriber connection fails.
+    """
+    lock = client.lock(name)
     assert await lock.try_lock()
     await lock.unlock()
     await hold_as_stranger(redis, lock, 30_000)
     proxy.refuse = True
+    return lock
+
+
+async def test_waiters_outlast_a_refused_subscriber_connection(
+    behind_proxy: aiolock.Client,
+    proxy: FreezableProxy,
+    redis: Redis,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    client = behind_proxy
+    lock = await held_elsewhere_and_refused(client, "refused", redis, proxy)
+    served: list[int] = []
+
+    async def waiter(i: int) -> None:
+        async with lock.acquire(wait=30):
+            served.append(i)
+
+    def refusals() -> int:
+        return sum("pub/sub connection failed" in r.getMessage() for r in caplog.records)
+
+    before = await evalsha_calls(redis)
+    with caplog.at_level(logging.WARNING, logger="aiolock.pubsub"):
+        waiters = [asyncio.create_task(waiter(i)) for i in range(3)]
+        await eventually(lambda: refusals() >= 3, what="three refused connections")
+        assert parked(client, lock) == 3
+        assert await evalsha_calls(redis) - before == 1  # the first try, and no more
+        proxy.refuse = False
+        entry = client._pubsub._entries[lock._keys.channel.encode()]
+        await eventually(lambda: entry.confirmed, what="the pending SUBSCRIBE confirmed")
+        await redis.delete(lock._keys.lock)
+        await redis.publish(lock._keys.channel, "released")
+        # Stranded, they would wait out the stranger's 30 s lease.
+        await asyncio.wait_for(asyncio.gather(*waiters), 10)
+    assert served == [0, 1, 2]
+    await assert_clean(redis, client)
+
+
+async def test_closing_the_client_ends_waiters_on_a_pending_subscription(
+    behind_proxy: aiolock.Client,
+    proxy: FreezableProxy,
+    redis: Redis,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    client = behind_proxy
+    lock = await held_elsewhere_and_refused(client, "closing", redis, proxy)
     with caplog.at_level(logging.WARNING, logger="aiolock.pubsub"):
         waiters = [asyncio.create_task(lock.try_lock(wait=30)) for _ in range(3)]
         await eventually(lambda: parked(client, lock) == 3)
