@@ -72,7 +72,8 @@ class Hold:
 class Holds:
     """The registry of one client's holds, keyed by (lock key, owner)."""
 
-    def __init__(self) -> None:
+    def __init__(self, on_loss: Callable[[Hold], object] | None = None) -> None:
+        self._on_loss = on_loss  # told of every loss, after the hold's own listeners
         self._holds: dict[tuple[str, str], Hold] = {}
         self._pending: dict[tuple[str, str], asyncio.Task[None]] = {}
         self.changed = asyncio.Event()  # set when a watchdog hold is added
@@ -170,6 +171,8 @@ class Holds:
         logger.warning("lock %r (token %d) lost: %s", hold.name, hold.token, reason)
         for listener in hold.listeners:
             listener()
+        if self._on_loss is not None:
+            self._on_loss(hold)
 
     def lose_all(self, key: str, reason: str) -> None:
         for hold in self.by_key(key):

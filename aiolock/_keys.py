@@ -4,11 +4,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["LockKeys", "hash_tag"]
+__all__ = ["LockKeys", "channel_of", "hash_tag"]
 
 # Percent-encoding the three characters below keeps the tag free of braces (so Redis Cluster
 # hashes exactly the tag) and keeps the mapping injective (so two names never share keys).
 _ESCAPES = str.maketrans({"%": "%25", "{": "%7B", "}": "%7D"})
+
+
+def channel_of(lock_key: str) -> str:
+    """The channel where releases of the lock at ``lock_key`` are published."""
+    return f"{lock_key}:released"
 
 
 def hash_tag(name: str) -> str:
@@ -34,4 +39,4 @@ class LockKeys:
     @classmethod
     def build(cls, prefix: str, name: str) -> LockKeys:
         base = f"{prefix}:{hash_tag(name)}"
-        return cls(lock=base, meta=f"{base}:meta", channel=f"{base}:released")
+        return cls(lock=base, meta=f"{base}:meta", channel=channel_of(base))

@@ -298,12 +298,15 @@ class PubSub:
         wake-up it will not use; either way the next in line tries now.  With it: wake-ups kept
         meanwhile are dropped (:meth:`Entry.granted`).
         """
-        entry = self._entries.get(channel.encode())
-        if entry is None:
-            return
-        if granted:
+        if not granted:
+            self.wake(channel)
+        elif (entry := self._entries.get(channel.encode())) is not None:
             entry.granted()
-        else:
+
+    def wake(self, channel: str) -> None:
+        """Wake one of this client's waiters on ``channel``, if it has any."""
+        entry = self._entries.get(channel.encode())
+        if entry is not None:
             entry.wake_one()
 
     def statistics(self) -> PubSubStatistics:

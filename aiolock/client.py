@@ -21,7 +21,7 @@ from redis.asyncio import Redis
 
 from ._calls import Calls
 from ._holds import Holds, NameCounters
-from ._keys import LockKeys
+from ._keys import LockKeys, channel_of
 from ._pubsub import PubSub
 from ._validate import check_name, check_timeout
 from ._watchdog import Watchdog
@@ -86,7 +86,9 @@ class Client:
         self._redis = redis
         self._owns_redis = owns
         self._closed = False
-        self._holds = Holds()
+        # A hold that ends without a release (its lease ran out, say) publishes nothing: this
+        # client's own waiters may be parked behind it without a TTL to go by.  Wake one.
+        self._holds = Holds(on_loss=lambda hold: self._pubsub.wake(channel_of(hold.key)))
         self._pubsub = PubSub(redis, concurrency=concurrency)
         self._calls = Calls(redis)
         self._watchdog = Watchdog(self._calls, self._holds, lease=watchdog_timeout)

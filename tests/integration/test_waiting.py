@@ -250,3 +250,20 @@ async def test_a_waiter_leaving_without_the_lock_lets_the_next_try(
         await first
     assert await asyncio.wait_for(second, 10)
     await assert_clean(redis, aiolock_client)
+
+
+async def test_a_task_queued_behind_a_fixed_lease_that_runs_out_is_not_kept_waiting(
+    aiolock_client: aiolock.Client, redis: Redis
+) -> None:
+    """The task ahead is granted a 0.3 s lease and never unlocks: no release is published.
+
+    The queued task parks for up to a watchdog lease (30 s) without a TTL to go by; the end of
+    the other hold, which this client times itself, wakes it instead.
+    """
+    lock = aiolock_client.lock("short-lease-ahead")
+    first = asyncio.create_task(lock.lock(lease=0.3))  # its task ends holding the lock
+    second = asyncio.create_task(lock.try_lock(wait=20))  # queued behind the first's try
+    await first
+    assert await asyncio.wait_for(second, 5)
+    assert await lock.force_unlock()  # held by the second task, which has ended
+    await assert_clean(redis, aiolock_client)
