@@ -289,7 +289,7 @@ class PubSub:
         entry.refs -= 1
         entry.trim()
         if entry.refs == 0 and not self._closed:
-            self._spawn(self._unsubscribe(entry.channel, entry))
+            self._spawn(self._unsubscribe(entry))
 
     def left(self, channel: str, *, granted: bool) -> None:
         """A task left the lock's wait loop.
@@ -373,16 +373,12 @@ class PubSub:
                 if not waiting:
                     del self._confirmations[key]
 
-    async def _unsubscribe(self, key: bytes, entry: Entry | None) -> None:
+    async def _unsubscribe(self, entry: Entry) -> None:
+        key = entry.channel
         async with self._semaphore(key):
-            current = self._entries.get(key)
-            if entry is None:
-                if current is not None:
-                    return  # a newer entry subscribed the channel again
-            elif current is not entry or entry.refs > 0:
-                return  # taken up again while this call waited for the semaphore
-            else:
-                del self._entries[key]
+            if self._entries.get(key) is not entry or entry.refs > 0:
+                return  # taken up again, or refused, while this call waited for the semaphore
+            del self._entries[key]
             await self._send("UNSUBSCRIBE", key)
 
     async def _send(self, command: str, key: bytes) -> None:
