@@ -7,7 +7,7 @@ end (``guard.lost``, and ``cancel_on_loss`` cancels its body), not when the path
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import Callable
 
 import pytest
 
@@ -20,20 +20,9 @@ pytestmark = pytest.mark.anyio
 
 
 @pytest.fixture
-async def frozen(
-    aiolock_client: aiolock.Client, proxy: FreezableProxy
-) -> AsyncIterator[aiolock.Client]:
+def frozen(proxied: Callable[..., aiolock.Client]) -> aiolock.Client:
     """A client that talks to the server through ``proxy``, with a short watchdog lease."""
-    client = aiolock.Client.from_url(
-        f"redis://127.0.0.1:{proxy.port}/0",
-        key_prefix=aiolock_client.key_prefix,
-        watchdog_timeout=0.6,
-    )
-    try:
-        yield client
-    finally:
-        proxy.thaw()
-        await client.aclose()
+    return proxied(watchdog_timeout=0.6)
 
 
 async def test_a_frozen_watchdog_hold_is_lost_when_its_lease_ends(
