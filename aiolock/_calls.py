@@ -13,7 +13,9 @@ starve the pool that the application shares.
 
 A caller cancelled while its call is in flight leaves at once.  The call is not abandoned: the
 reply is read in the background and handed, as a future, to the caller's ``orphan`` callback, so
-that what the script did on the server (a grant, a release) can be settled.
+that what the script did on the server (a grant, a release) can be settled.  A call that fails
+after its request was written (the connection dropped, the reply timed out, after redis-py's
+resends) has an outcome just as unknown: ``orphan`` gets it too, and the caller the error.
 """
 
 from __future__ import annotations
@@ -68,7 +70,8 @@ class Calls:
         """Run ``script`` by SHA (its source once on NOSCRIPT) and return the reply.
 
         If the caller is cancelled, ``orphan`` receives a future of the call's outcome: the
-        reply, :class:`NotSent`, or the error that left the outcome unknown.
+        reply, :class:`NotSent`, or the error that left the outcome unknown.  If the call fails
+        after some attempt was written, ``orphan`` receives that error and the caller it too.
         """
         try:
             return await self._call(("EVALSHA", script.sha, len(keys), *keys, *args), orphan)
@@ -124,8 +127,10 @@ class Calls:
         except ResponseError:
             self._give_back(conn)  # the reply was read whole: the connection is clean
             raise
-        except BaseException:
+        except BaseException as exc:
             self._spawn(self._discard(conn), None)
+            if sent and isinstance(exc, Exception):
+                _orphaned(orphan, exc)  # the script may have run: the outcome is unknown
             raise
         self._give_back(conn)
         return reply

@@ -51,7 +51,7 @@ async def join_group(client: Client, redis: Redis, group: str, user: str, *, loc
 async def run_requests(url: str, group: str, users: Sequence[str], *, locked: bool) -> Counter[str]:
     """Send one concurrent request per user; count the outcomes."""
     async with Client.from_url(url) as client:
-        redis = client._redis
+        redis = client.redis
         outcomes = await asyncio.gather(
             *(join_group(client, redis, group, user, locked=locked) for user in users)
         )

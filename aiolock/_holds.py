@@ -17,7 +17,10 @@ import asyncio
 import logging
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._scripts import Script
 
 __all__ = ["Hold", "Holds", "NameCounters"]
 
@@ -51,6 +54,7 @@ class Hold:
     """
 
     name: str
+    kind: str
     key: str
     owner: str
     token: int
@@ -59,6 +63,8 @@ class Hold:
     watchdog: bool
     task: asyncio.Task[Any] | None
     counters: NameCounters
+    renew: Script  # the kind's renew script, which the watchdog batches by
+    channel: str | None  # where this client's waiters for the lock park, if on a channel
     lost: bool = False
     lost_reason: str | None = None
     timer: asyncio.TimerHandle | None = None
@@ -96,6 +102,7 @@ class Holds:
         self,
         *,
         name: str,
+        kind: str,
         key: str,
         owner: str,
         reply: list[int],
@@ -103,6 +110,8 @@ class Holds:
         watchdog: bool,
         counters: NameCounters,
         task: asyncio.Task[Any] | None,
+        renew: Script,
+        channel: str | None,
     ) -> Hold:
         """Record a grant ``{token, count, pttl}`` from the acquire script."""
         token, count, pttl = (int(value) for value in reply)
@@ -113,7 +122,20 @@ class Holds:
             self.lose(hold, "the lease ran out before the owner acquired the lock again")
             hold = None
         if hold is None:
-            hold = Hold(name, key, owner, token, count, expires_at, watchdog, task, counters)
+            hold = Hold(
+                name,
+                kind,
+                key,
+                owner,
+                token,
+                count,
+                expires_at,
+                watchdog,
+                task,
+                counters,
+                renew,
+                channel,
+            )
             self._holds[(key, owner)] = hold
             counters.acquisitions += 1
             counters.last_lost = False

@@ -37,6 +37,8 @@ class LockKeys:
     channel: str
 
     @classmethod
-    def build(cls, prefix: str, name: str) -> LockKeys:
-        base = f"{prefix}:{hash_tag(name)}"
+    def build(cls, prefix: str, name: str, kind: str | None = None) -> LockKeys:
+        """The keys of lock ``name``; a ``kind`` other than the plain lock's gets a segment of
+        its own, so that two kinds of one name never share a key."""
+        base = f"{prefix}:{hash_tag(name)}" if kind is None else f"{prefix}:{kind}:{hash_tag(name)}"
         return cls(lock=base, meta=f"{base}:meta", channel=channel_of(base))

@@ -1,4 +1,7 @@
-"""The Lua scripts, loaded once from package files (``_calls`` runs them by SHA)."""
+"""The Lua scripts, loaded once from package files (``_calls`` runs them by SHA).
+
+They live in ``scripts/<kind>/<operation>.lua``, each opening with its KEYS, ARGV and returns.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +9,7 @@ import hashlib
 from dataclasses import dataclass
 from importlib import resources
 
-__all__ = ["ACQUIRE", "FORCE_UNLOCK", "RELEASE", "RENEW", "Script"]
+__all__ = ["LOCK_ACQUIRE", "LOCK_FORCE", "LOCK_RELEASE", "LOCK_RENEW", "Script"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -16,12 +19,13 @@ class Script:
     sha: str
 
     @classmethod
-    def load(cls, name: str) -> Script:
-        source = resources.files(__package__).joinpath("scripts", f"{name}.lua").read_text("utf-8")
-        return cls(name, source, hashlib.sha1(source.encode()).hexdigest())
+    def load(cls, kind: str, operation: str) -> Script:
+        path = resources.files(__package__).joinpath("scripts", kind, f"{operation}.lua")
+        source = path.read_text("utf-8")
+        return cls(f"{kind}/{operation}", source, hashlib.sha1(source.encode()).hexdigest())
 
 
-ACQUIRE = Script.load("acquire")
-RELEASE = Script.load("release")
-RENEW = Script.load("renew")
-FORCE_UNLOCK = Script.load("force_unlock")
+LOCK_ACQUIRE = Script.load("lock", "acquire")
+LOCK_RELEASE = Script.load("lock", "release")
+LOCK_RENEW = Script.load("lock", "renew")
+LOCK_FORCE = Script.load("lock", "force")

@@ -1,6 +1,7 @@
 """One renewal task per client: keeps ``lease=None`` holds alive while their owners hold them.
 
-Every ``watchdog_timeout / 3`` it renews all watched holds in one script call per batch.  A hold
+Every ``watchdog_timeout / 3`` it renews all watched holds, one script call per batch; a batch
+holds holds of one kind (each kind renews with its own script).  A hold
 whose lock is gone or owned by someone else is marked lost at once.  A renewal that fails (the
 connection dropped) is retried quickly; a hold whose lease runs out meanwhile is marked lost by
 its timer, because from then on nobody can say who holds the lock.  A hold whose owning task
@@ -14,7 +15,6 @@ import logging
 
 from redis.exceptions import RedisError
 
-from . import _scripts
 from ._calls import Calls
 from ._holds import Hold, Holds
 
@@ -68,8 +68,8 @@ class Watchdog:
             if not holds:
                 return
             try:
-                for start in range(0, len(holds), _BATCH):
-                    await self._renew(holds[start : start + _BATCH])
+                for batch in _batches(holds):
+                    await self._renew(batch)
                 return
             except (RedisError, OSError) as exc:
                 # Retried within the lease; each hold's timer marks it lost if the lease runs
@@ -84,7 +84,7 @@ class Watchdog:
         sent_at = loop.time()
         keys = tuple(hold.key for hold in holds)
         args = (round(self.lease * 1000), *(hold.owner for hold in holds))
-        replies = await self._calls.run(_scripts.RENEW, keys, args)
+        replies = await self._calls.run(holds[0].renew, keys, args)
         for hold, reply in zip(holds, replies, strict=True):
             if hold.lost or self._holds.get(hold.key, hold.owner) is not hold:
                 continue  # released or replaced while the call was in flight
@@ -107,3 +107,15 @@ class Watchdog:
         )
         self._holds.forget(hold)
         return False
+
+
+def _batches(holds: list[Hold]) -> list[list[Hold]]:
+    """Holds grouped by renew script, at most ``_BATCH`` to a group."""
+    by_script: dict[str, list[Hold]] = {}
+    for hold in holds:
+        by_script.setdefault(hold.renew.sha, []).append(hold)
+    return [
+        group[start : start + _BATCH]
+        for group in by_script.values()
+        for start in range(0, len(group), _BATCH)
+    ]

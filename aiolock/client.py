@@ -8,11 +8,7 @@ are cheap views onto these; create as many as you like.
 from __future__ import annotations
 
 import asyncio
-import contextvars
-import itertools
 import uuid
-import weakref
-from collections.abc import Callable
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -20,9 +16,10 @@ from typing import Any
 from redis.asyncio import Redis
 
 from ._calls import Calls
-from ._holds import Holds, NameCounters
-from ._keys import LockKeys, channel_of
+from ._holds import Hold, Holds
+from ._owners import Owners
 from ._pubsub import PubSub
+from ._services import Services
 from ._validate import check_name, check_timeout
 from ._watchdog import Watchdog
 from .lock import AsyncRLock
@@ -83,32 +80,33 @@ class Client:
         self.id = str(uuid.uuid4())
         self.key_prefix = prefix
         self.watchdog_timeout = watchdog_timeout
-        self._redis = redis
         self._owns_redis = owns
-        self._closed = False
+        calls = Calls(redis)
+        pubsub = PubSub(redis, concurrency=concurrency)
+
         # A hold that ends without a release (its lease ran out, say) publishes nothing: this
         # client's own waiters may be parked behind it without a TTL to go by.  Wake one.
-        self._holds = Holds(on_loss=lambda hold: self._pubsub.wake(channel_of(hold.key)))
-        self._pubsub = PubSub(redis, concurrency=concurrency)
-        self._calls = Calls(redis)
-        self._watchdog = Watchdog(self._calls, self._holds, lease=watchdog_timeout)
-        # Task identities: a fresh number per task, never reused during this client's life
-        # (``id(task)`` is reused by Python; a ContextVar would be copied into child tasks).
-        # An entry goes when its task is done: a done callback, run in one shared empty context,
-        # costs a waiting task less than a weak reference (and a context copy per callback).
-        # The price: a task that never finishes stays here (and alive) until the client closes.
-        self._task_owners: dict[asyncio.Task[Any], str] = {}
-        owners = self._task_owners
-        self._forget_task: Callable[[asyncio.Task[Any]], object] = lambda t: owners.pop(t, None)
-        self._callback_context = contextvars.Context()
-        self._task_numbers = itertools.count(1)
-        self._requests = itertools.count(1)
-        # Shared by every lock object of a name while one exists: thousands of waiters on a
-        # few names hold one copy of the keys and counters each.
-        self._counters: weakref.WeakValueDictionary[str, NameCounters] = (
-            weakref.WeakValueDictionary()
+        def on_loss(hold: Hold) -> None:
+            if hold.channel is not None:
+                pubsub.wake(hold.channel)
+
+        holds = Holds(on_loss=on_loss)
+        self._services = Services(
+            redis=redis,
+            calls=calls,
+            pubsub=pubsub,
+            holds=holds,
+            watchdog=Watchdog(calls, holds, lease=watchdog_timeout),
+            owners=Owners(self.id),
+            key_prefix=prefix,
+            watchdog_timeout=watchdog_timeout,
+            fair_wait_timeout=5.0,
         )
-        self._keys: weakref.WeakValueDictionary[str, LockKeys] = weakref.WeakValueDictionary()
+
+    @property
+    def redis(self) -> Redis:
+        """The ``redis.asyncio`` client this client uses (for your own commands and tools)."""
+        return self._services.redis
 
     @classmethod
     def from_url(
@@ -143,35 +141,33 @@ class Client:
         check_name(name)
         if owner is not None:
             check_name(owner, "owner")
-        keys = self._keys.get(name)
-        if keys is None:
-            keys = self._keys[name] = LockKeys.build(self.key_prefix, name)
-        return AsyncRLock(self, name, keys, owner)
+        return AsyncRLock(self._services, name, owner)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self._services.closed
 
     async def aclose(self) -> None:
         """Stop the watchdog and the subscriber connection; close an owned connection pool.
 
         Releases that are finishing in the background get a moment to land first.
         """
-        if self._closed:
+        services = self._services
+        if services.closed:
             return
-        self._closed = True
-        pending = self._holds.pending()
+        services.closed = True
+        pending = services.holds.pending()
         if pending:
             await asyncio.wait(pending, timeout=self.watchdog_timeout / 3)
-        await self._watchdog.aclose()
-        await self._pubsub.aclose()
-        await self._calls.aclose(grace=self.watchdog_timeout / 3)
-        self._holds.clear()
-        self._task_owners.clear()  # identities never get reused: the counter goes on
+        await services.watchdog.aclose()
+        await services.pubsub.aclose()
+        await services.calls.aclose(grace=self.watchdog_timeout / 3)
+        services.holds.clear()
+        services.owners.clear()  # identities never get reused: the counter goes on
         if self._owns_redis:
-            await self._redis.aclose()
+            await services.redis.aclose()
 
     async def __aenter__(self) -> Client:
         return self
@@ -187,50 +183,24 @@ class Client:
     # -- observability -----------------------------------------------------------------------
 
     def statistics(self) -> ClientStatistics:
-        pubsub = self._pubsub.statistics()
+        services = self._services
+        pubsub = services.pubsub.statistics()
         return ClientStatistics(
-            holds=len(self._holds),
+            holds=len(services.holds),
             waiters=pubsub.waiters,
             subscriptions=pubsub.channels,
             pubsub_connected=pubsub.connected,
-            renewals=self._watchdog.renewals,
-            pending=len(self._holds.pending()),
+            renewals=services.watchdog.renewals,
+            pending=len(services.holds.pending()),
         )
 
     def __repr__(self) -> str:
         stats = self.statistics()
-        state = "closed" if self._closed else "open"
+        state = "closed" if self.closed else "open"
         return (
-            f"<Client {self.id} {_describe(self._redis)} [{state}, holds:{stats.holds}, "
+            f"<Client {self.id} {_describe(self.redis)} [{state}, holds:{stats.holds}, "
             f"waiters:{stats.waiters}, subscriptions:{stats.subscriptions}]>"
         )
-
-    # -- used by the lock objects ------------------------------------------------------------
-
-    def _check_open(self) -> Client:
-        if self._closed:
-            raise RuntimeError("the aiolock client is closed")
-        return self
-
-    def _task_owner_id(self, task: asyncio.Task[Any]) -> str:
-        owner = self._task_owners.get(task)
-        if owner is None:
-            owner = self._task_owners[task] = f"{self.id}:t{next(self._task_numbers)}"
-            task.add_done_callback(self._forget_task, context=self._callback_context)
-        return owner
-
-    def _explicit_owner_id(self, owner: str) -> str:
-        # "t<n>" and "x:<owner>" can never be equal: task and explicit holds never mix.
-        return f"{self.id}:x:{owner}"
-
-    def _next_request(self) -> int:
-        return next(self._requests)
-
-    def _counters_for(self, name: str) -> NameCounters:
-        counters = self._counters.get(name)
-        if counters is None:
-            counters = self._counters[name] = NameCounters()
-        return counters
 
 
 def _check_options(key_prefix: object, watchdog_timeout: object, concurrency: object) -> None:

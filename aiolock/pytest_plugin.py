@@ -62,7 +62,7 @@ async def _client(url: str) -> AsyncIterator[Client]:
     try:
         yield client
     finally:
-        redis = client._redis
+        redis = client.redis
         await client.aclose()
         # The client closed its own pool; clean up with a short-lived connection.
         cleaner = type(redis).from_url(url)

@@ -48,9 +48,9 @@ async def channels(redis: Redis, client: aiolock.Client) -> list[str]:
 
 async def assert_clean(redis: Redis, client: aiolock.Client) -> None:
     """No lock held, no subscription left, nothing pending: on the server and in the client."""
-    await client._pubsub.drain()
+    await client._services.pubsub.drain()
     await eventually(lambda: client.statistics().pending == 0, what="pending settlements")
-    await client._pubsub.drain()
+    await client._services.pubsub.drain()
     assert await lock_keys(redis, client) == []
 
     async def unsubscribed() -> bool:  # UNSUBSCRIBE is sent; the server may not have run it yet
@@ -82,5 +82,5 @@ async def hold_as_stranger(redis: Redis, lock: aiolock.AsyncRLock, lease_ms: int
 
 def parked(client: aiolock.Client, lock: aiolock.AsyncRLock) -> int:
     """How many of ``client``'s tasks are parked on ``lock``'s channel."""
-    entry = client._pubsub._entries.get(lock._keys.channel.encode())
+    entry = client._services.pubsub._entries.get(lock._keys.channel.encode())
     return 0 if entry is None else entry.parked

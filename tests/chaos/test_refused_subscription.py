@@ -66,7 +66,7 @@ async def test_waiters_outlast_a_refused_subscriber_connection(
         assert parked(client, lock) == 3
         assert await evalsha_calls(redis) - before == 1  # the first try, and no more
         proxy.refuse = False
-        entry = client._pubsub._entries[lock._keys.channel.encode()]
+        entry = client._services.pubsub._entries[lock._keys.channel.encode()]
         await eventually(lambda: entry.confirmed, what="the pending SUBSCRIBE confirmed")
         await redis.delete(lock._keys.lock)
         await redis.publish(lock._keys.channel, "released")
@@ -91,5 +91,5 @@ async def test_closing_the_client_ends_waiters_on_a_pending_subscription(
     outcomes = await asyncio.wait_for(asyncio.gather(*waiters, return_exceptions=True), 5)
     assert all(isinstance(outcome, RuntimeError) for outcome in outcomes), outcomes
     assert lock.statistics().waiters == 0
-    assert not client._pubsub._background
+    assert not client._services.pubsub._background
     await redis.delete(lock._keys.lock)

@@ -182,7 +182,7 @@ async def _plain(lock: aiolock.AsyncRLock, plan: Plan) -> None:
         return
     # No public call returns the token of a try_lock() grant: read the client's own record.
     owner, _ = lock._owner()
-    hold = lock._client._holds.get(lock._keys.lock, owner)
+    hold = lock._services.holds.get(lock._keys.lock, owner)
     _granted(attempt, None if hold is None else hold.token)
     try:
         await _body(attempt, plan.hold, lambda: hold is None or hold.lost)

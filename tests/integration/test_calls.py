@@ -33,8 +33,8 @@ async def test_connections_stay_within_the_pool_limit(
             assert await client_connections(redis, "limited") <= 3
 
     await asyncio.gather(*(cycle(lock) for lock in held))
-    assert client._calls._connections == 3
-    assert len(client._calls._idle) == 3  # every connection came back
+    assert client._services.calls._connections == 3
+    assert len(client._services.calls._idle) == 3  # every connection came back
     await assert_clean(redis, client)
 
 
@@ -49,7 +49,7 @@ async def test_idle_connections_killed_by_the_server_are_replaced(
     assert await redis.client_kill_filter(_type="normal", skipme=True) >= 1
 
     async def noticed() -> bool:  # the EOF has reached the idle connection
-        return all([await conn.can_read() for conn in client._calls._idle])
+        return all([await conn.can_read() for conn in client._services.calls._idle])
 
     await eventually(noticed, what="EOF seen on the idle connection")
     await lock.lock()
@@ -62,7 +62,7 @@ async def test_a_cancelled_call_reports_its_outcome_to_the_orphan_handler(
     aiolock_server: ServerInfo, make_client: Callable[..., aiolock.Client], redis: Redis
 ) -> None:
     client = make_client()
-    calls = client._calls
+    calls = client._services.calls
     keys = client.lock("orphaned")._keys
     owner = f"{client.id}:x:orphan"
     await client.lock("warm-up").lock()  # one connection, connected and idle
@@ -73,7 +73,7 @@ async def test_a_cancelled_call_reports_its_outcome_to_the_orphan_handler(
     outcomes: list[asyncio.Future[object]] = []
     call = asyncio.ensure_future(
         calls.run(
-            _scripts.ACQUIRE, (keys.lock, keys.meta), (30000, owner, 1), orphan=outcomes.append
+            _scripts.LOCK_ACQUIRE, (keys.lock, keys.meta), (30000, owner, 1), orphan=outcomes.append
         )
     )
     # Taken from the idle list, the connection is written to at once: the call is then waiting
@@ -96,7 +96,7 @@ async def test_a_call_cancelled_in_the_queue_is_not_sent_and_leaves_nothing(
     aiolock_server: ServerInfo, make_client: Callable[..., aiolock.Client], redis: Redis
 ) -> None:
     client = make_client(max_connections=1)
-    calls = client._calls
+    calls = client._services.calls
     keys = client.lock("unsent")._keys
     await client.lock("warm-up").lock()
     await client.lock("warm-up").unlock()
@@ -107,7 +107,9 @@ async def test_a_call_cancelled_in_the_queue_is_not_sent_and_leaves_nothing(
     blocker = asyncio.ensure_future(blocker_lock.lock())  # holds the only connection
     outcomes: list[asyncio.Future[object]] = []
     call = asyncio.ensure_future(
-        calls.run(_scripts.ACQUIRE, (keys.lock, keys.meta), (30000, "o", 1), orphan=outcomes.append)
+        calls.run(
+            _scripts.LOCK_ACQUIRE, (keys.lock, keys.meta), (30000, "o", 1), orphan=outcomes.append
+        )
     )
     await eventually(lambda: len(calls._queue) == 1, what="second call queued")
     call.cancel()

@@ -112,7 +112,7 @@ async def test_cancelled_waiter_passes_its_wake_up_on(
     lock = aiolock_client.lock("pass-it-on")
     await hold_as_stranger(redis, lock, 30_000)
     key = lock._keys.channel.encode()
-    entries = aiolock_client._pubsub._entries
+    entries = aiolock_client._services.pubsub._entries
     first = asyncio.create_task(lock.try_lock(wait=30))
     await eventually(lambda: key in entries and entries[key].parked == 1)
 

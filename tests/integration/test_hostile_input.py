@@ -162,7 +162,7 @@ async def test_any_name_locks_and_unlocks(
     lock = aiolock_client.lock(name)
     async with lock.acquire(wait=1, lease=5) as guard:
         assert await lock.hold_count() == 1
-        raw = aiolock_client._redis
+        raw = aiolock_client.redis
         assert await raw.exists(lock._keys.lock) == 1
         assert await fence(raw, lock) == guard.fencing_token
         assert repr(lock).startswith("<AsyncRLock ")
@@ -187,7 +187,7 @@ async def test_lookalike_names_do_not_disturb_a_held_lock(
             assert await other.force_unlock() is False
         assert await lock.hold_count() == 1
         assert not guard.lost
-        assert await fence(aiolock_client._redis, lock) == guard.fencing_token
+        assert await fence(aiolock_client.redis, lock) == guard.fencing_token
 
 
 # -- bad arguments ------------------------------------------------------------------------------
@@ -258,7 +258,7 @@ async def test_a_bad_call_leaves_a_held_lock_alone(
         assert await lock.hold_count() == 1
         assert not guard.lost
         assert lock.statistics().held == 1
-        raw = aiolock_client._redis
+        raw = aiolock_client.redis
         assert await fence(raw, lock) == guard.fencing_token
 
 
@@ -270,7 +270,7 @@ async def test_a_huge_lease_never_leaves_a_lock_without_expiry(
 ) -> None:
     """A finite lease is valid per SPEC.md; one Redis cannot store must fail before any write."""
     lock = aiolock_client.lock("huge")
-    raw = aiolock_client._redis
+    raw = aiolock_client.redis
     outcome: bool | Exception
     try:
         outcome = await lock.try_lock(lease=lease)

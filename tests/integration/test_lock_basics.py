@@ -95,7 +95,7 @@ async def test_the_task_that_runs_lock_is_the_owner(
 async def test_other_client_is_another_owner(
     aiolock_server: object, aiolock_client: aiolock.Client
 ) -> None:
-    other = aiolock.Client(aiolock_client._redis, key_prefix=aiolock_client.key_prefix)
+    other = aiolock.Client(aiolock_client.redis, key_prefix=aiolock_client.key_prefix)
     try:
         await aiolock_client.lock("shared").lock()
         assert not await other.lock("shared").try_lock()

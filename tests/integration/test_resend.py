@@ -25,40 +25,40 @@ pytestmark = pytest.mark.anyio
 
 async def test_replayed_requests_apply_once(aiolock_client: aiolock.Client, redis: Redis) -> None:
     keys = aiolock_client.lock("replayed")._keys
-    calls = aiolock_client._calls
+    calls = aiolock_client._services.calls
     owner = f"{aiolock_client.id}:x:replay"
     acquire = (keys.lock, keys.meta)
     release = (keys.lock, keys.meta, keys.channel)
 
-    first = await calls.run(_scripts.ACQUIRE, acquire, (30000, owner, 1))
-    again = await calls.run(_scripts.ACQUIRE, acquire, (30000, owner, 1))
+    first = await calls.run(_scripts.LOCK_ACQUIRE, acquire, (30000, owner, 1))
+    again = await calls.run(_scripts.LOCK_ACQUIRE, acquire, (30000, owner, 1))
     assert first[:2] == again[:2]  # same token, count 1
     assert await redis.hget(keys.lock, owner) == "1"
-    reentered = await calls.run(_scripts.ACQUIRE, acquire, (30000, owner, 2))
+    reentered = await calls.run(_scripts.LOCK_ACQUIRE, acquire, (30000, owner, 2))
     assert reentered[1] == 2
-    assert (await calls.run(_scripts.ACQUIRE, acquire, (30000, owner, 2)))[1] == 2
+    assert (await calls.run(_scripts.LOCK_ACQUIRE, acquire, (30000, owner, 2)))[1] == 2
 
-    assert await calls.run(_scripts.RELEASE, release, (owner, 3)) == 1
-    assert await calls.run(_scripts.RELEASE, release, (owner, 3)) == 1  # not 0
-    assert await calls.run(_scripts.RELEASE, release, (owner, 4)) == 0
-    assert await calls.run(_scripts.RELEASE, release, (owner, 4)) == 0  # a resend
-    assert await calls.run(_scripts.RELEASE, release, (owner, 5)) is None  # not held
+    assert await calls.run(_scripts.LOCK_RELEASE, release, (owner, 3)) == 1
+    assert await calls.run(_scripts.LOCK_RELEASE, release, (owner, 3)) == 1  # not 0
+    assert await calls.run(_scripts.LOCK_RELEASE, release, (owner, 4)) == 0
+    assert await calls.run(_scripts.LOCK_RELEASE, release, (owner, 4)) == 0  # a resend
+    assert await calls.run(_scripts.LOCK_RELEASE, release, (owner, 5)) is None  # not held
     assert not await redis.exists(keys.lock)
 
 
 async def test_undo_releases_exactly_the_named_grant(aiolock_client: aiolock.Client) -> None:
     keys = aiolock_client.lock("undo")._keys
-    calls = aiolock_client._calls
+    calls = aiolock_client._services.calls
     owner = f"{aiolock_client.id}:x:undo"
     acquire = (keys.lock, keys.meta)
     release = (keys.lock, keys.meta, keys.channel)
-    await calls.run(_scripts.ACQUIRE, acquire, (30000, owner, 1))
+    await calls.run(_scripts.LOCK_ACQUIRE, acquire, (30000, owner, 1))
     # Undoing a request that was never applied leaves the hold alone.
-    assert await calls.run(_scripts.RELEASE, release, (owner, 2, 99)) == 1
-    await calls.run(_scripts.ACQUIRE, acquire, (30000, owner, 3))
-    assert await calls.run(_scripts.RELEASE, release, (owner, 4, 3)) == 1
-    assert await calls.run(_scripts.RELEASE, release, (owner, 4, 3)) == 1  # resent undo
-    assert await calls.run(_scripts.RELEASE, release, (owner, 5)) == 0
+    assert await calls.run(_scripts.LOCK_RELEASE, release, (owner, 2, 99)) == 1
+    await calls.run(_scripts.LOCK_ACQUIRE, acquire, (30000, owner, 3))
+    assert await calls.run(_scripts.LOCK_RELEASE, release, (owner, 4, 3)) == 1
+    assert await calls.run(_scripts.LOCK_RELEASE, release, (owner, 4, 3)) == 1  # resent undo
+    assert await calls.run(_scripts.LOCK_RELEASE, release, (owner, 5)) == 0
 
 
 async def test_redis_py_resends_do_not_double_count(

@@ -217,12 +217,12 @@ async def test_wrong_password_is_an_authentication_error(tls_server: TlsServer) 
 
 
 async def test_owner_ids_are_random_uuid4(aiolock_client: aiolock.Client) -> None:
-    ids = {aiolock.Client(aiolock_client._redis).id for _ in range(100)} | {aiolock_client.id}
+    ids = {aiolock.Client(aiolock_client.redis).id for _ in range(100)} | {aiolock_client.id}
     assert len(ids) == 101
     assert all(uuid.UUID(client_id).version == 4 for client_id in ids)
     lock = aiolock_client.lock("who")
     async with lock.acquire(wait=1):
-        fields = await aiolock_client._redis.hgetall(lock._keys.lock)
+        fields = await aiolock_client.redis.hgetall(lock._keys.lock)
     owners = [str(field.decode() if isinstance(field, bytes) else field) for field in fields]
     owners = [owner for owner in owners if not owner.startswith(":")]
     assert len(owners) == 1

@@ -66,7 +66,7 @@ async def test_waiter_wakes_promptly_on_release(aiolock_client: aiolock.Client) 
         lambda: lock.statistics().waiters == 1 and aiolock_client.statistics().subscriptions == 1
     )
     await eventually(
-        lambda: aiolock_client._pubsub._entries[lock._keys.channel.encode()].parked == 1
+        lambda: aiolock_client._services.pubsub._entries[lock._keys.channel.encode()].parked == 1
     )
     release_now.set()
     granted = await waiter_task
@@ -107,7 +107,7 @@ async def test_one_release_wakes_one_waiter(aiolock_client: aiolock.Client, redi
     lock = aiolock_client.lock("wake-one")
     keys = lock._keys
     await hold_as_stranger(redis, lock, 30_000)
-    entries = aiolock_client._pubsub._entries
+    entries = aiolock_client._services.pubsub._entries
     channel = keys.channel.encode()
     winners: list[int] = []
     done = asyncio.Event()
@@ -152,7 +152,9 @@ async def test_wait_zero_never_subscribes(aiolock_client: aiolock.Client) -> Non
     holder = await hold_in_task(lock)
     assert not await lock.try_lock(wait=0)
     assert aiolock_client.statistics().subscriptions == 0
-    assert aiolock_client._pubsub._reader is None  # no subscriber connection was even opened
+    assert (
+        aiolock_client._services.pubsub._reader is None
+    )  # no subscriber connection was even opened
     holder.cancel()
     await asyncio.gather(holder, return_exceptions=True)
 
@@ -180,11 +182,11 @@ async def test_waiters_survive_a_killed_pubsub_connection(
     waiter = asyncio.create_task(acquire_and_release())
     await eventually(lambda: aiolock_client.statistics().subscriptions == 1)
     await eventually(
-        lambda: aiolock_client._pubsub._entries[lock._keys.channel.encode()].parked == 1
+        lambda: aiolock_client._services.pubsub._entries[lock._keys.channel.encode()].parked == 1
     )
-    reconnects = aiolock_client._pubsub.statistics().reconnects
+    reconnects = aiolock_client._services.pubsub.statistics().reconnects
     assert await redis.client_kill_filter(_type="pubsub") >= 1
-    await eventually(lambda: aiolock_client._pubsub.statistics().reconnects > reconnects)
+    await eventually(lambda: aiolock_client._services.pubsub.statistics().reconnects > reconnects)
 
     async def resubscribed() -> bool:
         return await channels(redis, aiolock_client) == [lock._keys.channel]
@@ -211,7 +213,7 @@ async def test_newcomers_queue_behind_a_task_already_trying(
 
     before = await evalsha_calls(redis)
     waiters = [asyncio.create_task(waiter(i)) for i in range(5)]
-    entries = aiolock_client._pubsub._entries
+    entries = aiolock_client._services.pubsub._entries
     key = keys.channel.encode()
     # Confirmed and all parked: the confirmation's wake-up has been used (a woken task is not
     # parked until its try is over).  The first: one try, then one more once subscribed.  The

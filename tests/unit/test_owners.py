@@ -6,26 +6,30 @@ import asyncio
 
 import pytest
 
-import aiolock
+from aiolock._owners import Owners
 
 pytestmark = pytest.mark.anyio
 
 
 async def test_each_task_gets_its_own_identity_and_it_is_forgotten_when_done() -> None:
-    client = aiolock.Client.from_url("redis://127.0.0.1:1/0")  # constructing does no I/O
-    try:
+    owners = Owners("client-id")
 
-        async def identity() -> tuple[str, str]:
-            task = asyncio.current_task()
-            assert task is not None
-            return client._task_owner_id(task), client._task_owner_id(task)
+    async def identity() -> tuple[str, str]:
+        task = asyncio.current_task()
+        assert task is not None
+        return owners.of_task(task), owners.current(None)[0]
 
-        tasks = [asyncio.create_task(identity()) for _ in range(100)]
-        pairs = [await task for task in tasks]
-        assert all(first == second for first, second in pairs)  # stable within a task
-        assert len({first for first, _ in pairs}) == 100  # never reused
-        assert all(first.startswith(f"{client.id}:t") for first, _ in pairs)
-        await asyncio.sleep(0)  # one loop pass: the last task's done callbacks have run
-        assert client._task_owners == {}  # forgotten when done, though the tasks still exist
-    finally:
-        await client.aclose()
+    tasks = [asyncio.create_task(identity()) for _ in range(100)]
+    pairs = [await task for task in tasks]
+    assert all(first == second for first, second in pairs)  # stable within a task
+    assert len({first for first, _ in pairs}) == 100  # never reused
+    assert all(first.startswith("client-id:t") for first, _ in pairs)
+    await asyncio.sleep(0)  # one loop pass: the last task's done callbacks have run
+    assert len(owners) == 0  # forgotten when done, though the tasks still exist
+
+
+def test_explicit_and_task_owners_never_mix() -> None:
+    owners = Owners("c")
+    assert owners.explicit("t1") == "c:x:t1"
+    assert owners.current("job")[0] == "c:x:job"
+    assert owners.next_request() < owners.next_request()

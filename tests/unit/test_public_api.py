@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import aiolock
 from aiolock import errors
 
@@ -43,8 +45,11 @@ def test_py_typed_is_shipped() -> None:
 def test_every_script_has_a_header() -> None:
     from aiolock import _scripts
 
-    for script in (_scripts.ACQUIRE, _scripts.RELEASE, _scripts.RENEW, _scripts.FORCE_UNLOCK):
-        head = script.source.splitlines()[:12]
+    scripts = [value for value in vars(_scripts).values() if isinstance(value, _scripts.Script)]
+    files = list((Path(aiolock.__file__).parent / "scripts").glob("*/*.lua"))
+    assert len(scripts) == len(files) >= 4  # every file is loaded, once
+    for script in scripts:
+        head = script.source.splitlines()[:16]
         assert any("KEYS[" in line for line in head), script.name
         assert any("Returns" in line for line in script.source.splitlines()), script.name
         assert len(script.sha) == 40

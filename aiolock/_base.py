@@ -1,0 +1,493 @@
+"""The lock-kind base: what every lock kind shares, so that a kind is its scripts and little else.
+
+:class:`LockKind` owns the wait loop, the settlement of calls whose outcome is unknown, guards
+and ``async with``, loss reporting, statistics and the repr.  A kind supplies:
+
+- its keys (:meth:`LockKind._build_keys`) and its scripts, as ready calls: an attempt
+  (:meth:`_attempt`: a grant ``{token, count, pttl}`` or the seconds to wait before trying
+  again, in ms), a release with an undo mode (:meth:`_release_call`), a force
+  (:meth:`_force_call`), and the renew script the watchdog runs for its holds (``_renew``);
+- how its waiters wait and wake (:meth:`_waiting`, see :mod:`aiolock._waiting`);
+- optionally what a waiter that gives up must leave behind (:meth:`_gave_up`).
+
+**The wait loop**, as in Redisson's ``RedissonLock.tryLock``: try; on failure park until a
+wake-up or the pause the try returned (the lock's remaining lease, say) runs out; repeat until
+the deadline.
+
+**One rule for every state-changing call** (acquire, release): when its outcome is unknown to
+its caller (the caller was cancelled, the connection was lost, the reply timed out), it is
+settled in the background with the same request id (a grant is undone exactly, a release is
+completed), and the owner's next acquire or release on that name waits for the settlement.
+The invariant, per (name, owner): once settlements are done, the holds the client believes in
+are holds the server has, or are marked lost; the server has no hold of that owner that the
+client does not know about.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass
+from typing import Any, ClassVar, Final
+
+from redis.exceptions import RedisError
+
+from ._calls import NotSent, not_sent
+from ._guard import Guarded, Holding
+from ._holds import Hold, NameCounters
+from ._keys import LockKeys
+from ._scripts import Script
+from ._services import Services
+from ._validate import check_lease, check_wait
+from ._waiting import Waiting
+from .errors import LockNotOwnedError, LockTimeoutError
+
+__all__ = ["Call", "LockKind", "LockStatistics", "NameState"]
+
+logger = logging.getLogger("aiolock.lock")
+
+_FAILURES: Final = (RedisError, OSError)
+
+Call = tuple[Script, tuple[str, ...], tuple[Any, ...]]
+"""A script call, ready to run: the script, its KEYS and its ARGV."""
+
+
+@dataclass(frozen=True, slots=True)
+class LockStatistics:
+    """A snapshot of one lock name, as seen by this client (no I/O).
+
+    :ivar name: the lock's name.
+    :ivar held: holds this client's owners have on it now (the reentrant count).
+    :ivar lost: ``True`` if this client's last hold on it was lost.
+    :ivar waiters: this client's tasks waiting for it now.
+    :ivar acquisitions: fresh grants to this client.
+    :ivar renewals: successful watchdog renewals.
+    :ivar losses: holds lost (expired, forced, taken over).
+    """
+
+    name: str
+    held: int
+    lost: bool
+    waiters: int
+    acquisitions: int
+    renewals: int
+    losses: int
+
+
+@dataclass(eq=False, slots=True, weakref_slot=True)
+class NameState:
+    """What every lock object of one kind and name shares in a client: keys and counters."""
+
+    keys: LockKeys
+    counters: NameCounters
+
+
+class LockKind(Guarded[int]):
+    """The base of every single-name lock kind (see the module docstring)."""
+
+    __slots__ = ("_counters", "_explicit_owner", "_keys", "_services", "name")
+
+    kind: ClassVar[str]
+    """The kind's name: part of its keys (so kinds never share keys) and of its registries."""
+    _renew: ClassVar[Script]
+
+    def __init__(self, services: Services, name: str, owner: str | None) -> None:
+        self._services = services
+        self.name = name
+        self._explicit_owner = owner
+        state = services.name_state(
+            self.kind,
+            name,
+            lambda: NameState(self._build_keys(services.key_prefix, name), NameCounters()),
+        )
+        self._keys = state.keys
+        self._counters = state.counters
+        self._guards = None
+
+    # -- what a kind supplies ----------------------------------------------------------------
+
+    @classmethod
+    def _build_keys(cls, prefix: str, name: str) -> LockKeys:
+        return LockKeys.build(prefix, name, cls.kind)
+
+    def _attempt(self, owner: str, request: int, lease_ms: int) -> Call:
+        raise NotImplementedError
+
+    def _release_call(self, owner: str, request: int, undo: int | None) -> Call:
+        """Release one hold; with ``undo``, only if that acquire request was applied."""
+        raise NotImplementedError
+
+    def _force_call(self) -> Call:
+        raise NotImplementedError
+
+    def _waiting(self, owner: str) -> Waiting:
+        raise NotImplementedError
+
+    def _channel(self) -> str | None:
+        """Where the client wakes one of its own waiters when a hold ends unpublished."""
+        return None
+
+    def _gave_up(self, owner: str) -> None:
+        """A waiting call left without the lock (timeout, cancellation, error): clean up."""
+
+    # -- acquiring ---------------------------------------------------------------------------
+
+    async def try_lock(self, wait: float | None = 0, lease: float | None = None) -> bool:
+        """Acquire the lock, waiting at most ``wait`` seconds (``None``: forever).
+
+        :returns: ``True`` once held, ``False`` if ``wait`` ran out.
+        """
+        wait_s, lease_s = check_wait(wait), check_lease(lease)
+        if wait_s is None:
+            await self._wait_for_grant(lease_s)
+            return True
+        return await self._try_until(wait_s, lease_s)
+
+    def lock(self, lease: float | None = None) -> Coroutine[Any, Any, None]:
+        """Acquire the lock, waiting as long as it takes: ``await lock.lock()``.
+
+        The arguments are checked at the call; the coroutine it returns does the waiting (a
+        plain function, so that a waiting task carries one coroutine frame fewer).
+        """
+        return self._wait_for_grant(check_lease(lease))
+
+    async def _enter(self, wait: float | None, lease: float | None) -> Holding[int]:
+        if wait is None:
+            await self._wait_for_grant(lease)
+        elif not await self._try_until(wait, lease):
+            raise LockTimeoutError(f"could not acquire lock {self.name!r} within {wait}s")
+        return self._granted()
+
+    async def _exit(self, holding: Holding[int]) -> None:
+        assert isinstance(holding, Hold)
+        await self._release(holding.owner)
+
+    # -- releasing ---------------------------------------------------------------------------
+
+    async def unlock(self) -> None:
+        """Release one hold.
+
+        :raises LockNotOwnedError: if the calling owner does not hold the lock.
+        """
+        owner, _ = self._owner()
+        if await self._release(owner) is None:
+            raise LockNotOwnedError(f"lock {self.name!r} is not held by this owner")
+
+    async def force_unlock(self) -> bool:
+        """Delete the lock whoever holds it and wake a waiter; ``True`` if it existed."""
+        services = self._services.check_open()
+        deleted = await services.calls.run(*self._force_call())
+        if deleted:
+            services.holds.lose_all(self._keys.lock, "it was force-unlocked")
+        return bool(deleted)
+
+    # -- inspecting --------------------------------------------------------------------------
+
+    async def is_locked(self) -> bool:
+        """``True`` if anyone holds the lock."""
+        return bool(await self._services.check_open().redis.exists(self._keys.lock))
+
+    async def is_held(self) -> bool:
+        """``True`` if the calling owner holds the lock."""
+        owner, _ = self._owner()
+        return bool(await self._services.redis.hexists(self._keys.lock, owner))
+
+    async def hold_count(self) -> int:
+        """The calling owner's reentrant count (0 if it does not hold the lock)."""
+        owner, _ = self._owner()
+        count = await self._services.redis.hget(self._keys.lock, owner)
+        return 0 if count is None else int(count)
+
+    async def remaining_lease(self) -> float | None:
+        """Seconds until the lock expires; ``None`` if it is not locked."""
+        pttl = int(await self._services.check_open().redis.pttl(self._keys.lock))
+        if pttl == -2:
+            return None
+        return math.inf if pttl == -1 else pttl / 1000
+
+    def statistics(self) -> LockStatistics:
+        """A snapshot of this lock name from this client's view (no I/O)."""
+        holds = self._services.holds.by_key(self._keys.lock)
+        counters = self._counters
+        return LockStatistics(
+            name=self.name,
+            held=sum(hold.count for hold in holds),
+            lost=counters.last_lost,
+            waiters=counters.waiters,
+            acquisitions=counters.acquisitions,
+            renewals=counters.renewals,
+            losses=counters.losses,
+        )
+
+    def __repr__(self) -> str:
+        stats = self.statistics()
+        if stats.held:
+            state = f"held x{stats.held}"
+        elif stats.lost:
+            state = "lost"
+        else:
+            state = "unlocked"
+        extra = f", waiters:{stats.waiters}" if stats.waiters else ""
+        owner = f" owner={self._explicit_owner!r}" if self._explicit_owner is not None else ""
+        return f"<{type(self).__name__} {self.name!r}{owner} [{state}{extra}]>"
+
+    # -- the wait loop -----------------------------------------------------------------------
+
+    def _owner(self) -> tuple[str, asyncio.Task[Any] | None]:
+        return self._services.check_open().owners.current(self._explicit_owner)
+
+    def _try_until(self, wait: float, lease: float | None) -> Coroutine[Any, Any, bool]:
+        """Acquire within ``wait`` seconds: ``True`` once held, ``False`` when it ran out.
+
+        ``wait=0`` is one attempt, however long that call takes.  Any other ``wait`` bounds the
+        whole acquire, calls in flight included (a stalled server or a frozen connection cannot
+        hold the caller past it): a grant that arrives after the deadline is undone in the
+        background, as for a cancelled caller.
+
+        A plain function that returns the coroutine: one frame fewer for every waiting task.
+        """
+        if wait == 0:
+            return self._try_once(lease)
+        deadline = asyncio.get_running_loop().time() + wait
+        return self._wait_for_grant_until(lease, deadline)
+
+    async def _try_once(self, lease: float | None) -> bool:
+        owner, task = self._owner()
+        await self._services.holds.settle(self._keys.lock, owner)
+        granted = False
+        try:
+            granted = isinstance(await self._try_acquire(owner, task, lease), Hold)
+        finally:
+            if not granted:
+                self._gave_up(owner)
+        return granted
+
+    async def _wait_for_grant_until(self, lease: float | None, deadline: float) -> bool:
+        try:
+            async with asyncio.timeout_at(deadline) as timeout:
+                await self._wait_for_grant(lease)
+                return True
+        except TimeoutError:
+            if timeout.expired():
+                return False
+            raise
+
+    def _granted(self) -> Hold:
+        """The calling owner's hold, right after an acquire returned (no await in between)."""
+        owner, _ = self._owner()
+        hold = self._services.holds.get(self._keys.lock, owner)
+        if hold is None:  # the grant registers it: never, short of a bug
+            raise RuntimeError(f"lock {self.name!r} was granted but is not registered")
+        return hold
+
+    async def _wait_for_grant(self, lease: float | None) -> None:
+        """The wait loop (see the module docstring); a caller with a deadline bounds it.
+
+        The owner is the task that runs it, not the one that made the coroutine
+        (``asyncio.create_task(lock.lock())`` acquires for the new task).
+        """
+        owner, task = self._owner()
+        await self._services.holds.settle(self._keys.lock, owner)
+        waiting = self._waiting(owner)
+        granted = False
+        try:
+            pause = waiting.first_pause()
+            while True:
+                if pause is None:
+                    outcome = await self._try_acquire(owner, task, lease)
+                    if isinstance(outcome, Hold):
+                        granted = True
+                        return
+                    pause = outcome
+                waiter = waiting.park(pause)
+                pause = None
+                try:
+                    await waiter
+                except asyncio.CancelledError:
+                    waiting.unpark(waiter)
+                    raise
+                waiting.woken()
+        finally:
+            waiting.leave(granted)
+            if not granted:
+                self._gave_up(owner)
+
+    async def _try_acquire(
+        self, owner: str, task: asyncio.Task[Any] | None, lease: float | None
+    ) -> Hold | float:
+        """One attempt: the hold, or seconds to wait before the next (``inf``: no bound)."""
+        services = self._services
+        lease_s = services.watchdog_timeout if lease is None else lease
+        request = services.owners.next_request()
+        sent_at = asyncio.get_running_loop().time()
+
+        def unknown(work: asyncio.Future[Any]) -> None:
+            # A grant that the caller will never see is undone, exactly that one.
+            self._settle_later(
+                owner, work, lambda: self._undo_if_granted(work, owner, request, lease_s)
+            )
+
+        reply = await services.calls.run(
+            *self._attempt(owner, request, round(lease_s * 1000)), orphan=unknown
+        )
+        if not isinstance(reply, list):
+            pttl = int(reply)
+            return math.inf if pttl < 0 else pttl / 1000
+        hold = services.holds.granted(
+            name=self.name,
+            kind=self.kind,
+            key=self._keys.lock,
+            owner=owner,
+            reply=reply,
+            sent_at=sent_at,
+            watchdog=lease is None,
+            counters=self._counters,
+            task=task,
+            renew=self._renew,
+            channel=self._channel(),
+        )
+        if hold.watchdog:
+            services.watchdog.start()
+        return hold
+
+    # -- releasing and settling --------------------------------------------------------------
+
+    async def _release(self, owner: str) -> int | None:
+        """Release one hold: the holds left, or ``None`` if the owner held none.
+
+        The release completes even if the caller is cancelled or the reply is lost.
+        """
+        services = self._services
+        key = self._keys.lock
+        request = services.owners.next_request()
+
+        def unknown(work: asyncio.Future[Any]) -> None:
+            # Not kept as held from now on: the watchdog would renew a hold that may be gone,
+            # and the next acquire would silently re-enter it.
+            self._untrack_one(owner)
+            self._settle_later(owner, work, lambda: self._release_outcome(work, owner, request))
+
+        try:
+            await services.holds.settle(key, owner)
+        except asyncio.CancelledError:
+            unknown(not_sent())
+            raise
+        hold = services.holds.get(key, owner)
+        believed = None if hold is None else hold.count - 1
+        remaining = _remaining(
+            await services.calls.run(*self._release_call(owner, request, None), orphan=unknown)
+        )
+        services.holds.released(key, owner, remaining)
+        self._check_count(owner, believed, remaining)
+        return remaining
+
+    def _check_count(self, owner: str, believed: int | None, remaining: int | None) -> None:
+        """A release left more holds on the server than the client knew of: drop the extra.
+
+        A bug signal (a grant whose settlement failed): logged, and the holds nobody knows of
+        are released in the background, so that neither the watchdog nor a later acquire ever
+        treats them as the owner's.
+        """
+        if remaining is None or remaining <= (believed or 0):
+            return
+        extra = remaining - (believed or 0)
+        logger.error(
+            "lock %r: the server has %d hold(s) of this owner that the client did not know of; "
+            "releasing them",
+            self.name,
+            extra,
+        )
+        self._services.holds.defer(self._keys.lock, owner, self._drop_holds(owner, extra))
+
+    async def _drop_holds(self, owner: str, count: int) -> None:
+        for _ in range(count):
+            request = self._services.owners.next_request()
+            await self._retry_release(owner, request, None, self._services.watchdog_timeout)
+
+    def _settle_later(
+        self,
+        owner: str,
+        work: asyncio.Future[Any],
+        settle: Callable[[], Coroutine[Any, Any, None]],
+    ) -> None:
+        """Once the call ``work`` whose outcome its caller never saw is over, ``settle()`` it.
+
+        Registered at once, so the owner's next acquire or release on this name waits for it.
+        """
+
+        async def when_done() -> None:
+            await asyncio.wait([work])
+            if not work.cancelled():  # cancelled: the client is closing
+                await settle()
+
+        self._services.holds.defer(self._keys.lock, owner, when_done())
+
+    async def _release_outcome(self, work: asyncio.Future[Any], owner: str, request: int) -> None:
+        """Settle a release with an unknown outcome: record it, or resend it until it lands."""
+        if work.exception() is None:
+            self._services.holds.released(self._keys.lock, owner, _remaining(work.result()))
+            return
+        await self._retry_release(owner, request, None, self._horizon(owner))
+
+    async def _undo_if_granted(
+        self, work: asyncio.Future[Any], owner: str, acquire_request: int, lease: float
+    ) -> None:
+        failure = work.exception()
+        if isinstance(failure, NotSent):
+            return
+        if failure is None and not isinstance(work.result(), list):
+            return  # the lock was busy: nothing was granted
+        # Granted, or failed with an unknown outcome: undo exactly that request, if it landed.
+        request = self._services.owners.next_request()
+        horizon = max(lease, self._horizon(owner))
+        await self._retry_release(owner, request, acquire_request, horizon)
+
+    def _untrack_one(self, owner: str) -> None:
+        """Stop counting one hold whose release has an unknown outcome."""
+        holds = self._services.holds
+        hold = holds.get(self._keys.lock, owner)
+        if hold is not None:
+            if hold.count > 1:
+                hold.count -= 1
+            else:
+                holds.forget(hold)
+
+    def _horizon(self, owner: str) -> float:
+        """How long a settlement keeps resending: until any hold it may concern has expired."""
+        hold = self._services.holds.get(self._keys.lock, owner)
+        horizon = self._services.watchdog_timeout
+        if hold is not None:
+            horizon = max(horizon, hold.expires_at - asyncio.get_running_loop().time())
+        return horizon
+
+    async def _retry_release(
+        self, owner: str, request: int, undo: int | None, horizon: float
+    ) -> None:
+        """Send one (idempotent) release until it lands, the lease surely ran out, or close.
+
+        Giving up is safe only because every hold it may concern has a lease: the server ends
+        it by itself within ``horizon``.
+        """
+        services = self._services
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + horizon
+        delay = 0.02
+        while True:
+            try:
+                reply = await services.calls.run(*self._release_call(owner, request, undo))
+            except _FAILURES as exc:
+                if services.closed or loop.time() + delay > give_up:
+                    logger.warning("gave up releasing %r in the background: %r", self.name, exc)
+                    return
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
+                continue
+            services.holds.released(self._keys.lock, owner, _remaining(reply))
+            return
+
+
+def _remaining(reply: Any) -> int | None:
+    """A release script reply: holds left, or ``None`` when the owner did not hold the lock."""
+    return None if reply is None else int(reply)

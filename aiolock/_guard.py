@@ -1,0 +1,192 @@
+"""``LockGuard`` and the ``async with`` machinery that every lock kind shares.
+
+A kind (a single lock, or a composite such as ``MultiLock``) supplies two steps: ``_enter(wait,
+lease)`` returns a :class:`Holding` once held (or raises :class:`LockTimeoutError`), and
+``_exit(holding)`` releases it.  :class:`Guarded` turns them into ``acquire()`` and ``async
+with lock:``; the guard reports losses, cancels the block on a loss when asked, and makes
+leaving a block that lost its lock raise :class:`LockLostError`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, Generic, Protocol, TypeVar
+
+import anyio
+
+from ._owners import current_task
+from ._validate import check_lease, check_wait
+from .errors import LockLostError
+
+__all__ = ["Guarded", "Holding", "LockGuard"]
+
+TokenT_co = TypeVar("TokenT_co", covariant=True)
+
+
+class Holding(Protocol[TokenT_co]):
+    """What a guard needs of a hold: its token, whether it was lost, and who to tell."""
+
+    @property
+    def token(self) -> TokenT_co: ...
+
+    @property
+    def lost(self) -> bool: ...
+
+    @property
+    def lost_reason(self) -> str | None: ...
+
+    @property
+    def listeners(self) -> list[Callable[[], object]]: ...
+
+
+class LockGuard(Generic[TokenT_co]):
+    """Proof of one acquisition, yielded by ``acquire()`` and ``async with lock``.
+
+    :ivar fencing_token: strictly increases with every fresh (non-reentrant) acquisition of the
+        lock's name, across all clients; pass it to the storage you protect so that it can
+        reject a writer that lost the lock.  A reentrant acquisition shares its holder's token.
+        A ``MultiLock``'s token is the tuple of its locks' tokens.
+    :ivar lost: ``True`` once the lease ran out or the lock was taken from the holder.
+    """
+
+    __slots__ = ("_holding", "lock")
+
+    def __init__(self, lock: Guarded[TokenT_co], holding: Holding[TokenT_co]) -> None:
+        self.lock = lock
+        self._holding = holding
+
+    @property
+    def fencing_token(self) -> TokenT_co:
+        return self._holding.token
+
+    @property
+    def lost(self) -> bool:
+        return self._holding.lost
+
+    def __repr__(self) -> str:
+        holding = self._holding
+        state = "lost" if holding.lost else "held"
+        return f"<LockGuard {self.lock.name!r} token={holding.token} [{state}]>"
+
+
+class Guarded(Generic[TokenT_co]):
+    """``acquire()`` and ``async with`` over a kind's ``_enter`` and ``_exit``."""
+
+    # Guards opened by ``async with lock:``, per task, innermost last (made on first use by
+    # ``__aenter__``; subclasses set it to None).
+    __slots__ = ("_guards",)
+    name: str
+    _guards: dict[asyncio.Task[Any], list[GuardContext[TokenT_co]]] | None
+
+    async def _enter(self, wait: float | None, lease: float | None) -> Holding[TokenT_co]:
+        """Hold the lock (waiting at most ``wait``); raise ``LockTimeoutError`` when it ran out."""
+        raise NotImplementedError
+
+    async def _exit(self, holding: Holding[TokenT_co]) -> None:
+        """Release the hold that ``_enter`` returned; not called after a loss."""
+        raise NotImplementedError
+
+    def acquire(
+        self,
+        wait: float | None = None,
+        lease: float | None = None,
+        *,
+        cancel_on_loss: bool = False,
+    ) -> GuardContext[TokenT_co]:
+        """An async context manager that holds the lock for its block and yields a guard.
+
+        Raises :class:`~aiolock.LockTimeoutError` when ``wait`` runs out.  The block's exit
+        releases one hold, also on error or cancellation.  If the lock was lost meanwhile, the
+        exit raises :class:`~aiolock.LockLostError`; with ``cancel_on_loss=True`` the block is
+        also cancelled at the moment of the loss.
+        """
+        wait_s, lease_s = check_wait(wait), check_lease(lease)
+        if not isinstance(cancel_on_loss, bool):
+            raise TypeError(f"cancel_on_loss must be a bool, not {type(cancel_on_loss).__name__}")
+        return GuardContext(self, wait_s, lease_s, cancel_on_loss)
+
+    async def __aenter__(self) -> LockGuard[TokenT_co]:
+        context = GuardContext(self, None, None, False)
+        guard = await context.__aenter__()
+        if self._guards is None:
+            self._guards = {}
+        self._guards.setdefault(current_task(), []).append(context)
+        return guard
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        task = current_task()
+        assert self._guards is not None, "__aexit__ without __aenter__"
+        contexts = self._guards[task]
+        context = contexts.pop()
+        if not contexts:
+            del self._guards[task]
+        return await context.__aexit__(exc_type, exc, tb)
+
+
+class GuardContext(Generic[TokenT_co]):
+    """The async context manager behind ``lock.acquire()`` and ``async with lock``."""
+
+    __slots__ = ("_cancel_on_loss", "_guard", "_lease", "_lock", "_scope", "_wait")
+
+    def __init__(
+        self,
+        lock: Guarded[TokenT_co],
+        wait: float | None,
+        lease: float | None,
+        cancel_on_loss: bool,
+    ) -> None:
+        self._lock = lock
+        self._wait = wait
+        self._lease = lease
+        self._cancel_on_loss = cancel_on_loss
+        self._guard: LockGuard[TokenT_co] | None = None
+        self._scope: anyio.CancelScope | None = None
+
+    async def __aenter__(self) -> LockGuard[TokenT_co]:
+        if self._guard is not None:
+            raise RuntimeError("this acquire() context is already in use")
+        holding = await self._lock._enter(self._wait, self._lease)
+        self._guard = LockGuard(self._lock, holding)
+        if self._cancel_on_loss:
+            # Entered here and exited in __aexit__, in the same task, around the block.
+            self._scope = scope = anyio.CancelScope()
+            scope.__enter__()
+            holding.listeners.append(scope.cancel)
+            if holding.lost:
+                scope.cancel()
+        return self._guard
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        guard = self._guard
+        assert guard is not None, "__aexit__ without __aenter__"
+        holding = guard._holding
+        cancelled_by_loss = False
+        if self._scope is not None:
+            holding.listeners.remove(self._scope.cancel)
+            cancelled_by_loss = bool(self._scope.__exit__(exc_type, exc, tb))
+        self._guard = None
+        if not holding.lost:
+            # The release must not touch a lock somebody else now holds: after a loss we do not
+            # send it at all (an explicit owner may have been granted the lock again).
+            await self._lock._exit(holding)
+        if not holding.lost:
+            return False
+        name = self._lock.name
+        if exc is None or cancelled_by_loss:
+            raise LockLostError(
+                f"lock {name!r} (token {holding.token}) was lost while held: {holding.lost_reason}"
+            ) from exc
+        exc.add_note(f"aiolock: lock {name!r} was lost while held: {holding.lost_reason}")
+        return False

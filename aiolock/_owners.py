@@ -1,0 +1,73 @@
+"""Owner identities and request ids: who holds a lock, and which call changed it.
+
+An owner id is the client's UUID4 plus either a number per task (the default owner) or an
+explicit owner given by the caller.  Task numbers are never reused during the client's life
+(``id(task)`` is reused by Python; a ContextVar would be copied into child tasks), and task and
+explicit ids can never be equal (``t<n>`` against ``x:<owner>``), so their holds never mix.
+
+Request ids number every state-changing script call of the client; a resend carries the same
+id, so the scripts apply it once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["Owners", "current_task"]
+
+
+class Owners:
+    """One client's owner ids and request ids (see the module docstring)."""
+
+    __slots__ = ("_callback_context", "_forget", "_numbers", "_requests", "_tasks", "client_id")
+
+    def __init__(self, client_id: str) -> None:
+        self.client_id = client_id
+        # An entry goes when its task is done: a done callback, run in one shared empty context,
+        # costs a waiting task less than a weak reference (and a context copy per callback).
+        # The price: a task that never finishes stays here (and alive) until the client closes.
+        self._tasks: dict[asyncio.Task[Any], str] = {}
+        tasks = self._tasks
+        self._forget: Callable[[asyncio.Task[Any]], object] = lambda t: tasks.pop(t, None)
+        self._callback_context = contextvars.Context()
+        self._numbers = itertools.count(1)
+        self._requests = itertools.count(1)
+
+    def __len__(self) -> int:
+        """Tasks with an identity now."""
+        return len(self._tasks)
+
+    def current(self, explicit: str | None) -> tuple[str, asyncio.Task[Any] | None]:
+        """The calling owner: ``explicit``'s id, or the current task's id and the task."""
+        if explicit is not None:
+            return self.explicit(explicit), None
+        task = current_task()
+        return self.of_task(task), task
+
+    def of_task(self, task: asyncio.Task[Any]) -> str:
+        owner = self._tasks.get(task)
+        if owner is None:
+            owner = self._tasks[task] = f"{self.client_id}:t{next(self._numbers)}"
+            task.add_done_callback(self._forget, context=self._callback_context)
+        return owner
+
+    def explicit(self, owner: str) -> str:
+        return f"{self.client_id}:x:{owner}"
+
+    def next_request(self) -> int:
+        return next(self._requests)
+
+    def clear(self) -> None:
+        """Forget every task identity (the client closed); numbers are still never reused."""
+        self._tasks.clear()
+
+
+def current_task() -> asyncio.Task[Any]:
+    task = asyncio.current_task()
+    if task is None:
+        raise RuntimeError("aiolock must be used from inside an asyncio task")
+    return task

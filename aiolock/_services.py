@@ -1,0 +1,59 @@
+"""The one object a lock kind is handed: everything it may use of its client, and nothing more.
+
+Lock objects never see :class:`~aiolock.Client`'s privates.  They receive this bundle of the
+client's services (script calls, pub/sub, the hold registry, the watchdog, owner ids) and its
+options, plus a cache of per-name state shared by all lock objects of one kind and name.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from redis.asyncio import Redis
+
+from ._calls import Calls
+from ._holds import Holds
+from ._owners import Owners
+from ._pubsub import PubSub
+from ._watchdog import Watchdog
+
+__all__ = ["Services"]
+
+_State = TypeVar("_State")
+
+
+@dataclass(eq=False, slots=True)
+class Services:
+    """A client's services and options, as its lock objects see them."""
+
+    redis: Redis
+    calls: Calls
+    pubsub: PubSub
+    holds: Holds
+    watchdog: Watchdog
+    owners: Owners
+    key_prefix: str
+    watchdog_timeout: float
+    fair_wait_timeout: float
+    closed: bool = False
+    # Per (kind, name) state, shared by every lock object of that kind and name while one
+    # exists: thousands of waiters on a few names hold one copy of the keys and counters each.
+    _names: weakref.WeakValueDictionary[tuple[str, str], object] = field(
+        default_factory=weakref.WeakValueDictionary
+    )
+
+    def check_open(self) -> Services:
+        if self.closed:
+            raise RuntimeError("the aiolock client is closed")
+        return self
+
+    def name_state(self, kind: str, name: str, build: Callable[[], _State]) -> _State:
+        """The shared state of ``kind``/``name``, made by ``build()`` if none is alive."""
+        state = self._names.get((kind, name))
+        if state is None:
+            state = build()
+            self._names[(kind, name)] = state
+        return state  # type: ignore[return-value]

@@ -1,0 +1,159 @@
+"""How a task waits between two tries of a lock: one strategy object per waiting call.
+
+The wait loop (:class:`aiolock._base.LockKind`) asks its strategy when to try first, parks on
+the future it gets for a pause, and tells it when it leaves.  Every method is synchronous, so a
+parked task carries no extra coroutine frame.
+
+- :class:`ChannelWait`: park on the lock's pub/sub channel, one wake-up per release, FIFO among
+  the tasks of this client (the plain lock).
+- :class:`Backoff`: never subscribe; sleep a full-jitter exponential backoff (the spin lock).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import TYPE_CHECKING, Any, Protocol
+
+from ._holds import NameCounters
+
+if TYPE_CHECKING:
+    from ._pubsub import Entry
+    from ._services import Services
+
+__all__ = ["Backoff", "ChannelWait", "Waiting"]
+
+
+class Waiting(Protocol):
+    """One waiting call's strategy (see the module docstring)."""
+
+    def first_pause(self) -> float | None:
+        """Seconds to park before the first try, or ``None`` to try at once."""
+        ...
+
+    def park(self, pause: float) -> asyncio.Future[Any]:
+        """A future that is done at a wake-up or after ``pause`` seconds (``inf``: none)."""
+        ...
+
+    def unpark(self, waiter: asyncio.Future[Any]) -> None:
+        """The caller was cancelled while awaiting ``waiter``."""
+        ...
+
+    def woken(self) -> None:
+        """Called after each wake-up, before the next try; raises if trying again is futile."""
+        ...
+
+    def leave(self, granted: bool) -> None:
+        """The call leaves the wait loop, with the lock or without it."""
+        ...
+
+
+class ChannelWait:
+    """Park on the lock's channel; a release wakes one of this client's waiters.
+
+    FIFO within this client: while some of its tasks are already after the lock (trying or
+    parked), a newcomer (a task that has just released it, say) queues behind them instead of
+    barging in, and those that leave without the lock wake the next in line.  An owner that
+    already holds the lock re-enters at once: it must not queue behind its own waiters.  A
+    queued task parks at the back until the tasks ahead hand on (with no TTL to go by, at most
+    one watchdog lease); one that has tried parks at the front.
+    """
+
+    __slots__ = ("_channel", "_counters", "_entry", "_front", "_services")
+
+    def __init__(
+        self, services: Services, channel: str, counters: NameCounters, *, reentering: bool
+    ) -> None:
+        self._services = services
+        self._channel = channel
+        self._counters = counters
+        self._entry: Entry | None = None
+        self._front = reentering or counters.contenders == 0
+        counters.contenders += 1
+
+    def first_pause(self) -> float | None:
+        return None if self._front else self._services.watchdog_timeout
+
+    def park(self, pause: float) -> asyncio.Future[Any]:
+        entry = self._entry
+        if entry is None:
+            # A release published during the first try, or the confirmation of a subscription
+            # made meanwhile, left a permit for this task (see Entry): no try needed before.
+            entry = self._entry = self._services.pubsub.join(self._channel, self._counters)
+            self._counters.waiters += 1
+        # A bare future in the entry's queue: no coroutine frame or timeout context per task.
+        waiter = entry.park(asyncio.get_running_loop().time() + pause, front=self._front)
+        self._front = True
+        return waiter
+
+    def unpark(self, waiter: asyncio.Future[Any]) -> None:
+        if self._entry is not None:
+            self._entry.unpark(waiter)
+
+    def woken(self) -> None:
+        if self._entry is not None:
+            self._entry.raise_refusal()  # the server refused the channel: waiting is futile
+        self._services.check_open()  # woken because the client closes: no more tries
+
+    def leave(self, granted: bool) -> None:
+        pubsub = self._services.pubsub
+        if self._entry is not None:
+            pubsub.release(self._entry)
+            self._counters.waiters -= 1
+        self._counters.contenders -= 1
+        pubsub.left(self._channel, granted=granted)
+
+
+class Backoff:
+    """Sleep between tries: full jitter over a delay doubling from ``initial`` to ``maximum``.
+
+    Each pause is drawn from ``[0, delay]`` and never exceeds what the try allowed (the lock's
+    remaining lease); the caller's deadline bounds it from outside.  A task counts as a waiter
+    from its first pause until it leaves.
+    """
+
+    __slots__ = ("_counters", "_delay", "_handle", "_maximum", "_services", "_waiting")
+
+    def __init__(
+        self, services: Services, counters: NameCounters, *, initial: float, maximum: float
+    ) -> None:
+        self._services = services
+        self._counters = counters
+        self._delay = initial
+        self._maximum = maximum
+        self._handle: asyncio.TimerHandle | None = None
+        self._waiting = False
+        counters.contenders += 1
+
+    def first_pause(self) -> float | None:
+        return None
+
+    def park(self, pause: float) -> asyncio.Future[Any]:
+        if not self._waiting:
+            self._waiting = True
+            self._counters.waiters += 1
+        loop = asyncio.get_running_loop()
+        sleep = min(random.uniform(0, self._delay), pause)
+        self._delay = min(self._delay * 2, self._maximum)
+        waiter: asyncio.Future[Any] = loop.create_future()
+        self._handle = loop.call_later(sleep, _wake, waiter)
+        return waiter
+
+    def unpark(self, waiter: asyncio.Future[Any]) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+
+    def woken(self) -> None:
+        self._services.check_open()
+
+    def leave(self, granted: bool) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+        if self._waiting:
+            self._counters.waiters -= 1
+        self._counters.contenders -= 1
+
+
+def _wake(waiter: asyncio.Future[Any]) -> None:
+    if not waiter.done():
+        waiter.set_result(True)
