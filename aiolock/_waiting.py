@@ -6,6 +6,8 @@ parked task carries no extra coroutine frame.
 
 - :class:`ChannelWait`: park on the lock's pub/sub channel, one wake-up per release, FIFO among
   the tasks of this client (the plain lock).
+- :class:`NamedWait`: park on the lock's channel for this client; a hand-off message names
+  the one waiter it wakes (the fair lock, whose queue is in Redis).
 - :class:`Backoff`: never subscribe; sleep a full-jitter exponential backoff (the spin lock).
 """
 
@@ -16,12 +18,13 @@ import random
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ._holds import NameCounters
+from ._pubsub import NamedEntry
 
 if TYPE_CHECKING:
     from ._pubsub import Entry
     from ._services import Services
 
-__all__ = ["Backoff", "ChannelWait", "Waiting"]
+__all__ = ["Backoff", "ChannelWait", "NamedWait", "Waiting"]
 
 
 class Waiting(Protocol):
@@ -102,6 +105,68 @@ class ChannelWait:
             self._counters.waiters -= 1
         self._counters.contenders -= 1
         pubsub.left(self._channel, granted=granted)
+
+
+class NamedWait:
+    """Park on this client's channel of the lock until a hand-off names this owner.
+
+    The queue lives in Redis, so every call tries at once (its try takes its place in line).
+    If this client already has waiters on the lock, the owner registers on their entry before
+    its first try, so that a hand-off naming it while the try is in flight is not lost; the
+    first waiter of a client subscribes after its try, and the subscription's confirmation
+    wakes every waiter to try (a hand-off may have been published before it).
+    """
+
+    __slots__ = ("_channel", "_counters", "_entry", "_name", "_services")
+
+    def __init__(
+        self, services: Services, channel: str, counters: NameCounters, owner: str
+    ) -> None:
+        self._services = services
+        self._channel = channel
+        self._counters = counters
+        self._name = owner.encode()
+        counters.contenders += 1
+        entry = services.pubsub.join_existing(channel)
+        if entry is not None:
+            self._enter(entry)
+        self._entry = entry
+
+    def _enter(self, entry: Entry) -> None:
+        assert isinstance(entry, NamedEntry)
+        entry.enter(self._name)
+        self._counters.waiters += 1
+
+    def first_pause(self) -> float | None:
+        return None
+
+    def park(self, pause: float) -> asyncio.Future[Any]:
+        entry = self._entry
+        if entry is None:
+            entry = self._entry = self._services.pubsub.join(
+                self._channel, self._counters, NamedEntry
+            )
+            self._enter(entry)
+        assert isinstance(entry, NamedEntry)
+        return entry.park_named(self._name, asyncio.get_running_loop().time() + pause)
+
+    def unpark(self, waiter: asyncio.Future[Any]) -> None:
+        if self._entry is not None:
+            self._entry.unpark(waiter)
+
+    def woken(self) -> None:
+        if self._entry is not None:
+            self._entry.raise_refusal()
+        self._services.check_open()
+
+    def leave(self, granted: bool) -> None:
+        entry = self._entry
+        if entry is not None:
+            assert isinstance(entry, NamedEntry)
+            entry.leave(self._name)
+            self._services.pubsub.release(entry)
+            self._counters.waiters -= 1
+        self._counters.contenders -= 1
 
 
 class Backoff:

@@ -14,12 +14,34 @@ from . import _scripts
 from ._base import Call, LockKind, LockStatistics
 from ._guard import LockGuard
 from ._keys import LockKeys
+from ._services import Services
 from ._waiting import ChannelWait, Waiting
 
-__all__ = ["AsyncRLock", "LockGuard", "LockStatistics"]
+__all__ = ["AsyncRLock", "LockGuard", "LockStatistics", "ReentrantKind"]
 
 
-class AsyncRLock(LockKind):
+class ReentrantKind(LockKind):
+    """The scripts of the reentrant lock (``scripts/lock/``), shared by the kinds that differ
+    from it only in how they wait (the plain lock and the spin lock)."""
+
+    __slots__ = ()
+
+    _renew = _scripts.LOCK_RENEW
+
+    def _attempt(self, owner: str, request: int, lease_ms: int) -> Call:
+        keys = self._keys
+        return _scripts.LOCK_ACQUIRE, (keys.lock, keys.meta), (lease_ms, owner, request)
+
+    def _release_call(self, owner: str, request: int, undo: int | None) -> Call:
+        keys = self._keys
+        args = (owner, request) if undo is None else (owner, request, undo)
+        return _scripts.LOCK_RELEASE, (keys.lock, keys.meta, keys.channel), args
+
+    def _force_call(self) -> Call:
+        return _scripts.LOCK_FORCE, (self._keys.lock, self._keys.channel), ()
+
+
+class AsyncRLock(ReentrantKind):
     """A reentrant lock shared by every process that uses the same Redis and ``name``.
 
     Create it with :meth:`aiolock.Client.lock`; creating it does no I/O::
@@ -48,23 +70,11 @@ class AsyncRLock(LockKind):
     __slots__ = ()
 
     kind: ClassVar[str] = "lock"
-    _renew = _scripts.LOCK_RENEW
 
     @classmethod
-    def _build_keys(cls, prefix: str, name: str) -> LockKeys:
-        return LockKeys.build(prefix, name)  # the first kind: its keys carry no kind segment
-
-    def _attempt(self, owner: str, request: int, lease_ms: int) -> Call:
-        keys = self._keys
-        return _scripts.LOCK_ACQUIRE, (keys.lock, keys.meta), (lease_ms, owner, request)
-
-    def _release_call(self, owner: str, request: int, undo: int | None) -> Call:
-        keys = self._keys
-        args = (owner, request) if undo is None else (owner, request, undo)
-        return _scripts.LOCK_RELEASE, (keys.lock, keys.meta, keys.channel), args
-
-    def _force_call(self) -> Call:
-        return _scripts.LOCK_FORCE, (self._keys.lock, self._keys.channel), ()
+    def _build_keys(cls, services: Services, name: str) -> LockKeys:
+        # The first kind: its keys carry no kind segment.
+        return LockKeys.build(services.key_prefix, name)
 
     def _channel(self) -> str:
         return self._keys.channel
