@@ -14,12 +14,16 @@ from .errors import LockError as LockError
 from .errors import LockLostError as LockLostError
 from .errors import LockNotOwnedError as LockNotOwnedError
 from .errors import LockTimeoutError as LockTimeoutError
+from .fair import AsyncFairLock as AsyncFairLock
 from .lock import AsyncRLock as AsyncRLock
 from .lock import LockGuard as LockGuard
 from .lock import LockStatistics as LockStatistics
+from .spin import AsyncSpinLock as AsyncSpinLock
 
 __all__ = [
+    "AsyncFairLock",
     "AsyncRLock",
+    "AsyncSpinLock",
     "Client",
     "ClientStatistics",
     "LockError",

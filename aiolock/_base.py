@@ -87,7 +87,7 @@ class NameState:
 class LockKind(Guarded[int]):
     """The base of every single-name lock kind (see the module docstring)."""
 
-    __slots__ = ("_counters", "_explicit_owner", "_keys", "_services", "name")
+    __slots__ = ("_counters", "_explicit_owner", "_keys", "_services", "_state", "name")
 
     kind: ClassVar[str]
     """The kind's name: part of its keys (so kinds never share keys) and of its registries."""
@@ -97,10 +97,11 @@ class LockKind(Guarded[int]):
         self._services = services
         self.name = name
         self._explicit_owner = owner
-        state = services.name_state(
+        # Held here: the cache keeps it only while some lock object of the name is alive.
+        self._state = state = services.name_state(
             self.kind,
             name,
-            lambda: NameState(self._build_keys(services.key_prefix, name), NameCounters()),
+            lambda: NameState(self._build_keys(services, name), NameCounters()),
         )
         self._keys = state.keys
         self._counters = state.counters
@@ -109,8 +110,8 @@ class LockKind(Guarded[int]):
     # -- what a kind supplies ----------------------------------------------------------------
 
     @classmethod
-    def _build_keys(cls, prefix: str, name: str) -> LockKeys:
-        return LockKeys.build(prefix, name, cls.kind)
+    def _build_keys(cls, services: Services, name: str) -> LockKeys:
+        return LockKeys.build(services.key_prefix, name, cls.kind)
 
     def _attempt(self, owner: str, request: int, lease_ms: int) -> Call:
         raise NotImplementedError

@@ -43,7 +43,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._calls import write
 
-__all__ = ["Entry", "PubSub", "PubSubStatistics"]
+__all__ = ["Entry", "NamedEntry", "PubSub", "PubSubStatistics"]
 
 logger = logging.getLogger("aiolock.pubsub")
 
@@ -116,6 +116,10 @@ class Entry:
                 return
         if self._permits < self.refs + first_tries:
             self._permits += 1
+
+    def deliver(self, payload: bytes) -> None:
+        """A message on the channel: a release, which wakes one waiter."""
+        self.wake_one()
 
     def granted(self) -> None:
         """A task of this client got the lock: drop the wake-ups kept meanwhile.
@@ -222,6 +226,55 @@ class Entry:
         )
 
 
+class NamedEntry(Entry):
+    """A channel whose messages name the one waiter to wake (the fair lock's hand-off).
+
+    Each waiting owner registers its name for the whole of its wait (:meth:`enter` ..
+    :meth:`leave`), so that a message naming it while it is between two tries is kept for its
+    next park instead of lost.  Anything that is not a named hand-off (the confirmation of the
+    SUBSCRIBE, a reconnect, a loss) wakes every waiter: each tries, and only the next in the
+    queue can win.
+    """
+
+    __slots__ = ("_named",)
+
+    def __init__(self, channel: bytes, contention: Contention | None = None) -> None:
+        super().__init__(channel, contention)
+        # owner -> its parked future, or None between parks, or True: woken before it parked.
+        self._named: dict[bytes, asyncio.Future[bool] | bool | None] = {}
+
+    def enter(self, name: bytes) -> None:
+        self._named.setdefault(name, None)
+
+    def leave(self, name: bytes) -> None:
+        self._named.pop(name, None)
+
+    def deliver(self, payload: bytes) -> None:
+        if payload not in self._named:
+            return  # not (or no longer) waiting here
+        waiter = self._named[payload]
+        if isinstance(waiter, asyncio.Future) and not waiter.done():
+            self._parked -= 1
+            waiter.set_result(True)
+            self._named[payload] = None
+        else:
+            self._named[payload] = True
+
+    def wake_one(self) -> None:
+        self.wake_all()
+
+    def park_named(self, name: bytes, deadline: float) -> asyncio.Future[bool]:
+        """:meth:`Entry.park` for the owner ``name``, which a message naming it wakes."""
+        if self._named.get(name) is True:
+            self._named[name] = None
+            woken: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+            woken.set_result(True)
+            return woken
+        waiter = self.park(deadline)
+        self._named[name] = waiter
+        return waiter
+
+
 @dataclass(frozen=True, slots=True)
 class PubSubStatistics:
     """What the subscriber connection is doing right now."""
@@ -262,7 +315,7 @@ class PubSub:
 
     # -- the public surface used by the wait loop ------------------------------------------
 
-    def join(self, channel: str, contention: Contention) -> Entry:
+    def join(self, channel: str, contention: Contention, entry_type: type[Entry] = Entry) -> Entry:
         """Take a reference on ``channel``'s entry, creating it if it is new; no I/O, no wait.
 
         ``contention`` is that of the lock the channel is for.  A new entry's SUBSCRIBE runs in
@@ -278,9 +331,17 @@ class PubSub:
         key = channel.encode()
         entry = self._entries.get(key)
         if entry is None:
-            entry = self._entries[key] = Entry(key, contention)
+            entry = self._entries[key] = entry_type(key, contention)
             self._spawn(self._subscribe(entry))
         # A refs==0 entry still cached has an UNSUBSCRIBE scheduled; it sees refs > 0 and skips.
+        entry.refs += 1
+        return entry
+
+    def join_existing(self, channel: str) -> Entry | None:
+        """:meth:`join` if ``channel`` has an entry already (it is subscribed, or about to be)."""
+        entry = self._entries.get(channel.encode())
+        if entry is None or self._closed:
+            return None
         entry.refs += 1
         return entry
 
@@ -485,7 +546,7 @@ class PubSub:
                 self._messages += 1
                 entry = self._entries.get(channel)
                 if entry is not None:
-                    entry.wake_one()
+                    entry.deliver(reply[2])
             elif kind == b"subscribe":
                 self._confirmed(channel)
                 entry = self._entries.get(channel)

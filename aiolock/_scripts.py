@@ -9,7 +9,17 @@ import hashlib
 from dataclasses import dataclass
 from importlib import resources
 
-__all__ = ["LOCK_ACQUIRE", "LOCK_FORCE", "LOCK_RELEASE", "LOCK_RENEW", "Script"]
+__all__ = [
+    "FAIR_ACQUIRE",
+    "FAIR_FORCE",
+    "FAIR_LEAVE",
+    "FAIR_RELEASE",
+    "LOCK_ACQUIRE",
+    "LOCK_FORCE",
+    "LOCK_RELEASE",
+    "LOCK_RENEW",
+    "Script",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -20,12 +30,28 @@ class Script:
 
     @classmethod
     def load(cls, kind: str, operation: str) -> Script:
-        path = resources.files(__package__).joinpath("scripts", kind, f"{operation}.lua")
-        source = path.read_text("utf-8")
+        """Load ``scripts/<kind>/<operation>.lua``; a line ``--@include <file>`` is replaced by
+        ``scripts/<kind>/<file>.lua`` (helpers shared by a kind's scripts)."""
+        folder = resources.files(__package__).joinpath("scripts", kind)
+        lines = folder.joinpath(f"{operation}.lua").read_text("utf-8").splitlines(keepends=True)
+        source = "".join(
+            folder.joinpath(f"{line.split()[1]}.lua").read_text("utf-8")
+            if line.startswith(_INCLUDE)
+            else line
+            for line in lines
+        )
         return cls(f"{kind}/{operation}", source, hashlib.sha1(source.encode()).hexdigest())
+
+
+_INCLUDE = "--@include "
 
 
 LOCK_ACQUIRE = Script.load("lock", "acquire")
 LOCK_RELEASE = Script.load("lock", "release")
 LOCK_RENEW = Script.load("lock", "renew")
 LOCK_FORCE = Script.load("lock", "force")
+
+FAIR_ACQUIRE = Script.load("fair", "acquire")
+FAIR_RELEASE = Script.load("fair", "release")
+FAIR_LEAVE = Script.load("fair", "leave")
+FAIR_FORCE = Script.load("fair", "force")

@@ -22,7 +22,9 @@ from ._pubsub import PubSub
 from ._services import Services
 from ._validate import check_name, check_timeout
 from ._watchdog import Watchdog
+from .fair import AsyncFairLock
 from .lock import AsyncRLock
+from .spin import AsyncSpinLock
 
 __all__ = ["Client", "ClientStatistics"]
 
@@ -56,6 +58,8 @@ class Client:
         watchdog renews them every third of it.
     :param subscribe_concurrency: the size of the semaphore pool that bounds concurrent
         SUBSCRIBE/UNSUBSCRIBE work, hashed by channel.
+    :param fair_wait_timeout: how long, in seconds, a fair lock's waiter that stopped trying
+        (its process died) keeps its place in the queue.
 
     Use it as an async context manager, or call :meth:`aclose` when done.  Closing stops the
     watchdog and the subscriber connection; locks still held then expire by their leases.
@@ -68,21 +72,22 @@ class Client:
         key_prefix: str = "aiolock",
         watchdog_timeout: float = 30.0,
         subscribe_concurrency: int = 50,
+        fair_wait_timeout: float = 5.0,
     ) -> None:
         if not isinstance(redis, Redis):
             raise TypeError(f"redis must be a redis.asyncio.Redis, not {type(redis).__name__}")
-        _check_options(key_prefix, watchdog_timeout, subscribe_concurrency)
-        self._init(redis, key_prefix, float(watchdog_timeout), subscribe_concurrency, owns=False)
+        options = _Options.check(
+            key_prefix, watchdog_timeout, subscribe_concurrency, fair_wait_timeout
+        )
+        self._init(redis, options, owns=False)
 
-    def _init(
-        self, redis: Redis, prefix: str, watchdog_timeout: float, concurrency: int, *, owns: bool
-    ) -> None:
+    def _init(self, redis: Redis, options: _Options, *, owns: bool) -> None:
         self.id = str(uuid.uuid4())
-        self.key_prefix = prefix
-        self.watchdog_timeout = watchdog_timeout
+        self.key_prefix = options.key_prefix
+        self.watchdog_timeout = options.watchdog_timeout
         self._owns_redis = owns
         calls = Calls(redis)
-        pubsub = PubSub(redis, concurrency=concurrency)
+        pubsub = PubSub(redis, concurrency=options.subscribe_concurrency)
 
         # A hold that ends without a release (its lease ran out, say) publishes nothing: this
         # client's own waiters may be parked behind it without a TTL to go by.  Wake one.
@@ -96,11 +101,11 @@ class Client:
             calls=calls,
             pubsub=pubsub,
             holds=holds,
-            watchdog=Watchdog(calls, holds, lease=watchdog_timeout),
+            watchdog=Watchdog(calls, holds, lease=options.watchdog_timeout),
             owners=Owners(self.id),
-            key_prefix=prefix,
-            watchdog_timeout=watchdog_timeout,
-            fair_wait_timeout=5.0,
+            key_prefix=options.key_prefix,
+            watchdog_timeout=options.watchdog_timeout,
+            fair_wait_timeout=options.fair_wait_timeout,
         )
 
     @property
@@ -116,6 +121,7 @@ class Client:
         key_prefix: str = "aiolock",
         watchdog_timeout: float = 30.0,
         subscribe_concurrency: int = 50,
+        fair_wait_timeout: float = 5.0,
         **redis_options: Any,
     ) -> Client:
         """A client with a connection pool of its own, closed by :meth:`aclose`.
@@ -124,10 +130,11 @@ class Client:
         """
         if not isinstance(url, str):
             raise TypeError(f"url must be a str, not {type(url).__name__}")
-        _check_options(key_prefix, watchdog_timeout, subscribe_concurrency)
+        options = _Options.check(
+            key_prefix, watchdog_timeout, subscribe_concurrency, fair_wait_timeout
+        )
         client = cls.__new__(cls)
-        redis = Redis.from_url(url, **redis_options)
-        client._init(redis, key_prefix, float(watchdog_timeout), subscribe_concurrency, owns=True)
+        client._init(Redis.from_url(url, **redis_options), options, owns=True)
         return client
 
     # -- factories ---------------------------------------------------------------------------
@@ -142,6 +149,40 @@ class Client:
         if owner is not None:
             check_name(owner, "owner")
         return AsyncRLock(self._services, name, owner)
+
+    def fair_lock(self, name: str, *, owner: str | None = None) -> AsyncFairLock:
+        """A reentrant lock granted first come, first served across all clients (no I/O).
+
+        A waiter whose process vanished delays those behind it by at most the client's
+        ``fair_wait_timeout``; see :class:`~aiolock.AsyncFairLock`.
+        """
+        check_name(name)
+        if owner is not None:
+            check_name(owner, "owner")
+        return AsyncFairLock(self._services, name, owner)
+
+    def spin_lock(
+        self,
+        name: str,
+        *,
+        owner: str | None = None,
+        initial_delay: float = 0.001,
+        max_delay: float = 0.128,
+    ) -> AsyncSpinLock:
+        """A reentrant lock that never subscribes: it sleeps a jittered backoff between tries.
+
+        :param initial_delay: the first backoff bound, in seconds; it doubles up to ``max_delay``.
+        """
+        check_name(name)
+        if owner is not None:
+            check_name(owner, "owner")
+        initial = check_timeout(initial_delay, "initial_delay", minimum=0.0001)
+        maximum = check_timeout(max_delay, "max_delay", minimum=0.0001)
+        if maximum < initial:
+            raise ValueError(
+                f"max_delay must not be less than initial_delay, got {max_delay} < {initial_delay}"
+            )
+        return AsyncSpinLock(self._services, name, owner, initial_delay=initial, max_delay=maximum)
 
     # -- lifecycle ---------------------------------------------------------------------------
 
@@ -203,17 +244,31 @@ class Client:
         )
 
 
-def _check_options(key_prefix: object, watchdog_timeout: object, concurrency: object) -> None:
-    check_name(key_prefix, "key_prefix")
-    assert isinstance(key_prefix, str)
-    if "{" in key_prefix or "}" in key_prefix:
-        raise ValueError("key_prefix must not contain '{' or '}' (they set Redis hash tags)")
-    # Renewals run every third of it: below 10 ms the watchdog would only spin.
-    check_timeout(watchdog_timeout, "watchdog_timeout", minimum=0.01)
-    if isinstance(concurrency, bool) or not isinstance(concurrency, int):
-        raise TypeError(f"subscribe_concurrency must be an int, not {type(concurrency).__name__}")
-    if concurrency < 1:
-        raise ValueError(f"subscribe_concurrency must be at least 1, got {concurrency}")
+@dataclass(frozen=True, slots=True)
+class _Options:
+    key_prefix: str
+    watchdog_timeout: float
+    subscribe_concurrency: int
+    fair_wait_timeout: float
+
+    @classmethod
+    def check(
+        cls, key_prefix: object, watchdog_timeout: object, concurrency: object, fair_wait: object
+    ) -> _Options:
+        prefix = check_name(key_prefix, "key_prefix")
+        if "{" in prefix or "}" in prefix:
+            raise ValueError("key_prefix must not contain '{' or '}' (they set Redis hash tags)")
+        # Renewals run every third of it: below 10 ms the watchdog would only spin.
+        watchdog = check_timeout(watchdog_timeout, "watchdog_timeout", minimum=0.01)
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int):
+            raise TypeError(
+                f"subscribe_concurrency must be an int, not {type(concurrency).__name__}"
+            )
+        if concurrency < 1:
+            raise ValueError(f"subscribe_concurrency must be at least 1, got {concurrency}")
+        # Fair waiters try again every third of it: below 10 ms they would only spin.
+        fair = check_timeout(fair_wait, "fair_wait_timeout", minimum=0.01)
+        return cls(prefix, watchdog, concurrency, fair)
 
 
 def _describe(redis: Redis) -> str:

@@ -10,7 +10,9 @@ from aiolock import errors
 
 def test_all_is_pinned() -> None:
     assert sorted(aiolock.__all__) == [
+        "AsyncFairLock",
         "AsyncRLock",
+        "AsyncSpinLock",
         "Client",
         "ClientStatistics",
         "LockError",
@@ -46,10 +48,12 @@ def test_every_script_has_a_header() -> None:
     from aiolock import _scripts
 
     scripts = [value for value in vars(_scripts).values() if isinstance(value, _scripts.Script)]
-    files = list((Path(aiolock.__file__).parent / "scripts").glob("*/*.lua"))
+    folder = Path(aiolock.__file__).parent / "scripts"
+    files = [path for path in folder.glob("*/*.lua") if not path.name.startswith("_")]
     assert len(scripts) == len(files) >= 4  # every file is loaded, once
     for script in scripts:
         head = script.source.splitlines()[:16]
         assert any("KEYS[" in line for line in head), script.name
         assert any("Returns" in line for line in script.source.splitlines()), script.name
         assert len(script.sha) == 40
+        assert "--@include" not in script.source

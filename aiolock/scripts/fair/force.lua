@@ -1,0 +1,15 @@
+-- Delete a fair lock whoever holds it, and wake the next waiter.
+--
+-- KEYS[1]  the lock hash
+-- KEYS[2]  the meta hash (unused here: every fair script takes the same five keys)
+-- KEYS[3]  the queue: owner -> ticket
+-- KEYS[4]  the queue deadlines: owner -> server time in ms
+-- KEYS[5]  the prefix of the per-client wake-up channels
+--
+-- Returns 1 if the lock existed, else 0.
+--@include _queue
+if redis.call('DEL', KEYS[1]) == 1 then
+    wake_next(now_ms())
+    return 1
+end
+return 0

@@ -1,0 +1,43 @@
+-- Release one hold of a fair lock; the last release deletes it and wakes the next waiter.
+--
+-- KEYS[1]  the lock hash
+-- KEYS[2]  the meta hash: 'released' -> the request that last deleted the lock
+-- KEYS[3]  the queue: owner -> ticket
+-- KEYS[4]  the queue deadlines: owner -> server time in ms
+-- KEYS[5]  the prefix of the per-client wake-up channels
+-- ARGV[1]  owner id
+-- ARGV[2]  request id, unique per call of this owner; a resent call carries the same id
+-- ARGV[3]  optional: undo mode, the id of an acquire request whose outcome the caller never
+--          saw; release only if that acquire was the owner's last request
+--
+-- Returns the holds the owner has left (0: the lock was deleted and the next waiter woken),
+-- or nil when the owner does not hold the lock.  Idempotent per request, as the plain lock's.
+--@include _queue
+local request = ARGV[1] .. '/' .. ARGV[2]
+local held = redis.call('HMGET', KEYS[1], ARGV[1], ':req')
+
+if not held[1] then
+    if redis.call('HGET', KEYS[2], 'released') == request then
+        return 0
+    end
+    return nil
+end
+
+local count = tonumber(held[1])
+if held[2] == request then
+    return count
+end
+if ARGV[3] and held[2] ~= ARGV[1] .. '/' .. ARGV[3] then
+    return count  -- that acquire was not applied: nothing to undo
+end
+
+count = count - 1
+if count > 0 then
+    redis.call('HSET', KEYS[1], ARGV[1], count, ':req', request)
+    return count
+end
+
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[2], 'released', request)
+wake_next(now_ms())
+return 0
