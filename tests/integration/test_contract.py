@@ -1,0 +1,271 @@
+"""The contract every lock kind keeps (SPEC "Every lock kind"), run over each kind.
+
+Modelled on trio's generic lock tests: one suite, parametrized by kind, against a real server.
+Each kind's own behaviour (FIFO across clients, backoff, ...) is tested in its own module.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+import aiolock
+from tests.helpers import assert_clean, eventually
+
+pytestmark = pytest.mark.anyio
+
+Kind = Callable[..., Any]
+KINDS: dict[str, Callable[[aiolock.Client], Kind]] = {
+    "lock": lambda client: client.lock,
+    "fair": lambda client: client.fair_lock,
+    "spin": lambda client: client.spin_lock,
+}
+
+
+@pytest.fixture(params=sorted(KINDS))
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def factory(client: aiolock.Client, kind: str) -> Kind:
+    return KINDS[kind](client)
+
+
+async def test_exclusion_among_tasks_and_clients(
+    aiolock_client: aiolock.Client, make_client: Callable[..., aiolock.Client], kind: str
+) -> None:
+    clients = [aiolock_client, make_client(), make_client()]
+    inside = peak = entered = 0
+
+    async def worker(i: int) -> None:
+        nonlocal inside, peak, entered
+        lock = factory(clients[i % 3], kind)("shared")
+        for _ in range(3):
+            async with lock.acquire(wait=20):
+                inside += 1
+                peak = max(peak, inside)
+                await asyncio.sleep(0.001)
+                inside -= 1
+                entered += 1
+
+    await asyncio.gather(*(worker(i) for i in range(12)))
+    assert (peak, entered) == (1, 36)
+
+
+async def test_reentrancy_and_inspection(
+    aiolock_client: aiolock.Client, redis: Redis, kind: str
+) -> None:
+    lock = factory(aiolock_client, kind)("reentrant")
+    assert not await lock.is_locked()
+    assert await lock.remaining_lease() is None
+    async with lock.acquire() as outer:
+        async with lock.acquire() as inner:
+            assert inner.fencing_token == outer.fencing_token  # reentry shares the token
+            assert await lock.hold_count() == 2
+            assert lock.statistics().held == 2
+        assert await lock.hold_count() == 1
+        assert await lock.is_held()
+        assert await lock.is_locked()
+        lease = await lock.remaining_lease()
+        assert lease is not None
+        assert 0 < lease <= aiolock_client.watchdog_timeout
+    assert not await lock.is_locked()
+    assert await lock.hold_count() == 0
+    await assert_clean(redis, aiolock_client)
+
+
+async def test_another_owner_waits_and_times_out(
+    aiolock_client: aiolock.Client, redis: Redis, kind: str
+) -> None:
+    lock = factory(aiolock_client, kind)("busy")
+    await lock.lock()
+
+    async def other() -> tuple[bool, bool]:
+        assert not await lock.is_held()
+        with pytest.raises(aiolock.LockNotOwnedError):
+            await lock.unlock()
+        with pytest.raises(aiolock.LockTimeoutError):
+            async with lock.acquire(wait=0.1):
+                pass
+        return await lock.try_lock(wait=0), await lock.try_lock(wait=0.1)
+
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    assert await asyncio.create_task(other()) == (False, False)
+    assert loop.time() - started < 2
+    await lock.unlock()
+    assert await asyncio.create_task(lock.try_lock(wait=1))  # that task ends holding it
+    await lock.force_unlock()
+    await assert_clean(redis, aiolock_client)
+
+
+async def test_a_release_hands_the_lock_to_a_waiter(
+    aiolock_client: aiolock.Client, make_client: Callable[..., aiolock.Client], kind: str
+) -> None:
+    lock = factory(aiolock_client, kind)("handoff")
+    other = factory(make_client(), kind)("handoff")
+    await lock.lock()
+    waiter = asyncio.create_task(other.try_lock(wait=10))
+    await eventually(lambda: other.statistics().waiters == 1, what="the waiter parked")
+    await lock.unlock()
+    assert await waiter
+    assert other.statistics().held == 1
+
+
+async def test_fencing_tokens_increase_across_expiry_and_force(
+    aiolock_client: aiolock.Client, kind: str
+) -> None:
+    lock = factory(aiolock_client, kind)("fenced")
+    tokens = []
+    for _ in range(3):
+        async with lock.acquire() as guard:
+            tokens.append(guard.fencing_token)
+    await lock.lock(lease=0.05)
+    tokens.append(lock._granted().token)
+    await eventually(lambda: lock.statistics().lost, what="the lease ran out")
+    await lock.lock()
+    tokens.append(lock._granted().token)
+    assert await lock.force_unlock()
+    async with lock.acquire() as guard:
+        tokens.append(guard.fencing_token)
+    assert tokens == sorted(set(tokens)), tokens
+
+
+async def test_a_lease_that_runs_out_is_reported_lost(
+    aiolock_client: aiolock.Client, redis: Redis, kind: str
+) -> None:
+    lock = factory(aiolock_client, kind)("leased")
+    with pytest.raises(aiolock.LockLostError, match="leased"):
+        async with lock.acquire(lease=0.1) as guard:
+            await eventually(lambda: guard.lost, what="the lease ran out")
+
+            async def expired() -> bool:  # the client's timer fires a little before the server
+                return not await lock.is_locked()
+
+            await eventually(expired, what="the server expired it")
+    stats = lock.statistics()
+    assert (stats.held, stats.lost, stats.losses) == (0, True, 1)
+    await assert_clean(redis, aiolock_client)
+
+
+async def test_force_unlock_is_a_loss_that_cancels_on_request(
+    aiolock_client: aiolock.Client, make_client: Callable[..., aiolock.Client], kind: str
+) -> None:
+    lock = factory(aiolock_client, kind)("forced")
+    outsider = factory(make_client(), kind)("forced")
+    reached_end = False
+    with pytest.raises(aiolock.LockLostError):
+        async with lock.acquire(cancel_on_loss=True):
+            assert await outsider.force_unlock()
+            assert not await outsider.force_unlock()  # nothing left to delete
+            await asyncio.sleep(60)  # cancelled by the loss once the watchdog sees it
+            reached_end = True
+    assert not reached_end
+
+
+async def test_the_watchdog_keeps_a_hold_alive(
+    make_client: Callable[..., aiolock.Client], kind: str
+) -> None:
+    client = make_client(watchdog_timeout=0.3)
+    lock = factory(client, kind)("kept")
+    async with lock.acquire() as guard:
+        await eventually(lambda: lock.statistics().renewals >= 3, what="three renewals")
+        assert not guard.lost
+        assert await lock.is_held()
+
+
+async def test_explicit_owner_acquires_in_one_task_and_releases_in_another(
+    aiolock_client: aiolock.Client, redis: Redis, kind: str
+) -> None:
+    lock = factory(aiolock_client, kind)("job", owner="job-17")
+    assert await asyncio.create_task(lock.try_lock())
+    assert await lock.is_held()
+    await asyncio.create_task(lock.unlock())
+    assert not await lock.is_locked()
+    await assert_clean(redis, aiolock_client)
+
+
+async def test_random_cancellations_leave_nothing_behind(
+    aiolock_client: aiolock.Client,
+    make_client: Callable[..., aiolock.Client],
+    redis: Redis,
+    kind: str,
+) -> None:
+    clients = [aiolock_client, make_client()]
+    rng = random.Random(7)
+
+    async def worker(i: int) -> None:
+        async with factory(clients[i % 2], kind)("storm").acquire(wait=10):
+            await asyncio.sleep(0.002)
+
+    for _ in range(4):
+        tasks = [asyncio.create_task(worker(i)) for i in range(16)]
+        for task in rng.sample(tasks, 8):
+            await asyncio.sleep(rng.random() * 0.01)
+            task.cancel()
+        results = await asyncio.gather(*tasks, return_exceptions=True)
+        assert all(r is None or isinstance(r, asyncio.CancelledError) for r in results), results
+    for client in clients:
+        await assert_clean(redis, client)
+
+
+async def test_lock_objects_of_one_name_share_statistics(
+    aiolock_client: aiolock.Client, kind: str
+) -> None:
+    make = factory(aiolock_client, kind)
+    first = make("counted")
+    async with make("counted").acquire():
+        assert first.statistics().held == 1
+    assert first.statistics().acquisitions == 1
+    assert repr(first) == f"<{type(first).__name__} 'counted' [unlocked]>"
+
+
+async def test_kinds_of_one_name_are_different_locks(
+    aiolock_client: aiolock.Client, kind: str
+) -> None:
+    others = [make(aiolock_client)("same") for name, make in KINDS.items() if name != kind]
+    async with factory(aiolock_client, kind)("same").acquire():
+
+        async def all_free() -> list[bool]:
+            return [await other.try_lock(wait=0) for other in others]
+
+        assert await asyncio.create_task(all_free()) == [True] * len(others)
+        for other in others:
+            await other.force_unlock()
+
+
+@pytest.mark.parametrize(
+    ("call", "error", "param"),
+    [
+        (lambda lock: lock.try_lock(wait=-1), ValueError, "wait"),
+        (lambda lock: lock.try_lock(lease=0), ValueError, "lease"),
+        (lambda lock: lock.try_lock(lease=True), TypeError, "lease"),
+        (lambda lock: lock.try_lock(wait=float("nan")), ValueError, "wait"),
+        (lambda lock: lock.lock(lease=float("inf")), ValueError, "lease"),
+        (lambda lock: lock.acquire(wait="1"), TypeError, "wait"),
+        (lambda lock: lock.acquire(cancel_on_loss=1), TypeError, "cancel_on_loss"),
+    ],
+)
+async def test_bad_arguments_fail_before_any_io(
+    kind: str, call: Callable[[Any], Any], error: type[Exception], param: str
+) -> None:
+    client = aiolock.Client.from_url("redis://127.0.0.1:1/0")  # nothing listens there
+    try:
+        make = factory(client, kind)
+        with pytest.raises(TypeError, match="name"):
+            make(42)
+        with pytest.raises(ValueError, match="name"):
+            make("")
+        with pytest.raises(TypeError, match="owner"):
+            make("x", owner=5)
+        with pytest.raises(error, match=param):
+            result = call(make("x"))
+            if asyncio.iscoroutine(result):
+                await result
+    finally:
+        await client.aclose()
