@@ -3,7 +3,9 @@
 This is the fault that a closed connection does not model: a peer that vanished behind a NAT or
 a stuck middlebox.  Nothing errors, nothing closes, bytes simply stop arriving, and only a
 timeout or an application-level PING notices.  The proxy can also slow the path down (every
-chunk waits ``delay`` seconds, in order), reset every connection at once, and refuse new ones.
+chunk waits ``delay`` seconds, in order), reset every connection at once, refuse new ones, and
+cut one connection between a request and its reply (the server ran the command; the client
+never learns what it did).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ __all__ = ["FreezableProxy"]
 
 _CHUNK = 65536
 
+_Pair = tuple[asyncio.StreamWriter, asyncio.StreamWriter]  # (to the client, to the server)
+
 
 class FreezableProxy:
     """Forward ``127.0.0.1:<port>`` to ``127.0.0.1:<upstream_port>``.
@@ -24,6 +28,16 @@ class FreezableProxy:
     >>> proxy.freeze()        # bytes stop flowing; sockets stay open
     >>> proxy.thaw()          # buffered bytes flow again (``reset=True``: abort them all)
     >>> proxy.refuse = True   # new connections are reset at once; open ones keep flowing
+    >>> reply = proxy.cut_next_request(b"EVALSHA")  # one-shot, see below
+    >>> await reply           # what the server answered, which the client never got
+
+    ``cut_next_request(match)`` arms a one-shot cut: the next client-to-server chunk that
+    contains ``match`` (any chunk, by default) is forwarded to the server, and from then on
+    nothing more flows on that connection in either direction.  When the server's reply starts
+    arriving (so the command has surely run), the reply is dropped and both sides of the
+    connection are aborted: the client sees its connection closed with no byte of the reply.
+    The returned future gets the dropped reply chunk (``b""`` if the connection ended before
+    the server answered).  Other connections, and later ones, flow as usual.
     """
 
     def __init__(self, upstream_port: int, host: str = "127.0.0.1") -> None:
@@ -35,8 +49,11 @@ class FreezableProxy:
         self._flowing = asyncio.Event()
         self._flowing.set()
         self._server: asyncio.Server | None = None
-        self._pairs: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
+        self._pairs: set[_Pair] = set()
         self._tasks: set[asyncio.Task[None]] = set()
+        # The armed cut, (match, future), until a request matches it; then the pair it cuts.
+        self._cut_armed: tuple[bytes, asyncio.Future[bytes]] | None = None
+        self._cutting: dict[_Pair, asyncio.Future[bytes]] = {}
 
     @property
     def frozen(self) -> bool:
@@ -58,6 +75,18 @@ class FreezableProxy:
         if reset:
             self.reset()
         self._flowing.set()
+
+    def cut_next_request(self, match: bytes = b"") -> asyncio.Future[bytes]:
+        """Cut the connection of the next request containing ``match`` before its reply.
+
+        One-shot (see the class docstring); arming it again replaces a cut not yet matched.
+        Returns a future of the reply chunk that the client never got.
+        """
+        if self._cut_armed is not None:
+            self._cut_armed[1].cancel()
+        reply: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self._cut_armed = (match, reply)
+        return reply
 
     def reset(self) -> None:
         """Abort every proxied connection (both sides see a reset)."""
@@ -88,8 +117,8 @@ class FreezableProxy:
         pair = (writer, up_writer)
         self._pairs.add(pair)
         pumps = [
-            asyncio.get_running_loop().create_task(self._pump(reader, up_writer)),
-            asyncio.get_running_loop().create_task(self._pump(up_reader, writer)),
+            asyncio.get_running_loop().create_task(self._pump(reader, up_writer, pair, True)),
+            asyncio.get_running_loop().create_task(self._pump(up_reader, writer, pair, False)),
         ]
         self._tasks.update(pumps)
         try:
@@ -103,13 +132,36 @@ class FreezableProxy:
             self._pairs.discard(pair)
             for side in pair:
                 side.transport.abort()
+            cut = self._cutting.pop(pair, None)
+            if cut is not None and not cut.done():
+                cut.set_result(b"")  # the connection ended before the server answered
 
-    async def _pump(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def _pump(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        pair: _Pair,
+        to_server: bool,
+    ) -> None:
         with contextlib.suppress(OSError):
             while data := await reader.read(_CHUNK):
                 await self._flowing.wait()  # frozen: hold the bytes, read nothing more
                 if self.delay:
                     await asyncio.sleep(self.delay)
                     await self._flowing.wait()
+                # No await from these checks to the write: a cut is decided atomically.
+                cut = self._cutting.get(pair)
+                if cut is not None:
+                    if not to_server:  # the reply to the cut request: drop it, end the pair
+                        if not cut.done():
+                            cut.set_result(data)
+                        for side in pair:
+                            side.transport.abort()
+                        return
+                    continue  # nothing more reaches the server on a cut connection
+                armed = self._cut_armed
+                if to_server and armed is not None and armed[0] in data:
+                    self._cut_armed = None
+                    self._cutting[pair] = armed[1]
                 writer.write(data)
                 await writer.drain()
