@@ -163,7 +163,25 @@ class LockKind(Guarded[int]):
 
     async def _exit(self, holding: Holding[int]) -> None:
         assert isinstance(holding, Hold)
-        await self._release(holding.owner)
+        # After a loss the release is not sent at all: it must not touch a lock somebody else
+        # now holds (an explicit owner may have been granted the lock again).
+        if not holding.lost:
+            await self._release(holding.owner)
+
+    async def _acquire_as(
+        self, owner: str, task: asyncio.Task[Any] | None, lease: float | None
+    ) -> Hold | float:
+        """One attempt for an owner resolved by the caller (composites run parts concurrently,
+        in tasks of their own, on behalf of the calling task)."""
+        await self._services.holds.settle(self._keys.lock, owner)
+        granted = False
+        try:
+            outcome = await self._try_acquire(owner, task, lease)
+            granted = isinstance(outcome, Hold)
+            return outcome
+        finally:
+            if not granted:
+                self._gave_up(owner)
 
     # -- releasing ---------------------------------------------------------------------------
 
@@ -256,14 +274,7 @@ class LockKind(Guarded[int]):
 
     async def _try_once(self, lease: float | None) -> bool:
         owner, task = self._owner()
-        await self._services.holds.settle(self._keys.lock, owner)
-        granted = False
-        try:
-            granted = isinstance(await self._try_acquire(owner, task, lease), Hold)
-        finally:
-            if not granted:
-                self._gave_up(owner)
-        return granted
+        return isinstance(await self._acquire_as(owner, task, lease), Hold)
 
     async def _wait_for_grant_until(self, lease: float | None, deadline: float) -> bool:
         try:

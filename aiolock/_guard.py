@@ -85,7 +85,7 @@ class Guarded(Generic[TokenT_co]):
         raise NotImplementedError
 
     async def _exit(self, holding: Holding[TokenT_co]) -> None:
-        """Release the hold that ``_enter`` returned; not called after a loss."""
+        """Release what is left of the hold that ``_enter`` returned (also after a loss)."""
         raise NotImplementedError
 
     def acquire(
@@ -177,10 +177,7 @@ class GuardContext(Generic[TokenT_co]):
             holding.listeners.remove(self._scope.cancel)
             cancelled_by_loss = bool(self._scope.__exit__(exc_type, exc, tb))
         self._guard = None
-        if not holding.lost:
-            # The release must not touch a lock somebody else now holds: after a loss we do not
-            # send it at all (an explicit owner may have been granted the lock again).
-            await self._lock._exit(holding)
+        await self._lock._exit(holding)
         if not holding.lost:
             return False
         name = self._lock.name

@@ -45,6 +45,17 @@ class Services:
         default_factory=weakref.WeakValueDictionary
     )
 
+    @property
+    def server(self) -> str:
+        """Where the client connects, without credentials (``redis://host:port/db``)."""
+        kwargs = self.redis.connection_pool.connection_kwargs
+        if "path" in kwargs:
+            return f"unix://{kwargs['path']}"
+        secure = "SSL" in self.redis.connection_pool.connection_class.__name__
+        scheme = "rediss" if secure else "redis"
+        host, port, db = kwargs.get("host", "?"), kwargs.get("port", "?"), kwargs.get("db", 0)
+        return f"{scheme}://{host}:{port}/{db}"
+
     def check_open(self) -> Services:
         if self.closed:
             raise RuntimeError("the aiolock client is closed")

@@ -239,7 +239,7 @@ class Client:
         stats = self.statistics()
         state = "closed" if self.closed else "open"
         return (
-            f"<Client {self.id} {_describe(self.redis)} [{state}, holds:{stats.holds}, "
+            f"<Client {self.id} {self._services.server} [{state}, holds:{stats.holds}, "
             f"waiters:{stats.waiters}, subscriptions:{stats.subscriptions}]>"
         )
 
@@ -269,13 +269,3 @@ class _Options:
         # Fair waiters try again every third of it: below 10 ms they would only spin.
         fair = check_timeout(fair_wait, "fair_wait_timeout", minimum=0.01)
         return cls(prefix, watchdog, concurrency, fair)
-
-
-def _describe(redis: Redis) -> str:
-    """Where ``redis`` connects, without credentials."""
-    kwargs = redis.connection_pool.connection_kwargs
-    if "path" in kwargs:
-        return f"unix://{kwargs['path']}"
-    secure = "SSL" in redis.connection_pool.connection_class.__name__
-    scheme = "rediss" if secure else "redis"
-    return f"{scheme}://{kwargs.get('host', '?')}:{kwargs.get('port', '?')}/{kwargs.get('db', 0)}"

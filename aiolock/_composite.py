@@ -1,0 +1,90 @@
+"""What ``MultiLock`` and ``RedLock`` share: a hold made of parts, and its statistics.
+
+A composite hold is held while at least ``needed`` of its parts are (all of them for a
+``MultiLock``, a majority for a ``RedLock``); it is lost, once, the moment that stops being
+true, and then tells its own listeners (a guard's ``cancel_on_loss``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from ._base import LockKind, LockStatistics
+from ._holds import Hold
+
+__all__ = ["CompositeHold", "CompositeStatistics"]
+
+TokenT = TypeVar("TokenT")
+
+
+class CompositeHold(Generic[TokenT]):
+    """Parts held together; lost once fewer than ``needed`` of them are still held."""
+
+    __slots__ = ("_notified", "listeners", "locks", "needed", "parts", "token")
+
+    def __init__(
+        self, locks: Sequence[LockKind], parts: Sequence[Hold], needed: int, token: TokenT
+    ) -> None:
+        self.locks = tuple(locks)  # the lock of each part
+        self.parts = tuple(parts)
+        self.needed = needed
+        self.token = token
+        self.listeners: list[Callable[[], object]] = []
+        self._notified = False
+        for part in self.parts:
+            part.listeners.append(self._part_lost)
+
+    @property
+    def lost(self) -> bool:
+        return sum(not part.lost for part in self.parts) < self.needed
+
+    @property
+    def lost_reason(self) -> str | None:
+        reasons = [f"{part.name!r}: {part.lost_reason}" for part in self.parts if part.lost]
+        return "; ".join(reasons) if self.lost else None
+
+    def _part_lost(self) -> None:
+        if self.lost and not self._notified:
+            self._notified = True
+            for listener in list(self.listeners):
+                listener()
+
+    async def release(self) -> None:
+        """Release every part still held, all at once; the first error is raised after.
+
+        A lost part is never touched: it may be somebody else's now.
+        """
+        for part in self.parts:
+            if self._part_lost in part.listeners:
+                part.listeners.remove(self._part_lost)
+        outcomes = await asyncio.gather(
+            *(
+                lock._release(part.owner)
+                for lock, part in zip(self.locks, self.parts, strict=True)
+                if not part.lost
+            ),
+            return_exceptions=True,
+        )
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
+
+
+@dataclass(frozen=True, slots=True)
+class CompositeStatistics:
+    """A snapshot of a ``MultiLock`` or ``RedLock`` from this process' view (no I/O).
+
+    :ivar name: the composite's name.
+    :ivar held: how many times the calling process' owners hold it (the fewest holds among
+        the parts it needs).
+    :ivar lost: ``True`` if its last hold was lost.
+    :ivar parts: each part's own statistics, in the order given.
+    """
+
+    name: str
+    held: int
+    lost: bool
+    parts: tuple[LockStatistics, ...]

@@ -1,0 +1,161 @@
+"""``MultiLock``: several locks held as one, all or nothing.
+
+The parts are taken one at a time in one global order (by server, key), whatever order they
+were given in, so two tasks that take (A, B) and (B, A) can never deadlock: both go for the
+same one first.  The wait bounds the whole attempt; a failure, a timeout or a cancellation
+releases whatever was taken before it propagates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Coroutine
+from typing import Any
+
+from ._base import LockKind
+from ._composite import CompositeHold, CompositeStatistics
+from ._guard import Guarded, Holding
+from ._validate import check_lease, check_wait
+from .errors import LockNotOwnedError, LockTimeoutError
+
+__all__ = ["MultiLock"]
+
+
+class MultiLock(Guarded[tuple[int, ...]]):
+    """Two or more locks, of any kinds and clients, held together or not at all.
+
+    ::
+
+        both = aiolock.MultiLock(client.lock("account:1"), client.lock("account:2"))
+        async with both.acquire(wait=5) as guard:
+            guard.fencing_token      # (token of account:1, token of account:2)
+
+    It offers the calls of :class:`~aiolock.AsyncRLock`: ``try_lock`` holds every part or
+    none, ``unlock`` releases every part, ``is_locked`` is true when all parts are locked and
+    ``is_held`` when the caller holds all of them.  Its guard's ``fencing_token`` is the tuple
+    of the parts' tokens in the order given, and ``lost`` turns true when any part is lost
+    (leaving the block then releases the parts still held and raises ``LockLostError``).
+    Each part keeps its own owner: the calling task, or the part's explicit owner.
+    """
+
+    __slots__ = ("_order", "locks", "name")
+
+    def __init__(self, *locks: LockKind) -> None:
+        for lock in locks:
+            if not isinstance(lock, LockKind):
+                raise TypeError(f"locks must be aiolock lock objects, not {type(lock).__name__}")
+        if len(locks) < 2:
+            raise ValueError(f"locks must name at least two locks, got {len(locks)}")
+        self.locks = locks
+        self.name = "+".join(lock.name for lock in locks)
+        # One global order for every MultiLock of every process: by server, then key.
+        self._order = sorted(
+            range(len(locks)), key=lambda i: (locks[i]._services.server, locks[i]._keys.lock)
+        )
+        self._guards = None
+
+    # -- acquiring ---------------------------------------------------------------------------
+
+    async def try_lock(self, wait: float | None = 0, lease: float | None = None) -> bool:
+        """Hold every part, waiting at most ``wait`` seconds in all (``None``: forever).
+
+        :returns: ``True`` once all are held, ``False`` (none held) if ``wait`` ran out.
+        """
+        return await self._take(check_wait(wait), check_lease(lease))
+
+    def lock(self, lease: float | None = None) -> Coroutine[Any, Any, None]:
+        """Hold every part, waiting as long as it takes: ``await multi.lock()``.
+
+        The arguments are checked at the call, as for the other kinds.
+        """
+        return self._hold_all(check_lease(lease))
+
+    async def _hold_all(self, lease: float | None) -> None:
+        await self._take(None, lease)
+
+    async def _enter(self, wait: float | None, lease: float | None) -> Holding[tuple[int, ...]]:
+        if not await self._take(wait, lease):
+            raise LockTimeoutError(f"could not acquire {self.name!r} within {wait}s")
+        parts = [lock._granted() for lock in self.locks]
+        token = tuple(part.token for part in parts)
+        return CompositeHold(self.locks, parts, len(parts), token)
+
+    async def _exit(self, holding: Holding[tuple[int, ...]]) -> None:
+        assert isinstance(holding, CompositeHold)
+        await holding.release()
+
+    async def _take(self, wait: float | None, lease: float | None) -> bool:
+        loop = asyncio.get_running_loop()
+        deadline = math.inf if wait is None else loop.time() + wait
+        taken: list[LockKind] = []
+        try:
+            for index in self._order:
+                lock = self.locks[index]
+                if wait is None:
+                    await lock._wait_for_grant(lease)
+                elif wait == 0:
+                    if not await lock._try_once(lease):
+                        return False
+                elif not await lock._try_until(max(deadline - loop.time(), 0.0), lease):
+                    return False
+                taken.append(lock)
+            taken.clear()  # all held: nothing to give back
+            return True
+        finally:
+            for lock in reversed(taken):
+                await lock._release(lock._owner()[0])
+
+    # -- releasing ---------------------------------------------------------------------------
+
+    async def unlock(self) -> None:
+        """Release one hold of every part.
+
+        :raises LockNotOwnedError: if the caller did not hold some part (the others are
+            released all the same).
+        """
+        missing = []
+        for lock in self.locks:
+            if await lock._release(lock._owner()[0]) is None:
+                missing.append(lock.name)
+        if missing:
+            raise LockNotOwnedError(f"{self.name!r}: not held by this owner: {missing}")
+
+    async def force_unlock(self) -> bool:
+        """Delete every part whoever holds it; ``True`` if any of them existed."""
+        return any([await lock.force_unlock() for lock in self.locks])
+
+    # -- inspecting --------------------------------------------------------------------------
+
+    async def is_locked(self) -> bool:
+        """``True`` if every part is held by someone."""
+        return all([await lock.is_locked() for lock in self.locks])
+
+    async def is_held(self) -> bool:
+        """``True`` if the caller holds every part."""
+        return all([await lock.is_held() for lock in self.locks])
+
+    async def hold_count(self) -> int:
+        """How many times the caller holds every part (the fewest holds of any part)."""
+        return min([await lock.hold_count() for lock in self.locks])
+
+    async def remaining_lease(self) -> float | None:
+        """Seconds until the first part expires; ``None`` if some part is not locked."""
+        leases = [await lock.remaining_lease() for lock in self.locks]
+        known = [lease for lease in leases if lease is not None]
+        return min(known) if len(known) == len(leases) else None
+
+    def statistics(self) -> CompositeStatistics:
+        """Each part's statistics, and how many times this process holds them all (no I/O)."""
+        parts = tuple(lock.statistics() for lock in self.locks)
+        return CompositeStatistics(
+            name=self.name,
+            held=min(part.held for part in parts),
+            lost=any(part.lost for part in parts),
+            parts=parts,
+        )
+
+    def __repr__(self) -> str:
+        stats = self.statistics()
+        state = f"held x{stats.held}" if stats.held else "lost" if stats.lost else "unlocked"
+        return f"<MultiLock {self.name!r} [{state}, parts:{len(self.locks)}]>"
