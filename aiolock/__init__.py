@@ -8,6 +8,7 @@ long jobs' locks alive (a watchdog), and tells its holder when it lost the lock:
             ...
 """
 
+from ._composite import CompositeStatistics as CompositeStatistics
 from .client import Client as Client
 from .client import ClientStatistics as ClientStatistics
 from .errors import LockError as LockError
@@ -18,6 +19,8 @@ from .fair import AsyncFairLock as AsyncFairLock
 from .lock import AsyncRLock as AsyncRLock
 from .lock import LockGuard as LockGuard
 from .lock import LockStatistics as LockStatistics
+from .multi import MultiLock as MultiLock
+from .redlock import RedLock as RedLock
 from .spin import AsyncSpinLock as AsyncSpinLock
 
 __all__ = [
@@ -26,12 +29,15 @@ __all__ = [
     "AsyncSpinLock",
     "Client",
     "ClientStatistics",
+    "CompositeStatistics",
     "LockError",
     "LockGuard",
     "LockLostError",
     "LockNotOwnedError",
     "LockStatistics",
     "LockTimeoutError",
+    "MultiLock",
+    "RedLock",
 ]
 
 __version__ = "0.1.0"

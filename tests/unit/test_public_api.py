@@ -15,12 +15,15 @@ def test_all_is_pinned() -> None:
         "AsyncSpinLock",
         "Client",
         "ClientStatistics",
+        "CompositeStatistics",
         "LockError",
         "LockGuard",
         "LockLostError",
         "LockNotOwnedError",
         "LockStatistics",
         "LockTimeoutError",
+        "MultiLock",
+        "RedLock",
     ]
     for name in aiolock.__all__:
         assert getattr(aiolock, name) is not None

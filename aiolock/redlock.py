@@ -1,0 +1,249 @@
+"""``RedLock``: one lock over several independent Redis masters, held by a majority of them.
+
+The algorithm of the Redis documentation's "Distributed locks with Redis", on aiolock's plain
+lock on each server (so every server's part is reentrant, idempotent per request, settled on
+cancellation, and renewed by that client's watchdog).  An attempt asks every server at once;
+it holds when a majority granted within the validity time
+``lease - elapsed - (lease * 0.01 + 0.002)``; otherwise what it took is released everywhere
+and it tries again after a random delay, until the wait runs out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import random
+from collections.abc import Awaitable, Coroutine, Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+from redis.exceptions import RedisError
+
+from ._composite import CompositeHold, CompositeStatistics
+from ._guard import Guarded, Holding
+from ._holds import Hold
+from ._validate import check_lease, check_name, check_wait
+from .errors import LockNotOwnedError, LockTimeoutError
+from .lock import AsyncRLock
+
+if TYPE_CHECKING:
+    from .client import Client
+
+__all__ = ["RedLock"]
+
+_RETRY_DELAY: Final = 0.05  # the longest random pause between two attempts, in seconds
+_FAILURES: Final = (RedisError, OSError)
+
+
+class RedLock(Guarded[int]):
+    """A lock held by a majority of independent Redis masters.
+
+    ::
+
+        redlock = aiolock.RedLock([client_a, client_b, client_c], "orders:42")
+        async with redlock.acquire(wait=5) as guard:
+            ...
+
+    ``clients`` are :class:`~aiolock.Client` objects of independent masters (no replication
+    between them; at least 3).  A grant needs ``len(clients) // 2 + 1`` of them within the
+    validity time; ``lease=None`` keeps every part alive with its client's watchdog, and the
+    guard is lost once fewer than a majority of parts are still held.  The fencing token is
+    the largest of the servers' tokens.
+
+    Know its limits before relying on it for correctness.  Its safety rests on timing: a
+    process paused (GC, swapping) or a server whose clock jumps can outlive its lease and act
+    while another process holds the lock, and nothing in the algorithm can stop such a stale
+    holder (Martin Kleppmann, "How to do distributed locking", 2016).  Its fencing token is
+    the maximum over independent counters, which is weaker than a token from a consensus
+    system: two grants can only be ordered if they shared a server.  Pass the token to the
+    storage you protect anyway, and prefer a single lock (or a consensus system such as etcd
+    or ZooKeeper) when a stale writer would be harmful rather than merely wasteful.
+    """
+
+    __slots__ = ("clients", "name", "parts", "quorum")
+
+    def __init__(self, clients: Sequence[Client], name: str, *, owner: str | None = None) -> None:
+        from .client import Client
+
+        if isinstance(clients, str | bytes) or not isinstance(clients, Sequence):
+            raise TypeError(f"clients must be a sequence of Clients, not {type(clients).__name__}")
+        for client in clients:
+            if not isinstance(client, Client):
+                raise TypeError(f"clients must be aiolock Clients, not {type(client).__name__}")
+        if len(clients) < 3:
+            raise ValueError(f"clients must name at least 3 servers, got {len(clients)}")
+        if len({id(client) for client in clients}) != len(clients):
+            raise ValueError("clients must be distinct")
+        check_name(name)
+        self.clients = tuple(clients)
+        self.name = name
+        self.parts: tuple[AsyncRLock, ...] = tuple(
+            client.lock(name, owner=owner) for client in clients
+        )
+        self.quorum = len(clients) // 2 + 1
+        self._guards = None
+
+    # -- acquiring ---------------------------------------------------------------------------
+
+    async def try_lock(self, wait: float | None = 0, lease: float | None = None) -> bool:
+        """Hold the lock on a majority, retrying until ``wait`` runs out (``None``: forever)."""
+        return await self._take(check_wait(wait), check_lease(lease)) is not None
+
+    def lock(self, lease: float | None = None) -> Coroutine[Any, Any, None]:
+        """Hold the lock on a majority, waiting as long as it takes."""
+        return self._hold(check_lease(lease))
+
+    async def _hold(self, lease: float | None) -> None:
+        await self._take(None, lease)
+
+    async def _enter(self, wait: float | None, lease: float | None) -> Holding[int]:
+        holding = await self._take(wait, lease)
+        if holding is None:
+            raise LockTimeoutError(f"could not acquire {self.name!r} within {wait}s")
+        return holding
+
+    async def _exit(self, holding: Holding[int]) -> None:
+        assert isinstance(holding, CompositeHold)
+        await holding.release()
+
+    async def _take(self, wait: float | None, lease: float | None) -> CompositeHold[int] | None:
+        loop = asyncio.get_running_loop()
+        deadline = math.inf if wait is None else loop.time() + wait
+        while True:
+            holding = await self._attempt(lease)
+            if holding is not None:
+                return holding
+            pause = random.uniform(0, _RETRY_DELAY)
+            if loop.time() + pause >= deadline:
+                return None
+            await asyncio.sleep(pause)
+
+    async def _attempt(self, lease: float | None) -> CompositeHold[int] | None:
+        """Ask every server at once; keep the grants if a majority came within the validity."""
+        loop = asyncio.get_running_loop()
+        lease_s = lease if lease is not None else min(c.watchdog_timeout for c in self.clients)
+        drift = lease_s * 0.01 + 0.002
+        owners = [part._owner() for part in self.parts]  # resolved in the calling task
+        started = loop.time()
+        calls = [
+            asyncio.ensure_future(part._acquire_as(owner, task, lease))
+            for part, (owner, task) in zip(self.parts, owners, strict=True)
+        ]
+        try:
+            # A server that does not answer within the lease cannot be part of a valid grant;
+            # a cancelled part's call is settled (a late grant undone) by the part itself.
+            done, late = await asyncio.wait(calls, timeout=max(lease_s - drift, 0.001))
+        except asyncio.CancelledError:
+            for call in calls:
+                call.cancel()
+            await self._give_back(calls)
+            raise
+        for call in late:
+            call.cancel()
+        granted = [i for i, call in enumerate(calls) if call in done and _granted(call)]
+        validity = lease_s - (loop.time() - started) - drift
+        if len(granted) >= self.quorum and validity > 0:
+            parts = [_hold(calls[i]) for i in granted]
+            locks = [self.parts[i] for i in granted]
+            return CompositeHold(locks, parts, self.quorum, max(part.token for part in parts))
+        await self._give_back(calls)
+        return None
+
+    async def _give_back(self, calls: Sequence[asyncio.Future[Hold | float]]) -> None:
+        """Release the parts of a failed attempt wherever they were granted.
+
+        Errors are not raised: a part whose release failed is settled in the background by
+        its own lock, and its lease ends it in any case.
+        """
+        await asyncio.wait(calls)
+        granted = [i for i, call in enumerate(calls) if _granted(call)]
+        locks = [self.parts[i] for i in granted]
+        leftover = CompositeHold(locks, [_hold(calls[i]) for i in granted], 0, 0)
+        with contextlib.suppress(*_FAILURES):
+            await leftover.release()
+
+    # -- releasing ---------------------------------------------------------------------------
+
+    async def unlock(self) -> None:
+        """Release one hold on every server.
+
+        :raises LockNotOwnedError: if no server had a hold of the caller.
+        """
+        owners = [part._owner()[0] for part in self.parts]
+        outcomes = await asyncio.gather(
+            *(part._release(owner) for part, owner in zip(self.parts, owners, strict=True)),
+            return_exceptions=True,
+        )
+        if all(outcome is None or isinstance(outcome, _FAILURES) for outcome in outcomes):
+            raise LockNotOwnedError(f"lock {self.name!r} is not held by this owner")
+
+    async def force_unlock(self) -> bool:
+        """Delete the lock on every server whoever holds it; ``True`` if it existed on any."""
+        outcomes = await asyncio.gather(
+            *(part.force_unlock() for part in self.parts), return_exceptions=True
+        )
+        return any(outcome is True for outcome in outcomes)
+
+    # -- inspecting --------------------------------------------------------------------------
+
+    async def _gather(self, calls: Sequence[Awaitable[Any]]) -> list[Any]:
+        """Each server's answer, or ``None`` for one that could not be asked."""
+        outcomes = await asyncio.gather(*calls, return_exceptions=True)
+        return [None if isinstance(outcome, _FAILURES) else outcome for outcome in outcomes]
+
+    async def is_locked(self) -> bool:
+        """``True`` if a majority of servers have the lock held."""
+        locked = await self._gather([part.is_locked() for part in self.parts])
+        return sum(bool(value) for value in locked) >= self.quorum
+
+    async def is_held(self) -> bool:
+        """``True`` if a majority of servers have it held by the caller."""
+        owners = [part._owner()[0] for part in self.parts]
+        held = await self._gather(
+            [
+                part._services.redis.hexists(part._keys.lock, owner)
+                for part, owner in zip(self.parts, owners, strict=True)
+            ]
+        )
+        return sum(bool(value) for value in held) >= self.quorum
+
+    async def hold_count(self) -> int:
+        """The caller's reentrant count that a majority of servers agree on (0: not held)."""
+        owners = [part._owner()[0] for part in self.parts]
+        counts = await self._gather(
+            [
+                part._services.redis.hget(part._keys.lock, owner)
+                for part, owner in zip(self.parts, owners, strict=True)
+            ]
+        )
+        ranked = sorted((int(count or 0) for count in counts), reverse=True)
+        return ranked[self.quorum - 1]
+
+    async def remaining_lease(self) -> float | None:
+        """Seconds until fewer than a majority of servers hold it; ``None`` if not locked."""
+        leases = await self._gather([part.remaining_lease() for part in self.parts])
+        ranked = sorted((lease for lease in leases if lease is not None), reverse=True)
+        return ranked[self.quorum - 1] if len(ranked) >= self.quorum else None
+
+    def statistics(self) -> CompositeStatistics:
+        """Each server's statistics of the lock, and how many times a majority holds it."""
+        parts = tuple(part.statistics() for part in self.parts)
+        held = sorted((part.held for part in parts), reverse=True)[self.quorum - 1]
+        return CompositeStatistics(
+            name=self.name, held=held, lost=any(p.lost for p in parts), parts=parts
+        )
+
+    def __repr__(self) -> str:
+        stats = self.statistics()
+        state = f"held x{stats.held}" if stats.held else "unlocked"
+        return f"<RedLock {self.name!r} [{state}, servers:{len(self.parts)}]>"
+
+
+def _granted(call: asyncio.Future[Hold | float]) -> bool:
+    return not call.cancelled() and call.exception() is None and isinstance(call.result(), Hold)
+
+
+def _hold(call: asyncio.Future[Hold | float]) -> Hold:
+    hold = call.result()
+    assert isinstance(hold, Hold)
+    return hold
