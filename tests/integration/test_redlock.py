@@ -1,0 +1,140 @@
+"""RedLock over five independent embedded servers: the majority rule, failures, losses."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+import redis
+
+import aiolock
+from aiolock.embedded import EmbeddedServer
+from tests.conftest import SERVERS
+from tests.helpers import eventually
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(scope="module", params=SERVERS)
+def servers(request: pytest.FixtureRequest) -> Iterator[list[EmbeddedServer]]:
+    with contextlib.ExitStack() as stack:
+        yield [stack.enter_context(EmbeddedServer(binary=request.param)) for _ in range(5)]
+
+
+@pytest.fixture
+async def clients(servers: list[EmbeddedServer]) -> AsyncIterator[list[aiolock.Client]]:
+    for server in servers:
+        if not server.running:
+            server.start()
+        with redis.Redis.from_url(server.url) as plain:  # a clean slate for each test
+            plain.flushall()
+    made = [
+        aiolock.Client.from_url(server.url, watchdog_timeout=0.6, socket_connect_timeout=0.5)
+        for server in servers
+    ]
+    try:
+        yield made
+    finally:
+        for client in made:
+            await client.aclose()
+
+
+async def locked_on(clients: list[aiolock.Client], name: str) -> list[bool]:
+    return [bool(await client.redis.exists(client.lock(name)._keys.lock)) for client in clients]
+
+
+async def test_a_grant_holds_every_server_and_unlock_frees_them(
+    clients: list[aiolock.Client],
+) -> None:
+    redlock = aiolock.RedLock(clients, "orders:1")
+    async with redlock.acquire(wait=1) as guard:
+        tokens = [part._granted().token for part in redlock.parts]
+        assert guard.fencing_token == max(tokens)
+        assert await locked_on(clients, "orders:1") == [True] * 5
+        assert await redlock.is_locked()
+        assert await redlock.is_held()
+        assert await redlock.hold_count() == 1
+        assert redlock.statistics().held == 1
+        assert repr(redlock) == "<RedLock 'orders:1' [held x1, servers:5]>"
+    assert await locked_on(clients, "orders:1") == [False] * 5
+    assert not await redlock.is_locked()
+
+
+async def test_two_redlocks_exclude_each_other(clients: list[aiolock.Client]) -> None:
+    first, second = aiolock.RedLock(clients, "x"), aiolock.RedLock(clients[::-1], "x")
+    inside = peak = 0
+
+    async def worker(redlock: aiolock.RedLock) -> None:
+        nonlocal inside, peak
+        for _ in range(5):
+            async with redlock.acquire(wait=10):
+                inside += 1
+                peak = max(peak, inside)
+                await asyncio.sleep(0.002)
+                inside -= 1
+
+    await asyncio.gather(*(worker(first if i % 2 else second) for i in range(4)))
+    assert peak == 1
+    assert await locked_on(clients, "x") == [False] * 5
+
+
+async def test_works_with_two_servers_down_and_refuses_with_three(
+    clients: list[aiolock.Client], servers: list[EmbeddedServer]
+) -> None:
+    redlock = aiolock.RedLock(clients, "quorum")
+    servers[0].kill()
+    servers[1].kill()
+    async with redlock.acquire(wait=5):
+        assert await locked_on(clients[2:], "quorum") == [True] * 3
+    assert await locked_on(clients[2:], "quorum") == [False] * 3
+    servers[2].kill()
+    assert not await redlock.try_lock(wait=0.5)
+    # Nothing is left on the two live servers, not even a part granted on its own.
+    assert await locked_on(clients[3:], "quorum") == [False, False]
+    assert clients[3].statistics().holds == clients[4].statistics().holds == 0
+
+
+async def test_losing_the_majority_loses_the_guard(clients: list[aiolock.Client]) -> None:
+    redlock = aiolock.RedLock(clients, "lost")
+    with pytest.raises(aiolock.LockLostError):
+        async with redlock.acquire(cancel_on_loss=True) as guard:
+            for part in redlock.parts[:2]:
+                assert await part.force_unlock()
+            await asyncio.sleep(0.5)  # the watchdog (every 0.2 s) finds two parts gone
+            assert not guard.lost  # three of five still held: the majority holds
+            assert await redlock.parts[2].force_unlock()
+            await asyncio.sleep(60)  # cancelled once the third loss is found
+    assert await locked_on(clients, "lost") == [False] * 5
+
+
+async def test_a_cancelled_attempt_leaves_nothing(clients: list[aiolock.Client]) -> None:
+    blocker = aiolock.RedLock(clients, "blocked")
+    await blocker.lock(lease=30)
+    attempt = asyncio.create_task(aiolock.RedLock(clients, "blocked").lock())
+    await asyncio.sleep(0.1)  # a few attempts in, between two of them or inside one
+    attempt.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await attempt
+    await blocker.unlock()
+    await eventually(
+        lambda: all(client.statistics().pending == 0 for client in clients), what="settled"
+    )
+    assert await locked_on(clients, "blocked") == [False] * 5
+
+
+def test_bad_arguments() -> None:
+    client = aiolock.Client.from_url("redis://127.0.0.1:1/0")
+    others = [aiolock.Client.from_url("redis://127.0.0.1:1/0") for _ in range(2)]
+    with pytest.raises(ValueError, match="at least 3"):
+        aiolock.RedLock([client, others[0]], "x")
+    with pytest.raises(ValueError, match="distinct"):
+        aiolock.RedLock([client, client, others[0]], "x")
+    with pytest.raises(TypeError, match="clients"):
+        aiolock.RedLock("abc", "x")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="name"):
+        aiolock.RedLock([client, *others], 5)  # type: ignore[arg-type]
+    redlock = aiolock.RedLock([client, *others], "x")
+    with pytest.raises(ValueError, match="wait"):
+        redlock.acquire(wait=-1)
