@@ -30,12 +30,12 @@ class Script:
 
     @classmethod
     def load(cls, kind: str, operation: str) -> Script:
-        """Load ``scripts/<kind>/<operation>.lua``; a line ``--@include <file>`` is replaced by
-        ``scripts/<kind>/<file>.lua`` (helpers shared by a kind's scripts)."""
-        folder = resources.files(__package__).joinpath("scripts", kind)
-        lines = folder.joinpath(f"{operation}.lua").read_text("utf-8").splitlines(keepends=True)
+        """Load ``scripts/<kind>/<operation>.lua``; a line ``--@include <folder>/<file>`` is
+        replaced by ``scripts/<folder>/<file>.lua`` (helpers shared by several scripts)."""
+        scripts = resources.files(__package__).joinpath("scripts")
+        lines = scripts.joinpath(kind, f"{operation}.lua").read_text("utf-8").splitlines(True)
         source = "".join(
-            folder.joinpath(f"{line.split()[1]}.lua").read_text("utf-8")
+            scripts.joinpath(f"{line.split()[1]}.lua").read_text("utf-8")
             if line.startswith(_INCLUDE)
             else line
             for line in lines

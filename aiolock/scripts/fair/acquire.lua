@@ -15,7 +15,8 @@
 --
 -- Granted only when the lock is free and the queue is empty or starts with this owner.  A
 -- resend never counts a second hold or takes a second place.
---@include _queue
+--@include common/_hold
+--@include fair/_queue
 local owner = ARGV[2]
 local request = owner .. '/' .. ARGV[3]
 local lease = tonumber(ARGV[1])
@@ -32,27 +33,14 @@ local dropped = drop_vanished(now)
 local first = head()
 
 if redis.call('EXISTS', KEYS[1]) == 1 then
-    local held = redis.call('HMGET', KEYS[1], owner, ':req', ':fence')
-    if held[1] then
-        local count = tonumber(held[1])
-        if held[2] ~= request then
-            count = count + 1
-            redis.call('HSET', KEYS[1], owner, count, ':req', request)
-        end
-        local pttl = redis.call('PTTL', KEYS[1])
-        if pttl < lease then
-            redis.call('PEXPIRE', KEYS[1], lease)
-            pttl = lease
-        end
-        return {tonumber(held[3]), count, pttl}
+    local again = reenter(KEYS[1], owner, request, lease)
+    if again then
+        return again
     end
 elseif not first or first == owner then
     redis.call('ZREM', KEYS[3], owner)
     redis.call('ZREM', KEYS[4], owner)
-    local token = redis.call('HINCRBY', KEYS[2], 'next', 1)
-    redis.call('HSET', KEYS[1], owner, 1, ':fence', token, ':req', request)
-    redis.call('PEXPIRE', KEYS[1], lease)
-    return {token, 1, lease}
+    return grant(KEYS[1], KEYS[2], owner, request, lease)
 elseif dropped > 0 then
     wake_next(now)  -- free, and the waiters ahead of the new head vanished: it is its turn
 end

@@ -12,6 +12,7 @@
 -- A resend of an already applied request (redis-py retries a call whose reply timed out)
 -- returns the grant again without counting a second hold.  Re-entering never shortens the
 -- lease that is already set.
+--@include common/_hold
 local request = ARGV[2] .. '/' .. ARGV[3]
 local lease = tonumber(ARGV[1])
 -- Checked before any write: a PEXPIRE that fails after HSET would leave a lock that never expires.
@@ -20,25 +21,6 @@ if not lease or lease < 1 or lease > 1e12 then
 end
 
 if redis.call('EXISTS', KEYS[1]) == 0 then
-    local token = redis.call('HINCRBY', KEYS[2], 'next', 1)
-    redis.call('HSET', KEYS[1], ARGV[2], 1, ':fence', token, ':req', request)
-    redis.call('PEXPIRE', KEYS[1], lease)
-    return {token, 1, lease}
+    return grant(KEYS[1], KEYS[2], ARGV[2], request, lease)
 end
-
-local held = redis.call('HMGET', KEYS[1], ARGV[2], ':req', ':fence')
-if not held[1] then
-    return redis.call('PTTL', KEYS[1])
-end
-
-local count = tonumber(held[1])
-if held[2] ~= request then
-    count = count + 1
-    redis.call('HSET', KEYS[1], ARGV[2], count, ':req', request)
-end
-local pttl = redis.call('PTTL', KEYS[1])
-if pttl < lease then
-    redis.call('PEXPIRE', KEYS[1], lease)
-    pttl = lease
-end
-return {tonumber(held[3]), count, pttl}
+return reenter(KEYS[1], ARGV[2], request, lease) or redis.call('PTTL', KEYS[1])

@@ -12,31 +12,10 @@
 -- or nil when the owner does not hold the lock.
 --
 -- Idempotent: a resend of an applied request returns the same answer without releasing twice.
-local request = ARGV[1] .. '/' .. ARGV[2]
-local held = redis.call('HMGET', KEYS[1], ARGV[1], ':req')
-
-if not held[1] then
-    if redis.call('HGET', KEYS[2], 'released') == request then
-        return 0
-    end
-    return nil
+--@include common/_hold
+local undo = ARGV[3] and ARGV[1] .. '/' .. ARGV[3]
+local left, deleted = release_one(KEYS[1], KEYS[2], ARGV[1], ARGV[1] .. '/' .. ARGV[2], undo)
+if deleted then
+    redis.call('PUBLISH', KEYS[3], 'released')
 end
-
-local count = tonumber(held[1])
-if held[2] == request then
-    return count
-end
-if ARGV[3] and held[2] ~= ARGV[1] .. '/' .. ARGV[3] then
-    return count  -- that acquire was not applied: nothing to undo
-end
-
-count = count - 1
-if count > 0 then
-    redis.call('HSET', KEYS[1], ARGV[1], count, ':req', request)
-    return count
-end
-
-redis.call('DEL', KEYS[1])
-redis.call('HSET', KEYS[2], 'released', request)
-redis.call('PUBLISH', KEYS[3], 'released')
-return 0
+return left

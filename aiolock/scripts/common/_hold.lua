@@ -1,0 +1,64 @@
+-- The reentrant hold, shared by the lock kinds whose lock is a hash of hold counts (the plain,
+-- spin and fair locks); included by their scripts, never run alone.
+--
+-- The lock hash: <owner> -> hold count, ':fence' -> the current hold's fencing token, ':req'
+-- -> the last request applied (owner/request id), for resend safety.  The meta hash outlives
+-- the lock: 'next' -> the fencing token counter, 'released' -> the request that last deleted
+-- the lock.
+
+-- A fresh hold for owner: a new fencing token.  Returns the grant {token, 1, lease}.
+local function grant(lock, meta, owner, request, lease)
+    local token = redis.call('HINCRBY', meta, 'next', 1)
+    redis.call('HSET', lock, owner, 1, ':fence', token, ':req', request)
+    redis.call('PEXPIRE', lock, lease)
+    return {token, 1, lease}
+end
+
+-- One more hold for an owner that holds the lock: {token, count, pttl}, or nil if it does not
+-- hold it.  A resend of the applied request counts nothing; the lease is never shortened.
+local function reenter(lock, owner, request, lease)
+    local held = redis.call('HMGET', lock, owner, ':req', ':fence')
+    if not held[1] then
+        return nil
+    end
+    local count = tonumber(held[1])
+    if held[2] ~= request then
+        count = count + 1
+        redis.call('HSET', lock, owner, count, ':req', request)
+    end
+    local pttl = redis.call('PTTL', lock)
+    if pttl < lease then
+        redis.call('PEXPIRE', lock, lease)
+        pttl = lease
+    end
+    return {tonumber(held[3]), count, pttl}
+end
+
+-- Release one hold of owner.  Returns the holds left (nil: the owner holds none) and whether
+-- this call deleted the lock (the caller then wakes its waiters).  With undo (an acquire
+-- request id), release only if that acquire was the last request applied.  Idempotent per
+-- request: a resend returns the same count and deletes nothing.
+local function release_one(lock, meta, owner, request, undo)
+    local held = redis.call('HMGET', lock, owner, ':req')
+    if not held[1] then
+        if redis.call('HGET', meta, 'released') == request then
+            return 0, false
+        end
+        return nil, false
+    end
+    local count = tonumber(held[1])
+    if held[2] == request then
+        return count, false
+    end
+    if undo and held[2] ~= undo then
+        return count, false  -- that acquire was not applied: nothing to undo
+    end
+    count = count - 1
+    if count > 0 then
+        redis.call('HSET', lock, owner, count, ':req', request)
+        return count, false
+    end
+    redis.call('DEL', lock)
+    redis.call('HSET', meta, 'released', request)
+    return 0, true
+end
