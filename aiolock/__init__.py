@@ -16,6 +16,7 @@ from .errors import LockLostError as LockLostError
 from .errors import LockNotOwnedError as LockNotOwnedError
 from .errors import LockTimeoutError as LockTimeoutError
 from .fair import AsyncFairLock as AsyncFairLock
+from .latch import AsyncCountDownLatch as AsyncCountDownLatch
 from .lock import AsyncRLock as AsyncRLock
 from .lock import LockGuard as LockGuard
 from .lock import LockStatistics as LockStatistics
@@ -24,6 +25,7 @@ from .redlock import RedLock as RedLock
 from .spin import AsyncSpinLock as AsyncSpinLock
 
 __all__ = [
+    "AsyncCountDownLatch",
     "AsyncFairLock",
     "AsyncRLock",
     "AsyncSpinLock",

@@ -43,7 +43,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._calls import write
 
-__all__ = ["Entry", "NamedEntry", "PubSub", "PubSubStatistics"]
+__all__ = ["BroadcastEntry", "Entry", "NamedEntry", "PubSub", "PubSubStatistics"]
 
 logger = logging.getLogger("aiolock.pubsub")
 
@@ -226,6 +226,19 @@ class Entry:
         )
 
 
+class BroadcastEntry(Entry):
+    """A channel whose every message wakes every waiter (a latch at zero, readers after a
+    write): each of them looks at the state again."""
+
+    __slots__ = ()
+
+    def deliver(self, payload: bytes) -> None:
+        self.wake_all()
+
+    def wake_one(self) -> None:
+        self.wake_all()
+
+
 class NamedEntry(Entry):
     """A channel whose messages name the one waiter to wake (the fair lock's hand-off).
 
@@ -315,7 +328,9 @@ class PubSub:
 
     # -- the public surface used by the wait loop ------------------------------------------
 
-    def join(self, channel: str, contention: Contention, entry_type: type[Entry] = Entry) -> Entry:
+    def join(
+        self, channel: str, contention: Contention | None, entry_type: type[Entry] = Entry
+    ) -> Entry:
         """Take a reference on ``channel``'s entry, creating it if it is new; no I/O, no wait.
 
         ``contention`` is that of the lock the channel is for.  A new entry's SUBSCRIBE runs in

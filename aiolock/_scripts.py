@@ -14,6 +14,8 @@ __all__ = [
     "FAIR_FORCE",
     "FAIR_LEAVE",
     "FAIR_RELEASE",
+    "LATCH_COUNT_DOWN",
+    "LATCH_SET",
     "LOCK_ACQUIRE",
     "LOCK_FORCE",
     "LOCK_RELEASE",
@@ -55,3 +57,6 @@ FAIR_ACQUIRE = Script.load("fair", "acquire")
 FAIR_RELEASE = Script.load("fair", "release")
 FAIR_LEAVE = Script.load("fair", "leave")
 FAIR_FORCE = Script.load("fair", "force")
+
+LATCH_SET = Script.load("latch", "set")
+LATCH_COUNT_DOWN = Script.load("latch", "count_down")

@@ -23,6 +23,7 @@ from ._services import Services
 from ._validate import check_name, check_timeout
 from ._watchdog import Watchdog
 from .fair import AsyncFairLock
+from .latch import AsyncCountDownLatch
 from .lock import AsyncRLock
 from .spin import AsyncSpinLock
 
@@ -183,6 +184,10 @@ class Client:
                 f"max_delay must not be less than initial_delay, got {max_delay} < {initial_delay}"
             )
         return AsyncSpinLock(self._services, name, owner, initial_delay=initial, max_delay=maximum)
+
+    def countdown_latch(self, name: str) -> AsyncCountDownLatch:
+        """A countdown latch named ``name`` (no I/O): wait, across clients, for a count of 0."""
+        return AsyncCountDownLatch(self._services, check_name(name))
 
     # -- lifecycle ---------------------------------------------------------------------------
 

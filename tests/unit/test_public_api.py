@@ -10,6 +10,7 @@ from aiolock import errors
 
 def test_all_is_pinned() -> None:
     assert sorted(aiolock.__all__) == [
+        "AsyncCountDownLatch",
         "AsyncFairLock",
         "AsyncRLock",
         "AsyncSpinLock",

@@ -1,0 +1,96 @@
+"""``AsyncCountDownLatch``: wait, across clients, until N things have happened.
+
+The count is one key (absent: zero); counting it down to zero deletes it and publishes on the
+latch's channel, where every waiting task of every client is parked on one broadcast entry per
+client (:class:`~aiolock._pubsub.BroadcastEntry`): one message wakes them all.  A waiter looks
+at the count, joins the channel, and looks again whenever it is woken (the subscription's
+confirmation wakes it too, so a zero published before the subscription is not missed).  It
+never polls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+from . import _scripts
+from ._keys import LockKeys
+from ._pubsub import BroadcastEntry
+from ._services import Services
+from ._validate import check_timeout
+
+__all__ = ["AsyncCountDownLatch"]
+
+
+class AsyncCountDownLatch:
+    """A count shared by every client of the same Redis and ``name``; waiters wake at zero.
+
+    Create it with :meth:`aiolock.Client.countdown_latch`::
+
+        latch = client.countdown_latch("import:42")
+        await latch.try_set_count(3)          # by whoever starts the job
+        await latch.count_down()              # by each of the 3 parts, when done
+        await latch.wait(timeout=60)          # True once all 3 are done
+
+    Not a lock: it has no owner and no lease.  A latch at zero has no key in Redis.
+    """
+
+    __slots__ = ("_keys", "_services", "_waiters", "name")
+
+    def __init__(self, services: Services, name: str) -> None:
+        self._services = services
+        self.name = name
+        self._keys = LockKeys.build(services.key_prefix, name, "latch")
+        self._waiters = 0  # this object's waiting tasks
+
+    async def try_set_count(self, count: int) -> bool:
+        """Set the count to ``count`` (at least 1); ``False`` if a count above 0 is set."""
+        if isinstance(count, bool) or not isinstance(count, int):
+            raise TypeError(f"count must be an int, not {type(count).__name__}")
+        if count < 1:
+            raise ValueError(f"count must be at least 1, got {count}")
+        services = self._services.check_open()
+        return bool(await services.calls.run(_scripts.LATCH_SET, (self._keys.lock,), (count,)))
+
+    async def count_down(self) -> None:
+        """Count down by one; at zero every waiter of every client wakes."""
+        keys = self._keys
+        await self._services.check_open().calls.run(
+            _scripts.LATCH_COUNT_DOWN, (keys.lock, keys.channel), ()
+        )
+
+    async def count(self) -> int:
+        """The count now (0 when none is set)."""
+        value = await self._services.check_open().redis.get(self._keys.lock)
+        return 0 if value is None else int(value)
+
+    async def wait(self, timeout: float | None = None) -> bool:  # noqa: ASYNC109 - the SPEC's
+        """Wait until the count is 0: ``True`` then, ``False`` if ``timeout`` ran out first."""
+        wait_s = None if timeout is None else check_timeout(timeout, "timeout", minimum=0)
+        loop = asyncio.get_running_loop()
+        deadline = math.inf if wait_s is None else loop.time() + wait_s
+        if await self.count() == 0:
+            return True
+        pubsub = self._services.pubsub
+        entry = pubsub.join(self._keys.channel, None, BroadcastEntry)
+        self._waiters += 1
+        try:
+            while True:
+                waiter = entry.park(deadline)
+                try:
+                    await waiter
+                except asyncio.CancelledError:
+                    entry.unpark(waiter)
+                    raise
+                entry.raise_refusal()
+                self._services.check_open()
+                if await self.count() == 0:
+                    return True
+                if loop.time() >= deadline:
+                    return False
+        finally:
+            self._waiters -= 1
+            pubsub.release(entry)
+
+    def __repr__(self) -> str:
+        return f"<AsyncCountDownLatch {self.name!r} [waiters:{self._waiters}]>"
