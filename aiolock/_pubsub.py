@@ -276,6 +276,17 @@ class NamedEntry(Entry):
     def wake_one(self) -> None:
         self.wake_all()
 
+    def wake_all(self) -> None:
+        """Wake every parked waiter, and mark those between two tries as woken: exactly one
+        more try each (no spare wake-ups, unlike :meth:`Entry.wake_all`)."""
+        for name, waiter in self._named.items():
+            if isinstance(waiter, asyncio.Future) and not waiter.done():
+                self._parked -= 1
+                waiter.set_result(True)
+                self._named[name] = None
+            elif waiter is None:
+                self._named[name] = True
+
     def park_named(self, name: bytes, deadline: float) -> asyncio.Future[bool]:
         """:meth:`Entry.park` for the owner ``name``, which a message naming it wakes."""
         if self._named.get(name) is True:

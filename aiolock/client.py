@@ -204,11 +204,14 @@ class Client:
         if services.closed:
             return
         services.closed = True
+        # Waiters are woken first, and given a loop pass to leave (a fair lock's waiter leaves
+        # its queue): what they leave behind is settled with the rest below.
+        await services.pubsub.aclose()
+        await asyncio.sleep(0)
         pending = services.holds.pending()
         if pending:
             await asyncio.wait(pending, timeout=self.watchdog_timeout / 3)
         await services.watchdog.aclose()
-        await services.pubsub.aclose()
         await services.calls.aclose(grace=self.watchdog_timeout / 3)
         services.holds.clear()
         services.owners.clear()  # identities never get reused: the counter goes on

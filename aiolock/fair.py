@@ -97,6 +97,5 @@ class AsyncFairLock(LockKind):
         self._services.holds.defer(self._keys.lock, owner, self._leave(owner))
 
     async def _leave(self, owner: str) -> None:
-        services = self._services
-        if not services.closed:
-            await services.calls.run(_scripts.FAIR_LEAVE, self._script_keys(), (owner,))
+        # Sent also while the client closes: closing waits for it (see Client.aclose).
+        await self._services.calls.run(_scripts.FAIR_LEAVE, self._script_keys(), (owner,))
