@@ -28,6 +28,10 @@ class ReentrantKind(LockKind):
 
     _renew = _scripts.LOCK_RENEW
 
+    def _published(self) -> tuple[str, ...]:
+        """The channel a release publishes on, as script keys: none if nobody subscribes."""
+        return (self._keys.channel,)
+
     def _attempt(self, owner: str, request: int, lease_ms: int) -> Call:
         keys = self._keys
         return _scripts.LOCK_ACQUIRE, (keys.lock, keys.meta), (lease_ms, owner, request)
@@ -35,10 +39,10 @@ class ReentrantKind(LockKind):
     def _release_call(self, owner: str, request: int, undo: int | None) -> Call:
         keys = self._keys
         args = (owner, request) if undo is None else (owner, request, undo)
-        return _scripts.LOCK_RELEASE, (keys.lock, keys.meta, keys.channel), args
+        return _scripts.LOCK_RELEASE, (keys.lock, keys.meta, *self._published()), args
 
     def _force_call(self) -> Call:
-        return _scripts.LOCK_FORCE, (self._keys.lock, self._keys.channel), ()
+        return _scripts.LOCK_FORCE, (self._keys.lock, *self._published()), ()
 
 
 class AsyncRLock(ReentrantKind):

@@ -45,6 +45,9 @@ class AsyncSpinLock(ReentrantKind):
         self._initial_delay = initial_delay
         self._max_delay = max_delay
 
+    def _published(self) -> tuple[str, ...]:
+        return ()  # nobody subscribes: a release publishes nothing
+
     def _waiting(self, owner: str) -> Waiting:
         return Backoff(
             self._services, self._counters, initial=self._initial_delay, maximum=self._max_delay

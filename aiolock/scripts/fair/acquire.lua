@@ -51,9 +51,10 @@ if not redis.call('ZSCORE', KEYS[3], owner) then
     redis.call('ZADD', KEYS[3], ticket, owner)
 end
 redis.call('ZADD', KEYS[4], now + wait, owner)
--- The queue's keys outlive their last live waiter by at most two wait timeouts.
+-- The queue's keys outlive their last live waiter by one to two wait timeouts: re-armed
+-- once per wait timeout, not on every try.
 for i = 3, 4 do
-    if redis.call('PTTL', KEYS[i]) < 2 * wait then
+    if redis.call('PTTL', KEYS[i]) < wait then
         redis.call('PEXPIRE', KEYS[i], 2 * wait)
     end
 end

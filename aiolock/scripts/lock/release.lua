@@ -2,7 +2,8 @@
 --
 -- KEYS[1]  the lock hash
 -- KEYS[2]  the meta hash: 'released' -> the request that last deleted the lock
--- KEYS[3]  the lock's channel (declared as a key so Cluster routes it with the lock)
+-- KEYS[3]  optional: the lock's channel (a key, so Cluster routes it with the lock); a kind
+--          whose waiters do not subscribe (the spin lock) passes none, and nothing is published
 -- ARGV[1]  owner id
 -- ARGV[2]  request id, unique per call of this owner; a resent call carries the same id
 -- ARGV[3]  optional: undo mode, the id of an acquire request whose outcome the caller never
@@ -15,7 +16,7 @@
 --@include common/_hold
 local undo = ARGV[3] and ARGV[1] .. '/' .. ARGV[3]
 local left, deleted = release_one(KEYS[1], KEYS[2], ARGV[1], ARGV[1] .. '/' .. ARGV[2], undo)
-if deleted then
+if deleted and KEYS[3] then
     redis.call('PUBLISH', KEYS[3], 'released')
 end
 return left
