@@ -44,7 +44,7 @@ from ._validate import check_lease, check_wait
 from ._waiting import Waiting
 from .errors import LockNotOwnedError, LockTimeoutError
 
-__all__ = ["Call", "LockKind", "LockStatistics", "NameState"]
+__all__ = ["Call", "LockKind", "LockStatistics", "NameState", "Who"]
 
 logger = logging.getLogger("aiolock.lock")
 
@@ -52,6 +52,9 @@ _FAILURES: Final = (RedisError, OSError)
 
 Call = tuple[Script, tuple[str, ...], tuple[Any, ...]]
 """A script call, ready to run: the script, its KEYS and its ARGV."""
+
+Who = tuple[str, "asyncio.Task[Any] | None"]
+"""An owner id and the task whose end stops the watchdog renewing its holds."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,29 +260,34 @@ class LockKind(Guarded[int]):
     def _owner(self) -> tuple[str, asyncio.Task[Any] | None]:
         return self._services.check_open().owners.current(self._explicit_owner)
 
-    def _try_until(self, wait: float, lease: float | None) -> Coroutine[Any, Any, bool]:
+    def _try_until(
+        self, wait: float, lease: float | None, who: Who | None = None
+    ) -> Coroutine[Any, Any, bool]:
         """Acquire within ``wait`` seconds: ``True`` once held, ``False`` when it ran out.
 
         ``wait=0`` is one attempt, however long that call takes.  Any other ``wait`` bounds the
         whole acquire, calls in flight included (a stalled server or a frozen connection cannot
         hold the caller past it): a grant that arrives after the deadline is undone in the
-        background, as for a cancelled caller.
+        background, as for a cancelled caller.  ``who``: an owner the caller names (a
+        semaphore's permit), instead of the calling owner.
 
         A plain function that returns the coroutine: one frame fewer for every waiting task.
         """
         if wait == 0:
-            return self._try_once(lease)
+            return self._try_once(lease, who)
         deadline = asyncio.get_running_loop().time() + wait
-        return self._wait_for_grant_until(lease, deadline)
+        return self._wait_for_grant_until(lease, deadline, who)
 
-    async def _try_once(self, lease: float | None) -> bool:
-        owner, task = self._owner()
+    async def _try_once(self, lease: float | None, who: Who | None = None) -> bool:
+        owner, task = self._owner() if who is None else who
         return isinstance(await self._acquire_as(owner, task, lease), Hold)
 
-    async def _wait_for_grant_until(self, lease: float | None, deadline: float) -> bool:
+    async def _wait_for_grant_until(
+        self, lease: float | None, deadline: float, who: Who | None = None
+    ) -> bool:
         try:
             async with asyncio.timeout_at(deadline) as timeout:
-                await self._wait_for_grant(lease)
+                await self._wait_for_grant(lease, who)
                 return True
         except TimeoutError:
             if timeout.expired():
@@ -294,13 +302,14 @@ class LockKind(Guarded[int]):
             raise RuntimeError(f"lock {self.name!r} was granted but is not registered")
         return hold
 
-    async def _wait_for_grant(self, lease: float | None) -> None:
+    async def _wait_for_grant(self, lease: float | None, who: Who | None = None) -> None:
         """The wait loop (see the module docstring); a caller with a deadline bounds it.
 
         The owner is the task that runs it, not the one that made the coroutine
-        (``asyncio.create_task(lock.lock())`` acquires for the new task).
+        (``asyncio.create_task(lock.lock())`` acquires for the new task), unless ``who`` names
+        one.
         """
-        owner, task = self._owner()
+        owner, task = self._owner() if who is None else who
         await self._services.holds.settle(self._keys.lock, owner)
         waiting = self._waiting(owner)
         granted = False
