@@ -247,7 +247,7 @@ class _RedisLockHandle:
     __slots__ = ("_impl", "_lock")
 
     def __init__(self, impl: RedisLockImpl, key: str) -> None:
-        import redis_lock
+        import redis_lock  # type: ignore[import-untyped]
 
         self._impl = impl
         self._lock = redis_lock.Lock(impl.redis, key, expire=LEASE_S)

@@ -112,6 +112,24 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, bool]]:
         checks.append(
             ("contended: overlapping holds, every implementation", str(overlaps), overlaps == 0)
         )
+    if "sweep" in scenarios:
+        points = scenarios["sweep"]["points"]
+        fair = {n: _medians(point).get("aiolock-fair", {}) for n, point in points.items()}
+        if fair and all("commands_per_acquisition" in f for f in fair.values()):
+            costs = [f["commands_per_acquisition"] for f in fair.values()]
+            spread = max(costs) / min(costs) if min(costs) > 0 else math.nan
+            checks.append(
+                (
+                    "sweep: fair_lock commands/acquisition flat within 20 % "
+                    f"({', '.join(points)} processes)",
+                    " / ".join(f"{c:.1f}" for c in costs) + f" (x{spread:.2f})",
+                    spread <= 1.2,
+                )
+            )
+            served = min(f.get("served", 0.0) for f in fair.values())
+            checks.append(
+                ("sweep: fair_lock serves every worker", f"min {served:.0%}", served >= 1.0)
+            )
     if "fanin" in scenarios:
         fanin = scenarios["fanin"]
         ours = _medians(fanin).get("aiolock", {})
@@ -237,6 +255,8 @@ def markdown(results: dict[str, Any]) -> str:
             + [f"cmds/acq @{n}" for n in counts],
             rows,
         )
+    if "sweep" in scenarios:
+        out += _sweep_table(scenarios["sweep"], labels)
     if "fanin" in scenarios:
         section = scenarios["fanin"]
         out += [
@@ -270,17 +290,125 @@ def markdown(results: dict[str, Any]) -> str:
     return "\n".join(out)
 
 
+def _sweep_names(section: dict[str, Any]) -> list[str]:
+    names: list[str] = []
+    for point in section["points"].values():
+        names += [n for n in point["impls"] if n not in names]
+    return names
+
+
+def _sweep_table(section: dict[str, Any], labels: dict[str, str]) -> list[str]:
+    out = [
+        f"**sweep**: 4 to 16 processes x {section['tasks_per_process']} tasks on one lock, "
+        f"hold {section['hold_s'] * 1000:g} ms, {section['duration_s']:g} s per point "
+        "(commands counted by `INFO commandstats`, those scripts run included)",
+        "",
+    ]
+    columns = [
+        "acquisitions_per_s",
+        "gap_p50_us",
+        "gap_p99_us",
+        "barging",
+        "served",
+        "commands_per_acquisition",
+        "script_calls_per_acquisition",
+        "publish_per_acquisition",
+        "server_cpu_us_per_acquisition",
+        "overlaps",
+    ]
+    rows: list[Row] = []
+    for name in _sweep_names(section):
+        for count, point in section["points"].items():
+            figures = _medians(point).get(name)
+            if figures is None:
+                continue
+            percent = {"barging": lambda v: v * 100, "served": lambda v: v * 100}
+            for row in _rows({name: figures}, labels, columns, percent):
+                rows.append([row[0], int(count), *row[1:]])
+    out += _table(
+        [
+            "implementation",
+            "processes",
+            "acquisitions/s",
+            "handoff gap p50 µs",
+            "gap p99 µs",
+            "barging %",
+            "served %",
+            "server commands/acq",
+            "EVAL(SHA) calls/acq",
+            "PUBLISH/acq",
+            "server CPU µs/acq",
+            "overlaps",
+        ],
+        rows,
+    )
+    return out
+
+
+def _sweep_chart(results: dict[str, Any], out_dir: Path) -> Path:
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLocator
+
+    section, labels = results["scenarios"]["sweep"], results["meta"]["labels"]
+    counts = list(section["points"])
+    panels = [
+        ("commands_per_acquisition", "server commands per acquisition", True),
+        ("acquisitions_per_s", "acquisitions/s", False),
+        ("gap_p50_us", "handoff gap p50 (µs)", True),
+    ]
+    fig, axes = plt.subplots(1, len(panels), figsize=(15, 4.8), dpi=90, squeeze=False)
+    for ax, (field, title, log_y) in zip(axes[0], panels, strict=True):
+        for name in _sweep_names(section):
+            xs, ys = [], []
+            for count in counts:
+                value = _medians(section["points"][count]).get(name, {}).get(field)
+                if isinstance(value, int | float) and not math.isnan(value):
+                    xs.append(int(count))
+                    ys.append(value)
+            if not xs:
+                continue
+            ours = name.startswith("aiolock")
+            style = {"linewidth": 2.5} if ours else {"alpha": 0.8, "linestyle": "--"}
+            ax.plot(xs, ys, marker="o", label=labels.get(name, name), **style)
+        ax.set_xscale("log", base=2)
+        if log_y:
+            ax.set_yscale("log")
+            ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:,.0f}"))
+            ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.set_xticks([int(n) for n in counts], counts)
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.set_xlabel(f"processes (x {section['tasks_per_process']} tasks each)", fontsize=9)
+        ax.set_title(title, fontsize=11)
+        ax.tick_params(labelsize=8)
+        ax.grid(True, alpha=0.3)
+    axes[0][0].legend(fontsize=8)
+    quick = " (quick run)" if results["meta"].get("quick") else ""
+    fig.suptitle(
+        f"sweep: one lock, hold {section['hold_s'] * 1000:g} ms, "
+        f"{section['duration_s']:g} s per point{quick}",
+        fontsize=11,
+    )
+    fig.tight_layout()
+    path = out_dir / "sweep.png"
+    fig.savefig(path)
+    plt.close(fig)
+    return path
+
+
 def charts(results: dict[str, Any], out_dir: Path) -> list[Path]:
-    """PNG charts next to the JSON; ``summary.png`` has one panel per scenario that ran."""
+    """PNG charts next to the JSON; ``summary.png`` has one panel per scenario that ran,
+    ``sweep.png`` the sweep's figures against the number of processes."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     scenarios, labels = results["scenarios"], results["meta"]["labels"]
+    written = [_sweep_chart(results, out_dir)] if "sweep" in scenarios else []
     panels = [s for s in ("uncontended", "contended", "fanin") if s in scenarios]
     if not panels:
-        return []
+        return written
     count = len(panels) + ("contended" in panels)
     fig, axes = plt.subplots(1, count, figsize=(4.6 * count, 4.2), dpi=90, squeeze=False)
     axes_iter = iter(axes[0])
@@ -351,7 +479,7 @@ def charts(results: dict[str, Any], out_dir: Path) -> list[Path]:
     path = out_dir / "summary.png"
     fig.savefig(path)
     plt.close(fig)
-    return [path]
+    return [path, *written]
 
 
 def write(results: dict[str, Any], out_dir: Path) -> str:

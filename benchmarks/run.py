@@ -1,10 +1,10 @@
-"""Run the benchmarks: ``python benchmarks/run.py [rtt|uncontended|contended|fanin|all]``.
+"""Run the benchmarks: ``python benchmarks/run.py [rtt|uncontended|contended|sweep|fanin|all]``.
 
 Starts its own server (embedded Valkey by default, ``--server redis`` for ``redis-server`` from
 PATH) unless ``--url`` names one, runs every available implementation side by side with the
-order rotated per repeat, and writes ``latest.json``, ``latest.md`` and ``summary.png`` into
-``benchmarks/results/`` (``benchmarks/results/quick/`` with ``--quick``).  A full run also
-refreshes the results section of ``benchmarks/README.md``.
+order rotated per repeat, and writes ``latest.json``, ``latest.md``, ``summary.png`` and
+``sweep.png`` into ``benchmarks/results/`` (``benchmarks/results/quick/`` with ``--quick``).  A
+full run also refreshes the results section of ``benchmarks/README.md``.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ import redis
 import aiolock
 from aiolock.embedded import EmbeddedServer
 from benchmarks import impls, report
-from benchmarks.scenarios import contended, fanin, rtt, uncontended
+from benchmarks.scenarios import contended, fanin, rtt, sweep, uncontended
 from benchmarks.stats import ServerProbe
 
 HERE = Path(__file__).resolve().parent
-SCENARIOS = ("rtt", "uncontended", "contended", "fanin")
+SCENARIOS = ("rtt", "uncontended", "contended", "sweep", "fanin")
 _README_START, _README_END = "<!-- results:start -->", "<!-- results:end -->"
 
 
@@ -67,6 +67,7 @@ def _run_scenarios(args: argparse.Namespace, url: str, names: list[str]) -> dict
         "rtt": lambda: rtt.run(url, repeats=args.repeats, quick=args.quick),
         "uncontended": lambda: uncontended.run(url, names, repeats=args.repeats, quick=args.quick),
         "contended": lambda: contended.run(url, names, repeats=args.repeats, quick=args.quick),
+        "sweep": lambda: sweep.run(url, names, repeats=args.repeats, quick=args.quick),
         "fanin": lambda: fanin.run(url, names, repeats=args.repeats, quick=args.quick),
     }
     chosen = SCENARIOS if args.scenario == "all" else (args.scenario,)
@@ -88,7 +89,12 @@ def _update_readme(text: str) -> None:
     start, end = content.find(_README_START), content.find(_README_END)
     if start < 0 or end < start:
         return
-    body = f"{_README_START}\n{text}\n\n![summary](results/summary.png)\n{_README_END}"
+    images = "\n".join(
+        f"![{name}](results/{name}.png)"
+        for name in ("summary", "sweep")
+        if (HERE / "results" / f"{name}.png").exists()
+    )
+    body = f"{_README_START}\n{text}\n\n{images}\n{_README_END}"
     readme.write_text(content[:start] + body + content[end + len(_README_END) :])
 
 

@@ -83,6 +83,20 @@ class ServerProbe:
             cpu_s=float(info["used_cpu_user"]) + float(info["used_cpu_sys"]),
         )
 
+    def command_calls(self) -> dict[str, int]:
+        """Calls per command so far (``INFO commandstats``), commands run by scripts included.
+
+        The probe's own ``INFO`` calls are left out (``info`` is dropped): nothing else in a
+        benchmark sends INFO.
+        """
+        info = self._redis.info("commandstats")
+        calls = {}
+        for field, value in info.items():
+            name = field.removeprefix("cmdstat_")
+            if name != "info" and isinstance(value, dict):
+                calls[name] = int(value.get("calls", 0))
+        return calls
+
     def server_info(self) -> dict[str, str]:
         info = self._redis.info("server")
         name = str(info.get("server_name") or "redis")

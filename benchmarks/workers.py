@@ -33,6 +33,10 @@ def _serve(conn: Connection) -> None:
         conn.send(attempt(functools.partial(asyncio.run, func(**kwargs))))
 
 
+async def _ready() -> dict[str, Any]:
+    return {}
+
+
 class WorkerPool:
     """``processes`` spawned workers; :meth:`run` sends one job to each and gathers replies."""
 
@@ -82,6 +86,13 @@ class WorkerPool:
                 replies.append({"error": f"no reply within {timeout:.0f}s"})
         self._busy = 0
         return replies
+
+    def wait_ready(self, timeout: float = 120) -> None:
+        """Block until every worker has started and imported the peers: spawning many workers
+        on a small machine takes seconds, and a timed window must not start before them."""
+        errors = [r["error"] for r in self.run([(_ready, {})] * len(self), timeout) if "error" in r]
+        if errors:
+            raise RuntimeError(f"a worker did not start: {errors[0]}")
 
     def run(self, jobs: list[Job], timeout: float) -> list[dict[str, Any]]:
         self.send(jobs)

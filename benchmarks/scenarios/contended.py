@@ -10,7 +10,9 @@ parent merges the logs of the window ``[start, end)`` and derives:
 - barging: the share of handoffs that went to the task that had just released;
 - served: the share of tasks that acquired at least once;
 - overlaps: grants that came before an earlier hold's release timestamp (a broken lock);
-- the server's commands and CPU per acquisition (INFO deltas over the window).
+- the server's commands per acquisition (``INFO commandstats`` deltas over the window, the
+  commands scripts run included; also split into script calls, PUBLISH and the busiest
+  commands) and its CPU per acquisition (``INFO cpu``).
 
 At the end of the window tasks that wait are cancelled; holders finish their hold.
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import sys
 import time
 import uuid
 from typing import Any
@@ -28,7 +31,7 @@ from ..stats import ServerProbe, median_of_runs, percentile
 from ..workers import WorkerPool
 from . import rotated
 
-__all__ = ["analyse", "contend", "run"]
+__all__ = ["analyse", "contend", "one_run", "run"]
 
 HOLD_S = 0.001
 _SETUP_S = 1.0  # from sending the jobs to the start of the window
@@ -70,6 +73,7 @@ async def contend(
     try:
         # Warm up: every task opens its connection on a private key before the window.
         await asyncio.gather(*(cycle(lock_impl.handle(f"{key}:warm:{i}")) for i in range(tasks)))
+        late_ns = max(0, time.perf_counter_ns() - start_ns)
         await asyncio.sleep(max(0.0, (start_ns - time.perf_counter_ns()) / 1e9))
         running = [asyncio.create_task(worker(index)) for index in range(tasks)]
         await asyncio.sleep(max(0.0, (end_ns - time.perf_counter_ns()) / 1e9))
@@ -82,7 +86,7 @@ async def contend(
         await asyncio.gather(*running, return_exceptions=True)
     finally:
         await asyncio.wait_for(lock_impl.aclose(), timeout=5)
-    return {"records": records}
+    return {"records": records, "late_ns": late_ns}
 
 
 def analyse(
@@ -110,12 +114,40 @@ def analyse(
     }
 
 
-def _one_run(
-    pool: WorkerPool, probe: ServerProbe, *, impl: str, url: str, tasks: int, duration_s: float
+def _per_acquisition(
+    before: dict[str, int], after: dict[str, int], acquisitions: int
 ) -> dict[str, Any]:
-    processes = len(pool)
+    """Command counts (``INFO commandstats`` deltas) per acquisition: the total, the script
+    calls (round trips that ran a script), PUBLISH, and the busiest commands by name."""
+    delta = {name: after[name] - before.get(name, 0) for name in after}
+    delta = {name: calls for name, calls in delta.items() if calls > 0}
+    scripts = sum(delta.get(name, 0) for name in ("evalsha", "eval", "evalsha_ro", "fcall"))
+    busiest = sorted(delta.items(), key=lambda item: -item[1])[:12]
+    return {
+        "commands_per_acquisition": sum(delta.values()) / acquisitions,
+        "script_calls_per_acquisition": scripts / acquisitions,
+        "publish_per_acquisition": delta.get("publish", 0) / acquisitions,
+        "commands_by_name_per_acquisition": {
+            name: round(calls / acquisitions, 2) for name, calls in busiest
+        },
+    }
+
+
+def one_run(
+    pool: WorkerPool,
+    probe: ServerProbe,
+    *,
+    impl: str,
+    url: str,
+    tasks: int,
+    duration_s: float,
+    processes: int | None = None,
+    setup_s: float = _SETUP_S,
+) -> dict[str, Any]:
+    """One window: ``processes`` workers of ``pool`` (all of them by default) x ``tasks``."""
+    processes = len(pool) if processes is None else processes
     key = f"bench:contended:{uuid.uuid4().hex}"
-    start_ns = time.perf_counter_ns() + int(_SETUP_S * 1e9)
+    start_ns = time.perf_counter_ns() + int(setup_s * 1e9)
     end_ns = start_ns + int(duration_s * 1e9)
     jobs = [
         (
@@ -135,19 +167,28 @@ def _one_run(
     ]
     pool.send(jobs)
     time.sleep(max(0.0, (start_ns - time.perf_counter_ns()) / 1e9))
-    before = probe.sample()
+    before, calls_before = probe.sample(), probe.command_calls()
     time.sleep(max(0.0, (end_ns - time.perf_counter_ns()) / 1e9))
-    commands, server_cpu_s, _ = before.delta(probe.sample())
-    replies = pool.gather(timeout=_SETUP_S + duration_s + 30)
+    calls_after = probe.command_calls()
+    _, server_cpu_s, _ = before.delta(probe.sample())
+    replies = pool.gather(timeout=setup_s + duration_s + 30)
     errors = [reply["error"] for reply in replies if "error" in reply]
     if errors:
         return {"error": errors[0]}
     records = [tuple(r) for reply in replies for r in reply["records"]]
     result = analyse(records, start_ns, end_ns, processes * tasks)
+    # How long after the window opened the slowest process had warmed up (should be 0).
+    result["late_start_ms"] = max(reply["late_ns"] for reply in replies) / 1e6
+    if result["late_start_ms"] > 0:
+        print(
+            f"[bench] {impl} x {processes} processes: the slowest process warmed up "
+            f"{result['late_start_ms']:.0f} ms into the window",
+            file=sys.stderr,
+        )
     acquisitions = max(1, result["acquisitions"])
-    result["commands_per_acquisition"] = commands / acquisitions
+    result.update(_per_acquisition(calls_before, calls_after, acquisitions))
     result["server_cpu_us_per_acquisition"] = server_cpu_s / acquisitions * 1e6
-    result["commands_per_s"] = commands / duration_s
+    result["commands_per_s"] = result["commands_per_acquisition"] * acquisitions / duration_s
     return result
 
 
@@ -167,13 +208,14 @@ def run(
     levels: dict[str, Any] = {}
     try:
         with WorkerPool(processes) as pool:
+            pool.wait_ready()
             for total in waiters:
                 tasks = max(1, total // processes)
                 runs: dict[str, list[dict[str, Any]]] = {name: [] for name in impls}
                 for repeat in range(repeats):
                     for name in rotated(impls, repeat):
                         runs[name].append(
-                            _one_run(
+                            one_run(
                                 pool, probe, impl=name, url=url, tasks=tasks, duration_s=duration_s
                             )
                         )
