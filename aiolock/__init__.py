@@ -22,12 +22,15 @@ from .lock import LockGuard as LockGuard
 from .lock import LockStatistics as LockStatistics
 from .multi import MultiLock as MultiLock
 from .redlock import RedLock as RedLock
+from .semaphore import AsyncSemaphore as AsyncSemaphore
+from .semaphore import Permit as Permit
 from .spin import AsyncSpinLock as AsyncSpinLock
 
 __all__ = [
     "AsyncCountDownLatch",
     "AsyncFairLock",
     "AsyncRLock",
+    "AsyncSemaphore",
     "AsyncSpinLock",
     "Client",
     "ClientStatistics",
@@ -39,6 +42,7 @@ __all__ = [
     "LockStatistics",
     "LockTimeoutError",
     "MultiLock",
+    "Permit",
     "RedLock",
 ]
 

@@ -20,6 +20,10 @@ __all__ = [
     "LOCK_FORCE",
     "LOCK_RELEASE",
     "LOCK_RENEW",
+    "SEMAPHORE_ACQUIRE",
+    "SEMAPHORE_HELD",
+    "SEMAPHORE_RELEASE",
+    "SEMAPHORE_RENEW",
     "Script",
 ]
 
@@ -60,3 +64,8 @@ FAIR_FORCE = Script.load("fair", "force")
 
 LATCH_SET = Script.load("latch", "set")
 LATCH_COUNT_DOWN = Script.load("latch", "count_down")
+
+SEMAPHORE_ACQUIRE = Script.load("semaphore", "acquire")
+SEMAPHORE_RELEASE = Script.load("semaphore", "release")
+SEMAPHORE_RENEW = Script.load("semaphore", "renew")
+SEMAPHORE_HELD = Script.load("semaphore", "held")

@@ -25,6 +25,7 @@ from ._watchdog import Watchdog
 from .fair import AsyncFairLock
 from .latch import AsyncCountDownLatch
 from .lock import AsyncRLock
+from .semaphore import AsyncSemaphore
 from .spin import AsyncSpinLock
 
 __all__ = ["Client", "ClientStatistics"]
@@ -184,6 +185,15 @@ class Client:
                 f"max_delay must not be less than initial_delay, got {max_delay} < {initial_delay}"
             )
         return AsyncSpinLock(self._services, name, owner, initial_delay=initial, max_delay=maximum)
+
+    def semaphore(self, name: str, permits: int) -> AsyncSemaphore:
+        """A semaphore named ``name`` with at most ``permits`` leased permits held (no I/O)."""
+        check_name(name)
+        if isinstance(permits, bool) or not isinstance(permits, int):
+            raise TypeError(f"permits must be an int, not {type(permits).__name__}")
+        if permits < 1:
+            raise ValueError(f"permits must be at least 1, got {permits}")
+        return AsyncSemaphore(self._services, name, permits)
 
     def countdown_latch(self, name: str) -> AsyncCountDownLatch:
         """A countdown latch named ``name`` (no I/O): wait, across clients, for a count of 0."""

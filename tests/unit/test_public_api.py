@@ -13,6 +13,7 @@ def test_all_is_pinned() -> None:
         "AsyncCountDownLatch",
         "AsyncFairLock",
         "AsyncRLock",
+        "AsyncSemaphore",
         "AsyncSpinLock",
         "Client",
         "ClientStatistics",
@@ -24,6 +25,7 @@ def test_all_is_pinned() -> None:
         "LockStatistics",
         "LockTimeoutError",
         "MultiLock",
+        "Permit",
         "RedLock",
     ]
     for name in aiolock.__all__:

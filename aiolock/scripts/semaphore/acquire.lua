@@ -1,0 +1,28 @@
+-- Take a permit of a semaphore, if fewer than the caller's limit are held.
+--
+-- KEYS[1]  the permits: permit id -> lease end (server time, ms)
+-- ARGV[1]  lease in milliseconds
+-- ARGV[2]  the permit id (unique per acquisition; the owner of the permit)
+-- ARGV[3]  request id (unused: the permit id makes the call idempotent)
+-- ARGV[4]  the most permits that may be held at once (the caller's limit)
+--
+-- Returns {0, 1, lease left} when granted (a resend returns the same grant), else the ms until
+-- the earliest permit's lease ends (a permit may come back without a release).
+--@include semaphore/_permits
+local lease = tonumber(ARGV[1])
+local limit = tonumber(ARGV[4])
+if not lease or lease < 1 or lease > 1e12 then
+    return redis.error_reply('ERR aiolock: lease must be 1 to 1e12 milliseconds')
+end
+local now = drop_expired()
+local ends = redis.call('ZSCORE', KEYS[1], ARGV[2])
+if ends then
+    return {0, 1, tonumber(ends) - now}
+end
+if redis.call('ZCARD', KEYS[1]) < limit then
+    redis.call('ZADD', KEYS[1], now + lease, ARGV[2])
+    keep(KEYS[1], lease)
+    return {0, 1, lease}
+end
+local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+return math.max(tonumber(first[2]) - now, 1)

@@ -1,0 +1,27 @@
+-- Give a permit back, and wake one waiter.
+--
+-- KEYS[1]  the permits: permit id -> lease end (server time, ms)
+-- KEYS[2]  the meta list: the last 32 releases (permit id/request id), so that a resend of a
+--          release that landed is recognised (and a second release of a permit is not)
+-- KEYS[3]  the semaphore's channel
+-- ARGV[1]  the permit id
+-- ARGV[2]  request id, unique per call; a resent call carries the same id
+-- ARGV[3]  optional: undo mode (an acquire whose outcome its caller never saw); the permit id
+--          names that acquisition alone, so it is released the same way
+--
+-- Returns 0 when released (also for a resend of a release that landed), nil when the permit
+-- was not held (its lease had ended).
+--@include semaphore/_permits
+local request = ARGV[1] .. '/' .. ARGV[2]
+drop_expired()
+if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
+    redis.call('LPUSH', KEYS[2], request)
+    redis.call('LTRIM', KEYS[2], 0, 31)
+    redis.call('PEXPIRE', KEYS[2], 60000)
+    redis.call('PUBLISH', KEYS[3], 'released')
+    return 0
+end
+if redis.call('LPOS', KEYS[2], request) then
+    return 0
+end
+return nil

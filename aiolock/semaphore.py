@@ -1,0 +1,205 @@
+"""``AsyncSemaphore``: at most N holders across all clients, each holding a leased permit.
+
+Redisson's ``RPermitExpirableSemaphore`` for asyncio.  The permits are a sorted set of permit
+ids scored by the server time at which each lease ends; a permit past its lease is dropped by
+the next call that looks, so a crashed holder's permit comes back by itself, and a waiter that
+found none free tries again when the earliest lease ends (with no message).  A release wakes
+one waiter, parked on the semaphore's channel as for the plain lock.
+
+Each acquisition is an owner of its own (the permit id) on the shared base
+(:mod:`aiolock._base`), so a cancelled or failed acquire is undone and a release with a lost
+reply completed exactly as for the locks, and ``lease=None`` permits are renewed by the
+client's watchdog while the task that took them lives.
+"""
+
+from __future__ import annotations
+
+from types import TracebackType
+from typing import ClassVar
+
+from . import _scripts
+from ._base import Call, LockKind, LockStatistics
+from ._holds import Hold
+from ._owners import current_task
+from ._services import Services
+from ._validate import check_lease, check_wait
+from ._waiting import ChannelWait, Waiting
+from .errors import LockLostError, LockNotOwnedError, LockTimeoutError
+
+__all__ = ["AsyncSemaphore", "Permit"]
+
+
+class _Permits(LockKind):
+    """The semaphore's machinery: a lock kind whose every owner is one permit."""
+
+    __slots__ = ("limit",)
+
+    kind: ClassVar[str] = "semaphore"
+    _renew = _scripts.SEMAPHORE_RENEW
+
+    def __init__(self, services: Services, name: str, limit: int) -> None:
+        super().__init__(services, name, None)
+        self.limit = limit
+
+    def _attempt(self, owner: str, request: int, lease_ms: int) -> Call:
+        return (
+            _scripts.SEMAPHORE_ACQUIRE,
+            (self._keys.lock,),
+            (lease_ms, owner, request, self.limit),
+        )
+
+    def _release_call(self, owner: str, request: int, undo: int | None) -> Call:
+        keys = self._keys
+        args = (owner, request) if undo is None else (owner, request, undo)
+        return _scripts.SEMAPHORE_RELEASE, (keys.lock, keys.meta, keys.channel), args
+
+    def _force_call(self) -> Call:
+        raise NotImplementedError("a semaphore has no force_unlock")
+
+    def _channel(self) -> str:
+        return self._keys.channel
+
+    def _waiting(self, owner: str) -> Waiting:
+        return ChannelWait(self._services, self._keys.channel, self._counters, reentering=False)
+
+
+class AsyncSemaphore:
+    """At most ``permits`` holders at once, across every client of the same Redis and ``name``.
+
+    Create it with :meth:`aiolock.Client.semaphore`::
+
+        downstream = client.semaphore("payments-api", 5)
+        async with downstream.acquire(wait=5) as permit:   # LockTimeoutError after 5 s
+            await call_payments_api()
+
+    A permit's lease works like a lock's: ``lease=None`` has the watchdog renew it while the
+    task that took it lives, a number of seconds makes it expire.  An expired permit returns to
+    the pool by itself.  ``permits`` is given by each caller: callers that disagree each apply
+    their own limit.  Not reentrant: every acquisition takes one more permit.
+    """
+
+    __slots__ = ("_permits", "name", "permits")
+
+    def __init__(self, services: Services, name: str, permits: int) -> None:
+        self.name = name
+        self.permits = permits
+        self._permits = _Permits(services, name, permits)
+
+    def acquire(self, wait: float | None = None, lease: float | None = None) -> _PermitContext:
+        """An async context manager that holds a permit for its block and yields it.
+
+        Raises :class:`~aiolock.LockTimeoutError` when ``wait`` runs out; the exit releases the
+        permit, and raises :class:`~aiolock.LockLostError` if its lease ran out meanwhile.
+        """
+        return _PermitContext(self, check_wait(wait), check_lease(lease))
+
+    async def try_acquire(
+        self, wait: float | None = 0, lease: float | None = None
+    ) -> Permit | None:
+        """A permit, waiting at most ``wait`` seconds (``None``: forever), or ``None``."""
+        return await self._take(check_wait(wait), check_lease(lease))
+
+    async def _take(self, wait: float | None, lease: float | None) -> Permit | None:
+        permits = self._permits
+        services = permits._services.check_open()
+        owners = services.owners
+        who = (f"{owners.client_id}:p{owners.next_request()}", current_task())
+        if wait is None:
+            await permits._wait_for_grant(lease, who)
+        elif not await permits._try_until(wait, lease, who):
+            return None
+        hold = services.holds.get(permits._keys.lock, who[0])
+        if hold is None:  # the grant registers it: never, short of a bug
+            raise RuntimeError(f"semaphore {self.name!r} granted a permit it did not register")
+        return Permit(self, hold)
+
+    async def available(self) -> int:
+        """How many permits are free now (by this caller's ``permits``)."""
+        permits = self._permits
+        held = await permits._services.check_open().calls.run(
+            _scripts.SEMAPHORE_HELD, (permits._keys.lock,), ()
+        )
+        return max(self.permits - int(held), 0)
+
+    def statistics(self) -> LockStatistics:
+        """This client's view (no I/O): ``held`` counts its permits, ``waiters`` its tasks."""
+        return self._permits.statistics()
+
+    def __repr__(self) -> str:
+        stats = self.statistics()
+        extra = f", waiters:{stats.waiters}" if stats.waiters else ""
+        return f"<AsyncSemaphore {self.name!r} [held:{stats.held}/{self.permits}{extra}]>"
+
+
+class Permit:
+    """One permit of an :class:`AsyncSemaphore`.
+
+    :ivar id: the permit's id (unique across clients).
+    :ivar lost: ``True`` once its lease ran out (or the watchdog found it gone).
+    """
+
+    __slots__ = ("_hold", "semaphore")
+
+    def __init__(self, semaphore: AsyncSemaphore, hold: Hold) -> None:
+        self.semaphore = semaphore
+        self._hold = hold
+
+    @property
+    def id(self) -> str:
+        return self._hold.owner
+
+    @property
+    def lost(self) -> bool:
+        return self._hold.lost
+
+    async def release(self) -> None:
+        """Give the permit back and wake a waiter; any task may call it.
+
+        :raises LockNotOwnedError: if the permit was no longer held (its lease ran out, or it
+            was released already).
+        """
+        if await self.semaphore._permits._release(self.id) is None:
+            raise LockNotOwnedError(f"permit {self.id!r} of {self.semaphore.name!r} is not held")
+
+    def __repr__(self) -> str:
+        state = "lost" if self.lost else "held"
+        return f"<Permit {self.id!r} of {self.semaphore.name!r} [{state}]>"
+
+
+class _PermitContext:
+    """The async context manager behind :meth:`AsyncSemaphore.acquire`."""
+
+    __slots__ = ("_lease", "_permit", "_semaphore", "_wait")
+
+    def __init__(self, semaphore: AsyncSemaphore, wait: float | None, lease: float | None) -> None:
+        self._semaphore = semaphore
+        self._wait = wait
+        self._lease = lease
+        self._permit: Permit | None = None
+
+    async def __aenter__(self) -> Permit:
+        if self._permit is not None:
+            raise RuntimeError("this acquire() context is already in use")
+        permit = await self._semaphore._take(self._wait, self._lease)
+        if permit is None:
+            raise LockTimeoutError(f"no permit of {self._semaphore.name!r} within {self._wait}s")
+        self._permit = permit
+        return permit
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        permit, self._permit = self._permit, None
+        assert permit is not None, "__aexit__ without __aenter__"
+        if not permit.lost:
+            await self._semaphore._permits._release(permit.id)
+        if not permit.lost:
+            return False
+        message = f"permit {permit.id!r} of {self._semaphore.name!r} was lost while held"
+        if exc is None:
+            raise LockLostError(f"{message}: {permit._hold.lost_reason}")
+        exc.add_note(f"aiolock: {message}")
+        return False
