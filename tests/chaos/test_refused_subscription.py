@@ -68,6 +68,11 @@ async def test_waiters_outlast_a_refused_subscriber_connection(
         proxy.refuse = False
         entry = client._services.pubsub._entries[lock._keys.channel.encode()]
         await eventually(lambda: entry.confirmed, what="the pending SUBSCRIBE confirmed")
+        # The confirmation woke the head, whose try finds the stranger's lock: let it park
+        # again, at the front.  Released while it is still out trying, the lock could go to it
+        # before the PUBLISH below, which would then be a second wake-up: the next two waiters
+        # would try at once, and the later one might win.
+        await eventually(lambda: parked(client, lock) == 3, what="the head parked again")
         await redis.delete(lock._keys.lock)
         await redis.publish(lock._keys.channel, "released")
         # Stranded, they would wait out the stranger's 30 s lease.
