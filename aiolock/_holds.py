@@ -36,6 +36,7 @@ class NameCounters:
     losses: int = 0
     waiters: int = 0
     contenders: int = 0  # tasks inside the wait loop (trying or parked)
+    tickets: int = 0  # the last place in line handed to a task entering the wait loop
     last_lost: bool = False  # the most recent hold of this name ended in a loss
 
     @property

@@ -54,6 +54,11 @@ class Contention(Protocol):
     """What an entry needs to know of its lock's tasks (``NameCounters`` in practice)."""
 
     @property
+    def contenders(self) -> int:
+        """Tasks of this client after the lock: trying, or parked."""
+        ...
+
+    @property
     def first_tries(self) -> int:
         """Tasks after the lock that have not joined its channel: on their first try."""
         ...
@@ -97,7 +102,8 @@ class Entry:
         self.refusal: ResponseError | None = None  # the server refused the SUBSCRIBE
         self._permits = 0
         self._parked = 0
-        self._waiters: deque[tuple[asyncio.Future[bool], float]] = deque()
+        # (future, deadline, ticket), in ticket order: the order the tasks entered the contest.
+        self._waiters: deque[tuple[asyncio.Future[bool], float, float]] = deque()
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
 
@@ -106,10 +112,15 @@ class Entry:
         return self._parked
 
     def wake_one(self) -> None:
-        """Hand one wake-up to the longest-parked waiter, or keep it (see the class docstring)."""
+        """Hand one wake-up to the first parked waiter, or keep it (see the class docstring).
+
+        Kept while any task of this client is out trying (a first try, or a try after an
+        earlier wake-up): that task is ahead of every parked one, and waking one more would
+        put two tasks on the lock at once, where the later one may win.
+        """
         first_tries = self._first_tries()
-        while self._waiters and not first_tries:
-            waiter, _ = self._waiters.popleft()
+        while self._waiters and not self._trying():
+            waiter, _, _ = self._waiters.popleft()
             if not waiter.done():
                 self._parked -= 1
                 waiter.set_result(True)
@@ -135,15 +146,23 @@ class Entry:
     def _first_tries(self) -> int:
         return 0 if self.contention is None else self.contention.first_tries
 
+    def _trying(self) -> int:
+        """Tasks of this client after the lock and not parked: out on a try."""
+        return 0 if self.contention is None else self.contention.contenders - self._parked
+
     def wake_all(self) -> None:
-        """Wake every waiter: messages may have been missed (a reconnect), or it is all over."""
+        """Wake every waiter: messages may have been missed (a reconnect), or it is all over.
+
+        The tasks out trying meanwhile get a permit each: their try may have come too early.
+        """
+        out = self.refs - self._parked
         while self._waiters:
-            waiter, _ = self._waiters.popleft()
+            waiter, _, _ = self._waiters.popleft()
             # A cancelled one is done already, and counted off by its own ``unpark``.
             if not waiter.done():
                 self._parked -= 1
                 waiter.set_result(True)
-        self._permits = self.refs
+        self._permits = max(out, 0)
 
     def refuse(self, refusal: ResponseError) -> None:
         """The server refused the SUBSCRIBE (an ACL, say): wake every waiter to raise it."""
@@ -164,10 +183,12 @@ class Entry:
         self.confirmed = True
         self.wake_one()
 
-    def park(self, deadline: float, *, front: bool = False) -> asyncio.Future[bool]:
+    def park(self, deadline: float, ticket: float = math.inf) -> asyncio.Future[bool]:
         """A future to await until a wake-up (``True``) or ``deadline`` (``False``; ``inf``: none).
 
-        ``front``: queue it first, for a task that was already ahead of every parked one.
+        ``ticket``: the task's place in line (when it entered the contest); it is queued after
+        every waiter with a lower or equal ticket, so that tasks woken together (after a
+        reconnect) re-park in their order, whatever order their tries came back in.
 
         A caller cancelled while awaiting it must call :meth:`unpark`; a caller that leaves the
         lock's wait loop without the lock wakes the next waiter (``PubSub.left``), which also
@@ -179,12 +200,14 @@ class Entry:
             self._permits -= 1
             waiter.set_result(True)
             return waiter
-        if len(self._waiters) > 2 * self._parked + 16:
-            self._waiters = deque(item for item in self._waiters if not item[0].done())
-        if front:
-            self._waiters.appendleft((waiter, deadline))
+        waiters = self._waiters
+        if len(waiters) > 2 * self._parked + 16:
+            waiters = self._waiters = deque(item for item in waiters if not item[0].done())
+        if not waiters or waiters[-1][2] <= ticket:
+            waiters.append((waiter, deadline, ticket))  # a newcomer: the usual case
         else:
-            self._waiters.append((waiter, deadline))
+            place = next(i for i, item in enumerate(waiters) if item[2] > ticket)
+            waiters.insert(place, (waiter, deadline, ticket))
         self._parked += 1
         if deadline < self._timer_at:
             self._arm(loop, deadline)
@@ -207,7 +230,7 @@ class Entry:
         # The loop may run a timer up to its clock resolution early.
         now = loop.time() + 0.001
         earliest = math.inf
-        for waiter, deadline in self._waiters:
+        for waiter, deadline, _ in self._waiters:
             if waiter.done():
                 continue
             if deadline <= now:

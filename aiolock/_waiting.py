@@ -58,24 +58,38 @@ class ChannelWait:
     parked), a newcomer (a task that has just released it, say) queues behind them instead of
     barging in, and those that leave without the lock wake the next in line.  An owner that
     already holds the lock re-enters at once: it must not queue behind its own waiters.  A
-    queued task parks at the back until the tasks ahead hand on (with no TTL to go by, at most
-    one watchdog lease); one that has tried parks at the front.
+    queued task parks until the tasks ahead hand on (with no TTL to go by, at most one watchdog
+    lease).  Parked tasks are in the order they entered (a ticket each), also after a reconnect
+    woke them all at once.
     """
 
-    __slots__ = ("_channel", "_counters", "_entry", "_front", "_services")
+    __slots__ = ("_channel", "_counters", "_entry", "_services", "_shared", "_ticket", "_try_first")
 
     def __init__(
-        self, services: Services, channel: str, counters: NameCounters, *, reentering: bool
+        self,
+        services: Services,
+        channel: str,
+        counters: NameCounters,
+        *,
+        reentering: bool,
+        shared: bool = False,
     ) -> None:
         self._services = services
+        # Shared (a semaphore's permits): a grant does not mean the next task would fail, so
+        # it passes the turn on, as a task that leaves without the lock does.
+        self._shared = shared
         self._channel = channel
         self._counters = counters
         self._entry: Entry | None = None
-        self._front = reentering or counters.contenders == 0
+        self._try_first = reentering or counters.contenders == 0
+        # The task's place in line among this client's waiters; an owner re-entering a lock
+        # it holds goes before all of them.
+        counters.tickets += 1
+        self._ticket = 0 if reentering else counters.tickets
         counters.contenders += 1
 
     def first_pause(self) -> float | None:
-        return None if self._front else self._services.watchdog_timeout
+        return None if self._try_first else self._services.watchdog_timeout
 
     def park(self, pause: float) -> asyncio.Future[Any]:
         entry = self._entry
@@ -85,9 +99,7 @@ class ChannelWait:
             entry = self._entry = self._services.pubsub.join(self._channel, self._counters)
             self._counters.waiters += 1
         # A bare future in the entry's queue: no coroutine frame or timeout context per task.
-        waiter = entry.park(asyncio.get_running_loop().time() + pause, front=self._front)
-        self._front = True
-        return waiter
+        return entry.park(asyncio.get_running_loop().time() + pause, self._ticket)
 
     def unpark(self, waiter: asyncio.Future[Any]) -> None:
         if self._entry is not None:
@@ -104,7 +116,7 @@ class ChannelWait:
             pubsub.release(self._entry)
             self._counters.waiters -= 1
         self._counters.contenders -= 1
-        pubsub.left(self._channel, granted=granted)
+        pubsub.left(self._channel, granted=granted and not self._shared)
 
 
 class NamedWait:

@@ -60,7 +60,9 @@ class _Permits(LockKind):
         return self._keys.channel
 
     def _waiting(self, owner: str) -> Waiting:
-        return ChannelWait(self._services, self._keys.channel, self._counters, reentering=False)
+        return ChannelWait(
+            self._services, self._keys.channel, self._counters, reentering=False, shared=True
+        )
 
 
 class AsyncSemaphore:

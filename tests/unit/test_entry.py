@@ -87,11 +87,43 @@ async def test_wake_all_wakes_every_waiter_and_arms_permits() -> None:
 
 async def test_a_waiter_that_was_ahead_parks_first() -> None:
     entry = make_entry(refs=3)
-    queued = entry.park(float("inf"))
-    ahead = entry.park(float("inf"), front=True)
+    queued = entry.park(float("inf"), 2)
+    ahead = entry.park(float("inf"), 1)
     entry.wake_one()
     assert ahead.result() is True
     assert not queued.done()
+
+
+async def test_waiters_woken_together_re_park_in_their_order() -> None:
+    """After a reconnect wakes everyone, the losers' tries come back in any order: they are
+    queued by ticket again, not by who re-parked first."""
+    entry = make_entry(refs=3)
+    for ticket in (1, 2, 3):
+        entry.park(float("inf"), ticket)
+    entry.wake_all()
+    assert entry.parked == 0
+    parked = {ticket: entry.park(float("inf"), ticket) for ticket in (3, 1, 2)}
+    served = []
+    for _ in range(3):
+        entry.wake_one()
+        served += [t for t, w in parked.items() if w.done() and t not in served]
+    assert served == [1, 2, 3]
+
+
+async def test_a_wake_up_is_kept_while_a_woken_task_is_out_trying() -> None:
+    """Waking a second task while the first is still trying would put two on the lock."""
+    counters = NameCounters(contenders=3, waiters=3)
+    entry = Entry(b"channel", counters)
+    entry.refs = 3
+    first, second, third = (entry.park(float("inf"), t) for t in (1, 2, 3))
+    entry.wake_one()
+    assert first.result() is True  # first is out trying now
+    entry.wake_one()  # another release meanwhile: kept for first, not handed to second
+    assert not second.done()
+    again = entry.park(float("inf"), 1)  # first's try failed: it uses the kept wake-up
+    assert again.result() is True
+    assert not second.done()
+    assert not third.done()
 
 
 async def test_a_wake_up_is_kept_for_a_task_on_its_first_try() -> None:
@@ -103,12 +135,13 @@ async def test_a_wake_up_is_kept_for_a_task_on_its_first_try() -> None:
     entry.wake_one()
     assert not queued.done()
     counters.waiters = entry.refs = 3  # the first try failed: it joins and parks first
-    first = entry.park(float("inf"), front=True)
+    first = entry.park(float("inf"), 1)
     assert first.result() is True  # at once, from the permit
     assert not queued.done()
-    counters.contenders = counters.waiters = entry.refs = 2  # it got the lock and left
+    # It got the lock and left, and so did the other joined task: only the parked one is left.
+    counters.contenders = counters.waiters = entry.refs = 1
     entry.trim()
-    entry.wake_one()  # nobody on a first try any more: the parked one wakes
+    entry.wake_one()  # nobody out trying any more: the parked one wakes
     assert queued.result() is True
 
 

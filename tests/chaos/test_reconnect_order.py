@@ -1,0 +1,66 @@
+"""FIFO within a client survives a lost subscriber connection.
+
+A reconnect wakes every parked waiter of a resubscribed channel (a release may have been
+missed): they all try at once, and their tries come back in any order.  They must park again
+in the order they first asked, not in the order of their replies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import pytest
+from redis.asyncio import Redis
+
+import aiolock
+from tests.helpers import eventually, hold_as_stranger, parked
+
+from .proxy import FreezableProxy
+
+pytestmark = pytest.mark.anyio
+
+
+async def served_after_a_reconnect(
+    client: aiolock.Client, proxy: FreezableProxy, redis: Redis, lock: aiolock.AsyncRLock
+) -> list[int]:
+    """Park 4 waiters in a known order, cut every connection, then release once."""
+    pubsub = client._services.pubsub
+    await hold_as_stranger(redis, lock, 30_000)
+    served: list[int] = []
+
+    async def waiter(i: int) -> None:
+        async with lock.acquire(wait=30):
+            served.append(i)
+
+    tasks = []
+    for i in range(4):  # one at a time, so that the order they asked in is known
+        tasks.append(asyncio.create_task(waiter(i)))
+        await eventually(lambda n=i + 1: parked(client, lock) == n, what=f"{i} parked")
+    entry = pubsub._entries[lock._keys.channel.encode()]
+    await eventually(lambda: entry.confirmed, what="subscribed")
+    reconnects = pubsub.statistics().reconnects
+
+    def reconnected() -> bool:
+        stats = pubsub.statistics()
+        return stats.reconnects > reconnects and stats.connected
+
+    proxy.reset()  # every connection through the proxy, the subscriber's included
+    await eventually(reconnected, what="reconnected")
+    # Woken by the resubscription, every waiter tried (the stranger still holds it) and
+    # parked again.
+    await eventually(lambda: parked(client, lock) == 4 and entry._permits == 0, what="back")
+    await redis.delete(lock._keys.lock)
+    await redis.publish(lock._keys.channel, "released")
+    await asyncio.wait_for(asyncio.gather(*tasks), 10)
+    return served
+
+
+async def test_waiters_keep_their_order_across_a_reconnect(
+    proxied: Callable[..., aiolock.Client], proxy: FreezableProxy, redis: Redis
+) -> None:
+    client = proxied()
+    lock = client.lock("reconnected")
+    for round_ in range(3):
+        served = await served_after_a_reconnect(client, proxy, redis, lock)
+        assert served == [0, 1, 2, 3], f"round {round_}: {served}"
