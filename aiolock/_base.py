@@ -90,7 +90,15 @@ class NameState:
 class LockKind(Guarded[int]):
     """The base of every single-name lock kind (see the module docstring)."""
 
-    __slots__ = ("_counters", "_explicit_owner", "_keys", "_services", "_state", "name")
+    __slots__ = (
+        "_counters",
+        "_explicit_owner",
+        "_hold_key",
+        "_keys",
+        "_services",
+        "_state",
+        "name",
+    )
 
     kind: ClassVar[str]
     """The kind's name: part of its keys (so kinds never share keys) and of its registries."""
@@ -108,6 +116,8 @@ class LockKind(Guarded[int]):
         )
         self._keys = state.keys
         self._counters = state.counters
+        # What the client's registries know a hold by (its Redis key, for most kinds).
+        self._hold_key = self._registry_key()
         self._guards = None
 
     # -- what a kind supplies ----------------------------------------------------------------
@@ -115,6 +125,15 @@ class LockKind(Guarded[int]):
     @classmethod
     def _build_keys(cls, services: Services, name: str) -> LockKeys:
         return LockKeys.build(services.key_prefix, name, cls.kind)
+
+    def _registry_key(self) -> str:
+        """The key of this kind's holds in the client's registries (distinct per mode when
+        one owner may hold the same lock in two modes)."""
+        return self._keys.lock
+
+    def _renew_keys(self) -> tuple[str, ...]:
+        """The KEYS the kind's renew script takes for one hold."""
+        return (self._keys.lock,)
 
     def _attempt(self, owner: str, request: int, lease_ms: int) -> Call:
         raise NotImplementedError
@@ -176,7 +195,7 @@ class LockKind(Guarded[int]):
     ) -> Hold | float:
         """One attempt for an owner resolved by the caller (composites run parts concurrently,
         in tasks of their own, on behalf of the calling task)."""
-        await self._services.holds.settle(self._keys.lock, owner)
+        await self._services.holds.settle(self._hold_key, owner)
         granted = False
         try:
             outcome = await self._try_acquire(owner, task, lease)
@@ -202,7 +221,7 @@ class LockKind(Guarded[int]):
         services = self._services.check_open()
         deleted = await services.calls.run(*self._force_call())
         if deleted:
-            services.holds.lose_all(self._keys.lock, "it was force-unlocked")
+            services.holds.lose_all(self._hold_key, "it was force-unlocked")
         return bool(deleted)
 
     # -- inspecting --------------------------------------------------------------------------
@@ -231,7 +250,7 @@ class LockKind(Guarded[int]):
 
     def statistics(self) -> LockStatistics:
         """A snapshot of this lock name from this client's view (no I/O)."""
-        holds = self._services.holds.by_key(self._keys.lock)
+        holds = self._services.holds.by_key(self._hold_key)
         counters = self._counters
         return LockStatistics(
             name=self.name,
@@ -297,7 +316,7 @@ class LockKind(Guarded[int]):
     def _granted(self) -> Hold:
         """The calling owner's hold, right after an acquire returned (no await in between)."""
         owner, _ = self._owner()
-        hold = self._services.holds.get(self._keys.lock, owner)
+        hold = self._services.holds.get(self._hold_key, owner)
         if hold is None:  # the grant registers it: never, short of a bug
             raise RuntimeError(f"lock {self.name!r} was granted but is not registered")
         return hold
@@ -310,7 +329,7 @@ class LockKind(Guarded[int]):
         one.
         """
         owner, task = self._owner() if who is None else who
-        await self._services.holds.settle(self._keys.lock, owner)
+        await self._services.holds.settle(self._hold_key, owner)
         waiting = self._waiting(owner)
         granted = False
         try:
@@ -359,7 +378,7 @@ class LockKind(Guarded[int]):
         hold = services.holds.granted(
             name=self.name,
             kind=self.kind,
-            key=self._keys.lock,
+            key=self._hold_key,
             owner=owner,
             reply=reply,
             sent_at=sent_at,
@@ -367,6 +386,7 @@ class LockKind(Guarded[int]):
             counters=self._counters,
             task=task,
             renew=self._renew,
+            renew_keys=self._renew_keys(),
             channel=self._channel(),
         )
         if hold.watchdog:
@@ -381,7 +401,7 @@ class LockKind(Guarded[int]):
         The release completes even if the caller is cancelled or the reply is lost.
         """
         services = self._services
-        key = self._keys.lock
+        key = self._hold_key
         request = services.owners.next_request()
 
         def unknown(work: asyncio.Future[Any]) -> None:
@@ -420,7 +440,7 @@ class LockKind(Guarded[int]):
             self.name,
             extra,
         )
-        self._services.holds.defer(self._keys.lock, owner, self._drop_holds(owner, extra))
+        self._services.holds.defer(self._hold_key, owner, self._drop_holds(owner, extra))
 
     async def _drop_holds(self, owner: str, count: int) -> None:
         for _ in range(count):
@@ -443,12 +463,12 @@ class LockKind(Guarded[int]):
             if not work.cancelled():  # cancelled: the client is closing
                 await settle()
 
-        self._services.holds.defer(self._keys.lock, owner, when_done())
+        self._services.holds.defer(self._hold_key, owner, when_done())
 
     async def _release_outcome(self, work: asyncio.Future[Any], owner: str, request: int) -> None:
         """Settle a release with an unknown outcome: record it, or resend it until it lands."""
         if work.exception() is None:
-            self._services.holds.released(self._keys.lock, owner, _remaining(work.result()))
+            self._services.holds.released(self._hold_key, owner, _remaining(work.result()))
             return
         await self._retry_release(owner, request, None, self._horizon(owner))
 
@@ -468,7 +488,7 @@ class LockKind(Guarded[int]):
     def _untrack_one(self, owner: str) -> None:
         """Stop counting one hold whose release has an unknown outcome."""
         holds = self._services.holds
-        hold = holds.get(self._keys.lock, owner)
+        hold = holds.get(self._hold_key, owner)
         if hold is not None:
             if hold.count > 1:
                 hold.count -= 1
@@ -477,7 +497,7 @@ class LockKind(Guarded[int]):
 
     def _horizon(self, owner: str) -> float:
         """How long a settlement keeps resending: until any hold it may concern has expired."""
-        hold = self._services.holds.get(self._keys.lock, owner)
+        hold = self._services.holds.get(self._hold_key, owner)
         horizon = self._services.watchdog_timeout
         if hold is not None:
             horizon = max(horizon, hold.expires_at - asyncio.get_running_loop().time())
@@ -505,7 +525,7 @@ class LockKind(Guarded[int]):
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)
                 continue
-            services.holds.released(self._keys.lock, owner, _remaining(reply))
+            services.holds.released(self._hold_key, owner, _remaining(reply))
             return
 
 

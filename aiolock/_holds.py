@@ -65,6 +65,7 @@ class Hold:
     task: asyncio.Task[Any] | None
     counters: NameCounters
     renew: Script  # the kind's renew script, which the watchdog batches by
+    renew_keys: tuple[str, ...]  # the KEYS that script takes for this hold
     channel: str | None  # where this client's waiters for the lock park, if on a channel
     lost: bool = False
     lost_reason: str | None = None
@@ -112,6 +113,7 @@ class Holds:
         counters: NameCounters,
         task: asyncio.Task[Any] | None,
         renew: Script,
+        renew_keys: tuple[str, ...],
         channel: str | None,
     ) -> Hold:
         """Record a grant ``{token, count, pttl}`` from the acquire script."""
@@ -135,6 +137,7 @@ class Holds:
                 task,
                 counters,
                 renew,
+                renew_keys,
                 channel,
             )
             self._holds[(key, owner)] = hold

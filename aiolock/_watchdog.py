@@ -82,7 +82,7 @@ class Watchdog:
     async def _renew(self, holds: list[Hold]) -> None:
         loop = asyncio.get_running_loop()
         sent_at = loop.time()
-        keys = tuple(hold.key for hold in holds)
+        keys = tuple(key for hold in holds for key in hold.renew_keys)
         args = (round(self.lease * 1000), *(hold.owner for hold in holds))
         replies = await self._calls.run(holds[0].renew, keys, args)
         for hold, reply in zip(holds, replies, strict=True):

@@ -94,7 +94,7 @@ class AsyncFairLock(LockKind):
     def _gave_up(self, owner: str) -> None:
         # Leaving is idempotent: sent for every call that leaves without the lock, also one
         # cancelled while its try was in flight (that try may have queued it).
-        self._services.holds.defer(self._keys.lock, owner, self._leave(owner))
+        self._services.holds.defer(self._hold_key, owner, self._leave(owner))
 
     async def _leave(self, owner: str) -> None:
         # Sent also while the client closes: closing waits for it (see Client.aclose).

@@ -84,7 +84,7 @@ class AsyncRLock(ReentrantKind):
         return self._keys.channel
 
     def _waiting(self, owner: str) -> Waiting:
-        reentering = self._services.holds.get(self._keys.lock, owner) is not None
+        reentering = self._services.holds.get(self._hold_key, owner) is not None
         return ChannelWait(
             self._services, self._keys.channel, self._counters, reentering=reentering
         )

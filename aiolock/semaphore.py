@@ -110,7 +110,7 @@ class AsyncSemaphore:
             await permits._wait_for_grant(lease, who)
         elif not await permits._try_until(wait, lease, who):
             return None
-        hold = services.holds.get(permits._keys.lock, who[0])
+        hold = services.holds.get(permits._hold_key, who[0])
         if hold is None:  # the grant registers it: never, short of a bug
             raise RuntimeError(f"semaphore {self.name!r} granted a permit it did not register")
         return Permit(self, hold)
