@@ -22,6 +22,9 @@ from .lock import LockGuard as LockGuard
 from .lock import LockStatistics as LockStatistics
 from .multi import MultiLock as MultiLock
 from .redlock import RedLock as RedLock
+from .rw import AsyncReadLock as AsyncReadLock
+from .rw import AsyncReadWriteLock as AsyncReadWriteLock
+from .rw import AsyncWriteLock as AsyncWriteLock
 from .semaphore import AsyncSemaphore as AsyncSemaphore
 from .semaphore import Permit as Permit
 from .spin import AsyncSpinLock as AsyncSpinLock
@@ -30,8 +33,11 @@ __all__ = [
     "AsyncCountDownLatch",
     "AsyncFairLock",
     "AsyncRLock",
+    "AsyncReadLock",
+    "AsyncReadWriteLock",
     "AsyncSemaphore",
     "AsyncSpinLock",
+    "AsyncWriteLock",
     "Client",
     "ClientStatistics",
     "CompositeStatistics",

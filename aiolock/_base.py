@@ -32,7 +32,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, ClassVar, Final
 
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from ._calls import NotSent, not_sent
 from ._guard import Guarded, Holding
@@ -154,6 +154,10 @@ class LockKind(Guarded[int]):
 
     def _gave_up(self, owner: str) -> None:
         """A waiting call left without the lock (timeout, cancellation, error): clean up."""
+
+    def _refusal(self, error: ResponseError) -> Exception | None:
+        """The exception to raise for an attempt the script refused, if the kind has one."""
+        return None
 
     # -- acquiring ---------------------------------------------------------------------------
 
@@ -369,9 +373,15 @@ class LockKind(Guarded[int]):
                 owner, work, lambda: self._undo_if_granted(work, owner, request, lease_s)
             )
 
-        reply = await services.calls.run(
-            *self._attempt(owner, request, round(lease_s * 1000)), orphan=unknown
-        )
+        try:
+            reply = await services.calls.run(
+                *self._attempt(owner, request, round(lease_s * 1000)), orphan=unknown
+            )
+        except ResponseError as error:
+            refusal = self._refusal(error)
+            if refusal is None:
+                raise
+            raise refusal from None
         if not isinstance(reply, list):
             pttl = int(reply)
             return math.inf if pttl < 0 else pttl / 1000

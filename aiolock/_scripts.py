@@ -20,6 +20,15 @@ __all__ = [
     "LOCK_FORCE",
     "LOCK_RELEASE",
     "LOCK_RENEW",
+    "RW_FORCE",
+    "RW_LEAVE",
+    "RW_READ",
+    "RW_RELEASE_READ",
+    "RW_RELEASE_WRITE",
+    "RW_RENEW_READ",
+    "RW_RENEW_WRITE",
+    "RW_STATE",
+    "RW_WRITE",
     "SEMAPHORE_ACQUIRE",
     "SEMAPHORE_HELD",
     "SEMAPHORE_RELEASE",
@@ -69,3 +78,13 @@ SEMAPHORE_ACQUIRE = Script.load("semaphore", "acquire")
 SEMAPHORE_RELEASE = Script.load("semaphore", "release")
 SEMAPHORE_RENEW = Script.load("semaphore", "renew")
 SEMAPHORE_HELD = Script.load("semaphore", "held")
+
+RW_READ = Script.load("rw", "read")
+RW_WRITE = Script.load("rw", "write")
+RW_RELEASE_READ = Script.load("rw", "release_read")
+RW_RELEASE_WRITE = Script.load("rw", "release_write")
+RW_RENEW_READ = Script.load("rw", "renew_read")
+RW_RENEW_WRITE = Script.load("rw", "renew_write")
+RW_FORCE = Script.load("rw", "force")
+RW_LEAVE = Script.load("rw", "leave")
+RW_STATE = Script.load("rw", "state")

@@ -18,10 +18,9 @@ import random
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ._holds import NameCounters
-from ._pubsub import NamedEntry
+from ._pubsub import Entry, NamedEntry
 
 if TYPE_CHECKING:
-    from ._pubsub import Entry
     from ._services import Services
 
 __all__ = ["Backoff", "ChannelWait", "NamedWait", "Waiting"]
@@ -63,7 +62,16 @@ class ChannelWait:
     woke them all at once.
     """
 
-    __slots__ = ("_channel", "_counters", "_entry", "_services", "_shared", "_ticket", "_try_first")
+    __slots__ = (
+        "_channel",
+        "_counters",
+        "_entry",
+        "_entry_type",
+        "_services",
+        "_shared",
+        "_ticket",
+        "_try_first",
+    )
 
     def __init__(
         self,
@@ -73,8 +81,10 @@ class ChannelWait:
         *,
         reentering: bool,
         shared: bool = False,
+        entry_type: type[Entry] = Entry,
     ) -> None:
         self._services = services
+        self._entry_type = entry_type  # a BroadcastEntry for readers: a message wakes them all
         # Shared (a semaphore's permits): a grant does not mean the next task would fail, so
         # it passes the turn on, as a task that leaves without the lock does.
         self._shared = shared
@@ -96,7 +106,9 @@ class ChannelWait:
         if entry is None:
             # A release published during the first try, or the confirmation of a subscription
             # made meanwhile, left a permit for this task (see Entry): no try needed before.
-            entry = self._entry = self._services.pubsub.join(self._channel, self._counters)
+            entry = self._entry = self._services.pubsub.join(
+                self._channel, self._counters, self._entry_type
+            )
             self._counters.waiters += 1
         # A bare future in the entry's queue: no coroutine frame or timeout context per task.
         return entry.park(asyncio.get_running_loop().time() + pause, self._ticket)

@@ -25,6 +25,7 @@ from ._watchdog import Watchdog
 from .fair import AsyncFairLock
 from .latch import AsyncCountDownLatch
 from .lock import AsyncRLock
+from .rw import AsyncReadWriteLock
 from .semaphore import AsyncSemaphore
 from .spin import AsyncSpinLock
 
@@ -185,6 +186,10 @@ class Client:
                 f"max_delay must not be less than initial_delay, got {max_delay} < {initial_delay}"
             )
         return AsyncSpinLock(self._services, name, owner, initial_delay=initial, max_delay=maximum)
+
+    def rw_lock(self, name: str) -> AsyncReadWriteLock:
+        """A read-write lock named ``name`` (no I/O): ``.read_lock()`` and ``.write_lock()``."""
+        return AsyncReadWriteLock(self._services, check_name(name))
 
     def semaphore(self, name: str, permits: int) -> AsyncSemaphore:
         """A semaphore named ``name`` with at most ``permits`` leased permits held (no I/O)."""

@@ -1,0 +1,246 @@
+"""``AsyncReadWriteLock``: many readers or one writer, across all clients; writers not starved.
+
+Redisson's ``RReadWriteLock`` for asyncio, on the shared base (:mod:`aiolock._base`): the read
+lock and the write lock are two kinds over one lock hash (scripts in ``scripts/rw/``).
+
+- Readers of many owners hold it at once; each owner's read holds have a lease of their own in
+  a sorted set on the server's clock, and the lock lives as long as its longest hold, so the
+  readers of a client that died expire within their leases.
+- A writer that has to wait registers in a second sorted set (refreshed by each of its tries,
+  dropped ``fair_wait_timeout`` after its last); while one waits, readers of other owners queue
+  behind it.  A writer facing an endless stream of overlapping readers gets in once the
+  readers holding it now are done.
+- A write release wakes every waiting reader of every client with one message (a broadcast
+  entry per client), or one waiting writer if a writer waits; a read release that frees the
+  lock wakes one writer.
+- The writer may take read holds, and keep them after its write hold ends (a downgrade).  A
+  reader asking for the write lock gets :class:`~aiolock.LockError` at once: two readers doing
+  so would wait for each other forever.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from redis.exceptions import ResponseError
+
+from . import _scripts
+from ._base import Call, LockKind
+from ._keys import LockKeys
+from ._pubsub import BroadcastEntry
+from ._services import Services
+from ._waiting import ChannelWait, Waiting
+from .errors import LockError
+
+__all__ = ["AsyncReadLock", "AsyncReadWriteLock", "AsyncWriteLock"]
+
+
+@dataclass(frozen=True, slots=True)
+class RWKeys(LockKeys):
+    """The lock hash, meta, readers and waiting writers; ``channel`` is this mode's waiters'
+    channel, ``read_channel`` and ``write_channel`` both."""
+
+    readers: str
+    writers: str
+    read_channel: str
+    write_channel: str
+
+    def script_keys(self) -> tuple[str, ...]:
+        return (
+            self.lock,
+            self.meta,
+            self.readers,
+            self.writers,
+            self.read_channel,
+            self.write_channel,
+        )
+
+
+class _Mode(LockKind):
+    """What the read and the write lock share."""
+
+    __slots__ = ()
+
+    mode: ClassVar[str]  # "r" or "w"
+
+    @classmethod
+    def _build_keys(cls, services: Services, name: str) -> LockKeys:
+        base = LockKeys.build(services.key_prefix, name, "rw")  # one lock for both modes
+        read, write = f"{base.lock}:read", f"{base.lock}:write"
+        return RWKeys(
+            lock=base.lock,
+            meta=base.meta,
+            channel=read if cls.mode == "r" else write,
+            readers=f"{base.lock}:readers",
+            writers=f"{base.lock}:writers",
+            read_channel=read,
+            write_channel=write,
+        )
+
+    @property
+    def _rw_keys(self) -> RWKeys:
+        keys = self._keys
+        assert isinstance(keys, RWKeys)
+        return keys
+
+    def _registry_key(self) -> str:
+        return f"{self._keys.lock}#{self.mode}"
+
+    def _renew_keys(self) -> tuple[str, ...]:
+        return (self._keys.lock, self._rw_keys.readers)
+
+    def _force_call(self) -> Call:
+        return _scripts.RW_FORCE, self._rw_keys.script_keys(), ()
+
+    def _channel(self) -> str:
+        # A hold that ends unpublished may free the lock for the other mode's waiters.
+        keys = self._rw_keys
+        return keys.write_channel if self.mode == "r" else keys.read_channel
+
+    async def _rw_state(self) -> tuple[bool, int, int, int]:
+        """(someone writes, live readers, the caller's read holds, its write holds)."""
+        owner, _ = self._owner()
+        writer, readers, reads, writes = await self._services.calls.run(
+            _scripts.RW_STATE, self._rw_keys.script_keys(), (owner,)
+        )
+        return writer is not None, int(readers), int(reads), int(writes)
+
+
+class AsyncReadLock(_Mode):
+    """The read side of an :class:`AsyncReadWriteLock`: held by many owners at once.
+
+    It offers every call of :class:`~aiolock.AsyncRLock`.  ``is_locked()`` is true while
+    anyone reads; ``hold_count()`` counts the caller's read holds.
+    """
+
+    __slots__ = ()
+
+    kind: ClassVar[str] = "rw-read"
+    mode: ClassVar[str] = "r"
+    _renew = _scripts.RW_RENEW_READ
+
+    def _attempt(self, owner: str, request: int, lease_ms: int) -> Call:
+        return _scripts.RW_READ, self._rw_keys.script_keys(), (lease_ms, owner, request, 0)
+
+    def _release_call(self, owner: str, request: int, undo: int | None) -> Call:
+        args = (owner, request) if undo is None else (owner, request, undo)
+        return _scripts.RW_RELEASE_READ, self._rw_keys.script_keys(), args
+
+    def _waiting(self, owner: str) -> Waiting:
+        reentering = self._services.holds.get(self._hold_key, owner) is not None
+        return ChannelWait(
+            self._services,
+            self._keys.channel,
+            self._counters,
+            reentering=reentering,
+            shared=True,
+            entry_type=BroadcastEntry,
+        )
+
+    async def is_locked(self) -> bool:
+        """``True`` while anyone holds a read hold."""
+        return (await self._rw_state())[1] > 0
+
+    async def is_held(self) -> bool:
+        """``True`` if the caller holds a read hold."""
+        return (await self._rw_state())[2] > 0
+
+    async def hold_count(self) -> int:
+        """The caller's read holds."""
+        return (await self._rw_state())[2]
+
+
+class AsyncWriteLock(_Mode):
+    """The write side of an :class:`AsyncReadWriteLock`: one owner, and no other readers.
+
+    It offers every call of :class:`~aiolock.AsyncRLock`.  A caller that holds the read lock
+    (and not the write lock) gets :class:`~aiolock.LockError` at once.
+    """
+
+    __slots__ = ()
+
+    kind: ClassVar[str] = "rw-write"
+    mode: ClassVar[str] = "w"
+    _renew = _scripts.RW_RENEW_WRITE
+
+    def _attempt(self, owner: str, request: int, lease_ms: int) -> Call:
+        wait_ms = round(self._services.fair_wait_timeout * 1000)
+        args = (lease_ms, owner, request, wait_ms)
+        return _scripts.RW_WRITE, self._rw_keys.script_keys(), args
+
+    def _release_call(self, owner: str, request: int, undo: int | None) -> Call:
+        args = (owner, request) if undo is None else (owner, request, undo)
+        return _scripts.RW_RELEASE_WRITE, self._rw_keys.script_keys(), args
+
+    def _refusal(self, error: ResponseError) -> Exception | None:
+        if "upgrade refused" in str(error):
+            return LockError(
+                f"the read lock of {self.name!r} is held by this owner: taking the write lock "
+                "too could deadlock (release the read holds first)"
+            )
+        return None
+
+    def _waiting(self, owner: str) -> Waiting:
+        reentering = self._services.holds.get(self._hold_key, owner) is not None
+        return ChannelWait(
+            self._services, self._keys.channel, self._counters, reentering=reentering
+        )
+
+    def _gave_up(self, owner: str) -> None:
+        # A writer that stops waiting stops holding readers back at once (idempotent; sent
+        # also for a call cancelled while its try, which may have registered it, was in flight).
+        self._services.holds.defer(self._hold_key, owner, self._leave(owner))
+
+    async def _leave(self, owner: str) -> None:
+        await self._services.calls.run(_scripts.RW_LEAVE, self._rw_keys.script_keys(), (owner,))
+
+    async def is_locked(self) -> bool:
+        """``True`` while anyone holds the write lock."""
+        return (await self._rw_state())[0]
+
+    async def is_held(self) -> bool:
+        """``True`` if the caller holds the write lock."""
+        return (await self._rw_state())[3] > 0
+
+    async def hold_count(self) -> int:
+        """The caller's write holds."""
+        return (await self._rw_state())[3]
+
+
+class AsyncReadWriteLock:
+    """A lock that many readers or one writer hold, across every client of one Redis.
+
+    Create it with :meth:`aiolock.Client.rw_lock`::
+
+        cache = client.rw_lock("prices")
+        async with cache.read_lock().acquire(wait=5):
+            ...                                   # many readers at once
+        async with cache.write_lock().acquire(wait=5):
+            ...                                   # one writer, no readers
+
+    See the module documentation for the rules (no writer starvation, downgrade, no upgrade).
+    """
+
+    __slots__ = ("_services", "name")
+
+    def __init__(self, services: Services, name: str) -> None:
+        self._services = services
+        self.name = name
+
+    def read_lock(self, *, owner: str | None = None) -> AsyncReadLock:
+        """The read lock (no I/O); ``owner`` binds it to an explicit owner."""
+        return AsyncReadLock(self._services, self.name, _owner(owner))
+
+    def write_lock(self, *, owner: str | None = None) -> AsyncWriteLock:
+        """The write lock (no I/O); ``owner`` binds it to an explicit owner."""
+        return AsyncWriteLock(self._services, self.name, _owner(owner))
+
+    def __repr__(self) -> str:
+        return f"<AsyncReadWriteLock {self.name!r}>"
+
+
+def _owner(owner: Any) -> str | None:
+    from ._validate import check_name
+
+    return None if owner is None else check_name(owner, "owner")

@@ -1,0 +1,45 @@
+-- Take a read hold of a read-write lock (see _rw.lua for the six KEYS).
+--
+-- KEYS[1..6]  the lock, meta, readers, waiting writers, readers' and writers' channels
+-- ARGV[1]  lease in milliseconds (this owner's read holds end no earlier than now + lease)
+-- ARGV[2]  owner id
+-- ARGV[3]  request id, unique per call of this owner; a resent call carries the same id
+-- ARGV[4]  unused (the writers' wait timeout, taken by the write script)
+--
+-- Returns {token, read count, PTTL} when granted (token: the last write token handed out),
+-- else the ms to wait before trying again.  Readers of other owners wait while a writer holds
+-- the lock or waits for it (writers are not starved); an owner that reads or writes already
+-- is granted at once.
+--@include rw/_rw
+local lease = tonumber(ARGV[1])
+if not lease or lease < 1 or lease > 1e12 then
+    return redis.error_reply('ERR aiolock: lease must be 1 to 1e12 milliseconds')
+end
+local owner = ARGV[2]
+local request = owner .. '/' .. ARGV[3]
+local now = now_ms()
+expire(now)
+
+local held = redis.call('HMGET', KEYS[1], 'w', 'r:' .. owner, 'q:' .. owner)
+local token = tonumber(redis.call('HGET', KEYS[2], 'next')) or 0
+if held[3] == request and held[2] then
+    return {token, tonumber(held[2]), redis.call('PTTL', KEYS[1])}  -- a resend
+end
+if held[1] and held[1] ~= owner then
+    return math.max(redis.call('PTTL', KEYS[1]), 1)
+end
+if not held[1] and not held[2] and waiting_writers() > 0 then
+    -- A writer waits: queue behind it, until it has had its turn or stopped waiting.
+    local first = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
+    return math.max(tonumber(first[2]) - now, 1)
+end
+
+local count = redis.call('HINCRBY', KEYS[1], 'r:' .. owner, 1)
+redis.call('HSET', KEYS[1], 'q:' .. owner, request)
+local ends = tonumber(redis.call('ZSCORE', KEYS[3], owner))
+if not ends or ends < now + lease then
+    redis.call('ZADD', KEYS[3], now + lease, owner)
+end
+keep(KEYS[1], lease)
+keep(KEYS[3], lease)
+return {token, count, redis.call('PTTL', KEYS[1])}

@@ -1,0 +1,47 @@
+-- Release one read hold (see _rw.lua for the six KEYS).
+--
+-- KEYS[1..6]  the lock, meta, readers, waiting writers, readers' and writers' channels
+-- ARGV[1]  owner id
+-- ARGV[2]  request id; a resent call carries the same id
+-- ARGV[3]  optional: undo mode, an acquire request whose outcome its caller never saw;
+--          release only if that was the owner's last request applied
+--
+-- Returns the owner's read holds left, or nil when it held none.  The release that frees the
+-- lock deletes it and wakes one waiting writer.
+--@include rw/_rw
+local owner = ARGV[1]
+local request = owner .. '/' .. ARGV[2]
+local now = now_ms()
+expire(now)
+
+local held = redis.call('HMGET', KEYS[1], 'r:' .. owner, 'q:' .. owner, 'w')
+if not held[1] then
+    if redis.call('HGET', KEYS[2], 'released') == request or redis.call('ZSCORE', KEYS[3], request) then
+        return 0  -- a resend of a release that landed
+    end
+    return nil
+end
+local count = tonumber(held[1])
+if held[2] == request then
+    return count
+end
+if ARGV[3] and held[2] ~= owner .. '/' .. ARGV[3] then
+    return count  -- that acquire was not applied: nothing to undo
+end
+count = count - 1
+if count > 0 then
+    redis.call('HSET', KEYS[1], 'r:' .. owner, count, 'q:' .. owner, request)
+    return count
+end
+redis.call('HDEL', KEYS[1], 'r:' .. owner)
+redis.call('ZREM', KEYS[3], owner)
+if held[3] == owner then
+    redis.call('HSET', KEYS[1], 'q:' .. owner, request)  -- it still writes
+elseif live_readers(now) == 0 then
+    free(request)
+    return 0
+else
+    redis.call('HDEL', KEYS[1], 'q:' .. owner)
+    redis.call('ZADD', KEYS[3], -(now + 60000), request)  -- so that a resend is recognised
+end
+return 0

@@ -1,0 +1,43 @@
+-- Release one write hold (see _rw.lua for the six KEYS).
+--
+-- KEYS[1..6]  the lock, meta, readers, waiting writers, readers' and writers' channels
+-- ARGV[1]  owner id
+-- ARGV[2]  request id; a resent call carries the same id
+-- ARGV[3]  optional: undo mode, as for the read release
+--
+-- Returns the owner's write holds left, or nil when it held none.  The last write release
+-- keeps the owner's read holds (a downgrade); if nobody reads, the lock is deleted.  Either
+-- way a waiting writer is woken, and every waiting reader unless a writer is registered.
+--@include rw/_rw
+local owner = ARGV[1]
+local request = owner .. '/' .. ARGV[2]
+local now = now_ms()
+expire(now)
+
+local held = redis.call('HMGET', KEYS[1], 'w', 'wc', 'q:' .. owner)
+if held[1] ~= owner then
+    if redis.call('HGET', KEYS[2], 'released') == request or held[3] == request then
+        return 0  -- a resend of a release that landed
+    end
+    return nil
+end
+local count = tonumber(held[2])
+if held[3] == request then
+    return count
+end
+if ARGV[3] and held[3] ~= owner .. '/' .. ARGV[3] then
+    return count
+end
+count = count - 1
+if count > 0 then
+    redis.call('HSET', KEYS[1], 'wc', count, 'q:' .. owner, request)
+    return count
+end
+if live_readers(now) == 0 then
+    free(request)
+    return 0
+end
+redis.call('HDEL', KEYS[1], 'w', 'wc')
+redis.call('HSET', KEYS[1], 'q:' .. owner, request)  -- it still reads: a downgrade
+wake_after_write()
+return 0

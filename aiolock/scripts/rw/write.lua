@@ -1,0 +1,47 @@
+-- Take the write hold of a read-write lock, or wait for it (see _rw.lua for the six KEYS).
+--
+-- KEYS[1..6]  the lock, meta, readers, waiting writers, readers' and writers' channels
+-- ARGV[1]  lease in milliseconds
+-- ARGV[2]  owner id
+-- ARGV[3]  request id, unique per call of this owner; a resent call carries the same id
+-- ARGV[4]  how long (ms) a waiting writer holds readers back without trying again
+--
+-- Returns {fencing token, write count, PTTL} when granted, else the ms to wait before trying
+-- again (the writer then holds back new readers of other owners until that wait has passed
+-- twice).  An owner that reads and does not write gets an error: an upgrade could deadlock.
+--@include rw/_rw
+local lease = tonumber(ARGV[1])
+local wait = tonumber(ARGV[4])
+if not lease or lease < 1 or lease > 1e12 then
+    return redis.error_reply('ERR aiolock: lease must be 1 to 1e12 milliseconds')
+end
+local owner = ARGV[2]
+local request = owner .. '/' .. ARGV[3]
+local now = now_ms()
+expire(now)
+
+local held = redis.call('HMGET', KEYS[1], 'w', 'wc', 'r:' .. owner, 'q:' .. owner, ':fence')
+if held[1] == owner then
+    local count = tonumber(held[2])
+    if held[4] ~= request then
+        count = count + 1
+        redis.call('HSET', KEYS[1], 'wc', count, 'q:' .. owner, request)
+    end
+    keep(KEYS[1], lease)
+    return {tonumber(held[5]), count, redis.call('PTTL', KEYS[1])}
+end
+if held[3] then
+    return redis.error_reply('ERR aiolock: upgrade refused: the owner holds the read lock')
+end
+if held[1] or live_readers(now) > 0 then
+    redis.call('ZADD', KEYS[4], now + wait, owner)
+    keep(KEYS[4], 2 * wait)
+    local pttl = redis.call('PTTL', KEYS[1])
+    return math.max(math.min(math.floor(wait / 3), pttl > 0 and pttl or wait), 1)
+end
+
+redis.call('ZREM', KEYS[4], owner)
+local token = redis.call('HINCRBY', KEYS[2], 'next', 1)
+redis.call('HSET', KEYS[1], 'w', owner, 'wc', 1, ':fence', token, 'q:' .. owner, request)
+keep(KEYS[1], lease)
+return {token, 1, redis.call('PTTL', KEYS[1])}
