@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable
 from types import TracebackType
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, Literal, Protocol, TypeVar
 
 import anyio
 
@@ -168,7 +168,7 @@ class GuardContext(Generic[TokenT_co]):
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> bool:
+    ) -> Literal[False]:
         guard = self._guard
         assert guard is not None, "__aexit__ without __aenter__"
         holding = guard._holding

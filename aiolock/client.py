@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -16,6 +17,7 @@ from typing import Any
 from redis.asyncio import Redis
 
 from ._calls import Calls
+from ._decorator import P, R, locked
 from ._holds import Hold, Holds
 from ._owners import Owners
 from ._pubsub import PubSub
@@ -186,6 +188,22 @@ class Client:
                 f"max_delay must not be less than initial_delay, got {max_delay} < {initial_delay}"
             )
         return AsyncSpinLock(self._services, name, owner, initial_delay=initial, max_delay=maximum)
+
+    def locked(
+        self, name_template: str, *, wait: float | None = None, lease: float | None = None
+    ) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Coroutine[Any, Any, R]]]:
+        """A decorator that runs a coroutine function under ``client.lock(name)``.
+
+        The name is ``name_template.format(**arguments)``, the call's arguments bound to the
+        function's parameters (defaults applied)::
+
+            @client.locked("orders:{order_id}", wait=5)
+            async def ship(order_id: int) -> None: ...
+
+        A placeholder that names no parameter raises :class:`ValueError` when decorating;
+        :class:`~aiolock.LockTimeoutError` propagates from the call when ``wait`` runs out.
+        """
+        return locked(self.lock, name_template, wait, lease)
 
     def rw_lock(self, name: str) -> AsyncReadWriteLock:
         """A read-write lock named ``name`` (no I/O): ``.read_lock()`` and ``.write_lock()``."""
