@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import threading
+import time
 import uuid
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -31,10 +32,21 @@ from redis.asyncio.lock import Lock as RedisPyLock
 
 import aiolock
 
-__all__ = ["IMPLS", "POOL_SIZE", "Handle", "Impl", "available", "make"]
+__all__ = [
+    "IMPLS",
+    "PERMITS",
+    "POOL_SIZE",
+    "SHARED",
+    "Handle",
+    "Impl",
+    "available",
+    "available_shared",
+    "make",
+]
 
 POOL_SIZE = 128
 LEASE_S = 60  # the lease of every polling lock (aiolock uses its watchdog, lease=None)
+PERMITS = 5  # the semaphores' limit in the ``shared`` scenario
 
 
 # Handles have __slots__: fan-in counts RSS per waiting task, and the harness' own objects should
@@ -298,6 +310,105 @@ class RedisLockImpl(Impl):
             self.redis.close()
 
 
+# -- shared locks: the read-write lock and the semaphores (scenario ``shared`` only) ----------
+
+
+class AiolockReadImpl(AiolockImpl):
+    """``client.rw_lock(key).read_lock()``: many readers at once."""
+
+    factory = "rw_lock"
+    label = "aiolock rw_lock read"
+
+    def handle(self, key: str) -> Handle:
+        return _AiolockHandle(self._client.rw_lock(key).read_lock())
+
+
+class AiolockWriteImpl(AiolockImpl):
+    """``client.rw_lock(key).write_lock()``: one writer (no readers in the benchmark)."""
+
+    factory = "rw_lock"
+    label = "aiolock rw_lock write"
+
+    def handle(self, key: str) -> Handle:
+        return _AiolockHandle(self._client.rw_lock(key).write_lock())
+
+
+class _PermitHandle:
+    __slots__ = ("_permit", "_semaphore")
+
+    def __init__(self, semaphore: Any) -> None:
+        self._semaphore = semaphore
+        self._permit: Any = None
+
+    async def acquire(self) -> None:
+        self._permit = await self._semaphore.try_acquire(wait=None)
+
+    async def release(self) -> None:
+        permit, self._permit = self._permit, None
+        await permit.release()
+
+
+class AiolockSemaphoreImpl(AiolockImpl):
+    """``client.semaphore(key, PERMITS)``: ``try_acquire(wait=None)``, ``permit.release()``."""
+
+    factory = "semaphore"
+    label = f"aiolock semaphore({PERMITS})"
+
+    def handle(self, key: str) -> Handle:
+        return _PermitHandle(self._client.semaphore(key, PERMITS))
+
+
+# KEYS[1] the semaphore's sorted set (id -> client time of the acquisition, ms); ARGV[1] now
+# (ms), ARGV[2] the lease (ms), ARGV[3] the limit, ARGV[4] the acquisition's id.  1 if taken.
+_ZSET_ACQUIRE = """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', tonumber(ARGV[1]) - tonumber(ARGV[2]))
+if redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[3]) then
+    redis.call('ZADD', KEYS[1], ARGV[1], ARGV[4])
+    return 1
+end
+return 0
+"""
+
+
+class _ZSetSemaphoreHandle:
+    __slots__ = ("_id", "_impl", "_key")
+
+    def __init__(self, impl: ZSetSemaphoreImpl, key: str) -> None:
+        self._impl = impl
+        self._key = key
+        self._id = uuid.uuid4().hex  # one per task: a task holds at most one permit at a time
+
+    async def acquire(self) -> None:
+        impl, keys = self._impl, [self._key]
+        while True:
+            now_ms = int(time.time() * 1000)
+            if await impl.try_acquire(keys=keys, args=[now_ms, LEASE_S * 1000, PERMITS, self._id]):
+                return
+            await asyncio.sleep(impl.poll_s)
+
+    async def release(self) -> None:
+        await self._impl.redis.zrem(self._key, self._id)
+
+
+class ZSetSemaphoreImpl(Impl):
+    """The classic sorted-set semaphore in plain redis-py: a Lua script drops the expired
+    entries (``ZREMRANGEBYSCORE``), and ``ZADD``s the caller's id if ``ZCARD`` < limit;
+    a waiter polls every ``poll_s``; the release is a ``ZREM``."""
+
+    poll_s: ClassVar[float] = 0.001
+    label = f"redis-py zset semaphore({PERMITS}) poll 1 ms"
+
+    async def open(self) -> None:
+        self.redis = self._async_redis()
+        self.try_acquire = self.redis.register_script(_ZSET_ACQUIRE)
+
+    def handle(self, key: str) -> Handle:
+        return _ZSetSemaphoreHandle(self, key)
+
+    async def aclose(self) -> None:
+        await self.redis.aclose()
+
+
 # -- the registry ----------------------------------------------------------------------------
 
 IMPLS: dict[str, type[Impl]] = {
@@ -309,6 +420,14 @@ IMPLS: dict[str, type[Impl]] = {
     "spin": SpinImpl,
     "python-redis-lock": RedisLockImpl,
     "pottery": PotteryImpl,
+}
+
+# Run by the ``shared`` scenario alone (beside ``aiolock``, the plain lock), not by the others.
+SHARED: dict[str, type[Impl]] = {
+    "aiolock-read": AiolockReadImpl,
+    "aiolock-write": AiolockWriteImpl,
+    "aiolock-semaphore": AiolockSemaphoreImpl,
+    "zset-semaphore": ZSetSemaphoreImpl,
 }
 
 
@@ -335,5 +454,14 @@ def available() -> list[str]:
     return names
 
 
+def available_shared() -> list[str]:
+    """The kinds of :data:`SHARED` this environment can run."""
+    return [
+        name
+        for name, cls in SHARED.items()
+        if not issubclass(cls, AiolockImpl) or hasattr(aiolock.Client, cls.factory)
+    ]
+
+
 def make(name: str, url: str, concurrency: int) -> Impl:
-    return IMPLS[name](url, concurrency)
+    return (IMPLS.get(name) or SHARED[name])(url, concurrency)

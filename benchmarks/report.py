@@ -130,6 +130,8 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, bool]]:
             checks.append(
                 ("sweep: fair_lock serves every worker", f"min {served:.0%}", served >= 1.0)
             )
+    if "shared" in scenarios:
+        checks += _shared_targets(scenarios["shared"])
     if "fanin" in scenarios:
         fanin = scenarios["fanin"]
         ours = _medians(fanin).get("aiolock", {})
@@ -153,6 +155,169 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, bool]]:
             )
         )
     return checks
+
+
+READ_SCALING = 5.0  # the read lock's reads/s over the plain lock's, 64 tasks on one lock
+
+
+def _shared_targets(section: dict[str, Any]) -> list[tuple[str, str, bool]]:
+    checks: list[tuple[str, str, bool]] = []
+    parts = section["parts"]
+    if "reads" in parts:
+        reads = _medians(parts["reads"])
+        rate = reads.get("aiolock-read", {}).get("acquisitions_per_s", math.nan)
+        plain = reads.get("aiolock", {}).get("acquisitions_per_s", math.nan)
+        ratio = rate / plain if plain else math.nan
+        checks.append(
+            (
+                f"shared: read lock reads/s >= {READ_SCALING:g} x the plain lock's "
+                f"({_tasks(parts['reads'])} tasks)",
+                f"{rate:,.0f} vs {plain:,.0f} (x{ratio:.1f})",
+                ratio >= READ_SCALING,
+            )
+        )
+    if "writes" in parts:
+        ours = _medians(parts["writes"]).get("aiolock-write", {})
+        overlaps, served = ours.get("overlaps", math.nan), ours.get("served", 0.0)
+        checks.append(
+            (
+                "shared: write lock, every writer served and no overlapping holds",
+                f"served {served:.0%}, overlaps {overlaps:.0f}",
+                served >= 1.0 and overlaps == 0,
+            )
+        )
+    if "semaphore" in parts:
+        medians = _medians(parts["semaphore"])
+        peaks = {n: f.get("peak_holders_max", math.nan) for n, f in medians.items()}
+        worst = max(peaks.values(), default=math.nan)
+        checks.append(
+            (
+                f"shared: semaphore holders <= {section['permits']}, every implementation",
+                "peak " + ", ".join(f"{v:.0f}" for v in peaks.values()),
+                worst <= section["permits"],
+            )
+        )
+    return checks
+
+
+def _tasks(part: dict[str, Any]) -> int:
+    return int(part["processes"] * part["tasks_per_process"])
+
+
+def _shared_tables(section: dict[str, Any], labels: dict[str, str]) -> list[str]:
+    parts, out = section["parts"], []
+    hold = f"hold {section['hold_s'] * 1000:g} ms, {section['duration_s']:g} s per run"
+    percent = {"barging": lambda v: v * 100, "served": lambda v: v * 100}
+    costs = [
+        "commands_per_acquisition",
+        "script_calls_per_acquisition",
+        "publish_per_acquisition",
+        "server_cpu_us_per_acquisition",
+        "client_cpu_us_per_acquisition",
+        "client_cpus",
+    ]
+    cost_header = [
+        "server commands/acq",
+        "EVAL(SHA) calls/acq",
+        "PUBLISH/acq",
+        "server CPU µs/acq",
+        "client CPU µs/acq",
+        "client cores",
+    ]
+    if "reads" in parts:
+        part = parts["reads"]
+        medians = {name: dict(figures) for name, figures in _medians(part).items()}
+        plain = medians.get("aiolock", {}).get("acquisitions_per_s", math.nan)
+        for figures in medians.values():
+            if "acquisitions_per_s" in figures and plain:
+                figures["x_plain"] = figures["acquisitions_per_s"] / plain
+        out += [
+            f"**shared, reads**: {part['processes']} processes x {part['tasks_per_process']} "
+            f"tasks, each looping acquire / {hold}; the plain lock runs the same loop",
+            "",
+        ]
+        out += _table(
+            [
+                "implementation",
+                "acquisitions/s",
+                "x plain lock",
+                "peak holders",
+                "mean holders",
+                "served %",
+                *cost_header,
+            ],
+            _rows(
+                medians,
+                labels,
+                [
+                    "acquisitions_per_s",
+                    "x_plain",
+                    "peak_holders_max",
+                    "mean_holders",
+                    "served",
+                    *costs,
+                ],
+                percent,
+            ),
+        )
+    if "writes" in parts:
+        part = parts["writes"]
+        out += [
+            f"**shared, writes**: writers only, {part['processes']} processes x "
+            f"{part['tasks_per_process']} tasks, {hold}",
+            "",
+        ]
+        out += _table(
+            [
+                "implementation",
+                "acquisitions/s",
+                "handoff gap p50 µs",
+                "gap p99 µs",
+                "barging %",
+                "served %",
+                *cost_header,
+                "overlaps",
+            ],
+            _rows(
+                _medians(part),
+                labels,
+                [
+                    "acquisitions_per_s",
+                    "gap_p50_us",
+                    "gap_p99_us",
+                    "barging",
+                    "served",
+                    *costs,
+                    "overlaps",
+                ],
+                percent,
+            ),
+        )
+    if "semaphore" in parts:
+        part = parts["semaphore"]
+        out += [
+            f"**shared, semaphore** (permits={section['permits']}): {part['processes']} "
+            f"processes x {part['tasks_per_process']} tasks, {hold} (holders counted from the "
+            "logs, a lower bound of the server's)",
+            "",
+        ]
+        out += _table(
+            [
+                "implementation",
+                "acquisitions/s",
+                "peak holders",
+                "mean holders",
+                "served %",
+                *cost_header,
+            ],
+            _rows(
+                _medians(part),
+                labels,
+                ["acquisitions_per_s", "peak_holders_max", "mean_holders", "served", *costs],
+                percent,
+            ),
+        )
+    return out
 
 
 def markdown(results: dict[str, Any]) -> str:
@@ -257,6 +422,8 @@ def markdown(results: dict[str, Any]) -> str:
         )
     if "sweep" in scenarios:
         out += _sweep_table(scenarios["sweep"], labels)
+    if "shared" in scenarios:
+        out += _shared_tables(scenarios["shared"], labels)
     if "fanin" in scenarios:
         section = scenarios["fanin"]
         out += [

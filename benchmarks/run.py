@@ -1,4 +1,4 @@
-"""Run the benchmarks: ``python benchmarks/run.py [rtt|uncontended|contended|sweep|fanin|all]``.
+"""Run the benchmarks: ``python benchmarks/run.py [SCENARIO|all]`` (``--help`` lists them).
 
 Starts its own server (embedded Valkey by default, ``--server redis`` for ``redis-server`` from
 PATH) unless ``--url`` names one, runs every available implementation side by side with the
@@ -27,11 +27,11 @@ import redis
 import aiolock
 from aiolock.embedded import EmbeddedServer
 from benchmarks import impls, report
-from benchmarks.scenarios import contended, fanin, rtt, sweep, uncontended
+from benchmarks.scenarios import contended, fanin, rtt, shared, sweep, uncontended
 from benchmarks.stats import ServerProbe
 
 HERE = Path(__file__).resolve().parent
-SCENARIOS = ("rtt", "uncontended", "contended", "sweep", "fanin")
+SCENARIOS = ("rtt", "uncontended", "contended", "sweep", "shared", "fanin")
 _README_START, _README_END = "<!-- results:start -->", "<!-- results:end -->"
 
 
@@ -54,7 +54,12 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--url", help="use this server instead of starting one (loopback!)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="tiny sizes: a smoke test")
-    parser.add_argument("--impls", help="comma-separated subset of: " + ", ".join(impls.IMPLS))
+    parser.add_argument(
+        "--impls",
+        help="comma-separated subset of: "
+        + ", ".join([*impls.IMPLS, *impls.SHARED])
+        + " (the last four run in `shared` only)",
+    )
     parser.add_argument("--out", type=Path, help="results directory")
     args = parser.parse_args(argv)
     if args.quick and "--repeats" not in (argv if argv is not None else sys.argv):
@@ -63,11 +68,17 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _run_scenarios(args: argparse.Namespace, url: str, names: list[str]) -> dict[str, Any]:
+    chosen_impls = args.impls.split(",") if args.impls else None
+    shared_names = [
+        *names,
+        *(n for n in impls.available_shared() if chosen_impls is None or n in chosen_impls),
+    ]
     runners: dict[str, Callable[[], dict[str, Any]]] = {
         "rtt": lambda: rtt.run(url, repeats=args.repeats, quick=args.quick),
         "uncontended": lambda: uncontended.run(url, names, repeats=args.repeats, quick=args.quick),
         "contended": lambda: contended.run(url, names, repeats=args.repeats, quick=args.quick),
         "sweep": lambda: sweep.run(url, names, repeats=args.repeats, quick=args.quick),
+        "shared": lambda: shared.run(url, shared_names, repeats=args.repeats, quick=args.quick),
         "fanin": lambda: fanin.run(url, names, repeats=args.repeats, quick=args.quick),
     }
     chosen = SCENARIOS if args.scenario == "all" else (args.scenario,)
@@ -133,7 +144,7 @@ def main(argv: list[str] | None = None) -> int:
             "repeats": args.repeats,
             "quick": args.quick,
             "implementations": names,
-            "labels": {name: impls.IMPLS[name].label for name in impls.IMPLS},
+            "labels": {name: cls.label for name, cls in {**impls.IMPLS, **impls.SHARED}.items()},
             "connection_pool": impls.POOL_SIZE,
         },
         "scenarios": {**merged, **scenarios},

@@ -12,7 +12,9 @@ parent merges the logs of the window ``[start, end)`` and derives:
 - overlaps: grants that came before an earlier hold's release timestamp (a broken lock);
 - the server's commands per acquisition (``INFO commandstats`` deltas over the window, the
   commands scripts run included; also split into script calls, PUBLISH and the busiest
-  commands) and its CPU per acquisition (``INFO cpu``).
+  commands) and its CPU per acquisition (``INFO cpu``);
+- the worker processes' CPU per acquisition (``time.process_time_ns`` over the window) and the
+  cores they used (their CPU seconds per second).
 
 At the end of the window tasks that wait are cancelled; holders finish their hold.
 """
@@ -24,6 +26,7 @@ import itertools
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from ..impls import make
@@ -31,7 +34,10 @@ from ..stats import ServerProbe, median_of_runs, percentile
 from ..workers import WorkerPool
 from . import rotated
 
-__all__ = ["analyse", "contend", "one_run", "run"]
+__all__ = ["Analyser", "analyse", "contend", "one_run", "run"]
+
+# (merged (granted, released, worker) logs, window start, window end, workers) -> figures
+Analyser = Callable[[list[tuple[int, int, int]], int, int, int], dict[str, Any]]
 
 HOLD_S = 0.001
 _SETUP_S = 1.0  # from sending the jobs to the start of the window
@@ -75,8 +81,10 @@ async def contend(
         await asyncio.gather(*(cycle(lock_impl.handle(f"{key}:warm:{i}")) for i in range(tasks)))
         late_ns = max(0, time.perf_counter_ns() - start_ns)
         await asyncio.sleep(max(0.0, (start_ns - time.perf_counter_ns()) / 1e9))
+        cpu_ns = time.process_time_ns()
         running = [asyncio.create_task(worker(index)) for index in range(tasks)]
         await asyncio.sleep(max(0.0, (end_ns - time.perf_counter_ns()) / 1e9))
+        cpu_ns = time.process_time_ns() - cpu_ns
         for index, task in enumerate(running):
             if index not in holding:
                 task.cancel()
@@ -86,7 +94,7 @@ async def contend(
         await asyncio.gather(*running, return_exceptions=True)
     finally:
         await asyncio.wait_for(lock_impl.aclose(), timeout=5)
-    return {"records": records, "late_ns": late_ns}
+    return {"records": records, "late_ns": late_ns, "cpu_ns": cpu_ns}
 
 
 def analyse(
@@ -143,8 +151,10 @@ def one_run(
     duration_s: float,
     processes: int | None = None,
     setup_s: float = _SETUP_S,
+    analyser: Analyser | None = None,
 ) -> dict[str, Any]:
-    """One window: ``processes`` workers of ``pool`` (all of them by default) x ``tasks``."""
+    """One window: ``processes`` workers of ``pool`` (all of them by default) x ``tasks``;
+    ``analyser`` (:func:`analyse` by default) turns the merged logs into figures."""
     processes = len(pool) if processes is None else processes
     key = f"bench:contended:{uuid.uuid4().hex}"
     start_ns = time.perf_counter_ns() + int(setup_s * 1e9)
@@ -176,7 +186,7 @@ def one_run(
     if errors:
         return {"error": errors[0]}
     records = [tuple(r) for reply in replies for r in reply["records"]]
-    result = analyse(records, start_ns, end_ns, processes * tasks)
+    result = (analyser or analyse)(records, start_ns, end_ns, processes * tasks)
     # How long after the window opened the slowest process had warmed up (should be 0).
     result["late_start_ms"] = max(reply["late_ns"] for reply in replies) / 1e6
     if result["late_start_ms"] > 0:
@@ -188,6 +198,10 @@ def one_run(
     acquisitions = max(1, result["acquisitions"])
     result.update(_per_acquisition(calls_before, calls_after, acquisitions))
     result["server_cpu_us_per_acquisition"] = server_cpu_s / acquisitions * 1e6
+    # The worker processes' CPU over the window (threads included: python-redis-lock's too).
+    client_cpu_ns = sum(reply["cpu_ns"] for reply in replies)
+    result["client_cpu_us_per_acquisition"] = client_cpu_ns / acquisitions / 1e3
+    result["client_cpus"] = client_cpu_ns / 1e9 / duration_s
     result["commands_per_s"] = result["commands_per_acquisition"] * acquisitions / duration_s
     return result
 
