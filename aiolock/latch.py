@@ -4,8 +4,8 @@ The count is one key (absent: zero); counting it down to zero deletes it and pub
 latch's channel, where every waiting task of every client is parked on one broadcast entry per
 client (:class:`~aiolock._pubsub.BroadcastEntry`): one message wakes them all.  A waiter looks
 at the count, joins the channel, and looks again whenever it is woken (the subscription's
-confirmation wakes it too, so a zero published before the subscription is not missed).  It
-never polls.
+confirmation wakes it too, so a zero published before the subscription is not missed, and a
+zero published while it looks is kept for it).  It never polls.
 """
 
 from __future__ import annotations
@@ -71,10 +71,14 @@ class AsyncCountDownLatch:
         deadline = math.inf if wait_s is None else loop.time() + wait_s
         if await self.count() == 0:
             return True
-        pubsub = self._services.pubsub
+        pubsub = self._services.check_open().pubsub
+        # Joined before looking again: a zero published while that look is in flight finds
+        # this task on the entry, not parked, and leaves it a wake-up for its park.
         entry = pubsub.join(self._keys.channel, None, BroadcastEntry)
         self._waiters += 1
         try:
+            if await self.count() == 0:
+                return True
             while True:
                 waiter = entry.park(deadline)
                 try:
