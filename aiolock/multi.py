@@ -103,21 +103,35 @@ class MultiLock(Guarded[tuple[int, ...]]):
             taken.clear()  # all held: nothing to give back
             return True
         finally:
-            for lock in reversed(taken):
-                await lock._release(lock._owner()[0])
+            if taken:
+                # All at once, errors only gathered: one part's failed release must not keep
+                # the others held (a part's own settlement finishes a release that failed).
+                owners = [lock._owner()[0] for lock in taken]
+                await asyncio.gather(
+                    *(lock._release(owner) for lock, owner in zip(taken, owners, strict=True)),
+                    return_exceptions=True,
+                )
 
     # -- releasing ---------------------------------------------------------------------------
 
     async def unlock(self) -> None:
-        """Release one hold of every part.
+        """Release one hold of every part, all at once.
 
         :raises LockNotOwnedError: if the caller did not hold some part (the others are
-            released all the same).
+            released all the same).  A connection error is raised after every part was tried;
+            a part whose release failed is completed in the background.
         """
-        missing = []
-        for lock in self.locks:
-            if await lock._release(lock._owner()[0]) is None:
-                missing.append(lock.name)
+        owners = [lock._owner()[0] for lock in self.locks]
+        outcomes = await asyncio.gather(
+            *(lock._release(owner) for lock, owner in zip(self.locks, owners, strict=True)),
+            return_exceptions=True,
+        )
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome  # every part was released or is settling; the first error shows
+        missing = [
+            lock.name for lock, left in zip(self.locks, outcomes, strict=True) if left is None
+        ]
         if missing:
             raise LockNotOwnedError(f"{self.name!r}: not held by this owner: {missing}")
 
