@@ -152,8 +152,25 @@ class LockKind(Guarded[int]):
         """Where the client wakes one of its own waiters when a hold ends unpublished."""
         return None
 
+    def _leave_call(self, owner: str) -> Call | None:
+        """What a waiter that gives up sends, if its kind keeps waiters on the server."""
+        return None
+
     def _gave_up(self, owner: str) -> None:
-        """A waiting call left without the lock (timeout, cancellation, error): clean up."""
+        """A waiting call left without the lock (timeout, cancellation, error).
+
+        A kind that keeps its waiters on the server (a queue) has them leave at once.  Leaving
+        is idempotent, so it is sent for every call that leaves without the lock, also one
+        cancelled while its try (which may have queued it) was in flight: settled after that
+        try, like the rest of the owner's pending work.
+        """
+        call = self._leave_call(owner)
+        if call is not None:
+            self._services.holds.defer(self._keys.lock, owner, self._leave(call))
+
+    async def _leave(self, call: Call) -> None:
+        # Sent also while the client closes: closing waits for it (see Client.aclose).
+        await self._services.calls.run(*call)
 
     def _refusal(self, error: ResponseError) -> Exception | None:
         """The exception to raise for an attempt the script refused, if the kind has one."""
@@ -199,7 +216,7 @@ class LockKind(Guarded[int]):
     ) -> Hold | float:
         """One attempt for an owner resolved by the caller (composites run parts concurrently,
         in tasks of their own, on behalf of the calling task)."""
-        await self._services.holds.settle(self._hold_key, owner)
+        await self._services.holds.settle(self._keys.lock, owner)
         granted = False
         try:
             outcome = await self._try_acquire(owner, task, lease)
@@ -333,7 +350,7 @@ class LockKind(Guarded[int]):
         one.
         """
         owner, task = self._owner() if who is None else who
-        await self._services.holds.settle(self._hold_key, owner)
+        await self._services.holds.settle(self._keys.lock, owner)
         waiting = self._waiting(owner)
         granted = False
         try:
@@ -421,7 +438,7 @@ class LockKind(Guarded[int]):
             self._settle_later(owner, work, lambda: self._release_outcome(work, owner, request))
 
         try:
-            await services.holds.settle(key, owner)
+            await services.holds.settle(self._keys.lock, owner)
         except asyncio.CancelledError:
             unknown(not_sent())
             raise
@@ -450,7 +467,7 @@ class LockKind(Guarded[int]):
             self.name,
             extra,
         )
-        self._services.holds.defer(self._hold_key, owner, self._drop_holds(owner, extra))
+        self._services.holds.defer(self._keys.lock, owner, self._drop_holds(owner, extra))
 
     async def _drop_holds(self, owner: str, count: int) -> None:
         for _ in range(count):
@@ -465,7 +482,8 @@ class LockKind(Guarded[int]):
     ) -> None:
         """Once the call ``work`` whose outcome its caller never saw is over, ``settle()`` it.
 
-        Registered at once, so the owner's next acquire or release on this name waits for it.
+        Registered at once, so the owner's next acquire or release on this name waits for it
+        (in any mode: settlements are keyed by the lock, not by the registry key).
         """
 
         async def when_done() -> None:
@@ -473,7 +491,7 @@ class LockKind(Guarded[int]):
             if not work.cancelled():  # cancelled: the client is closing
                 await settle()
 
-        self._services.holds.defer(self._hold_key, owner, when_done())
+        self._services.holds.defer(self._keys.lock, owner, when_done())
 
     async def _release_outcome(self, work: asyncio.Future[Any], owner: str, request: int) -> None:
         """Settle a release with an unknown outcome: record it, or resend it until it lands."""

@@ -91,11 +91,5 @@ class AsyncFairLock(LockKind):
     def _waiting(self, owner: str) -> Waiting:
         return NamedWait(self._services, self._keys.channel, self._counters, owner)
 
-    def _gave_up(self, owner: str) -> None:
-        # Leaving is idempotent: sent for every call that leaves without the lock, also one
-        # cancelled while its try was in flight (that try may have queued it).
-        self._services.holds.defer(self._hold_key, owner, self._leave(owner))
-
-    async def _leave(self, owner: str) -> None:
-        # Sent also while the client closes: closing waits for it (see Client.aclose).
-        await self._services.calls.run(_scripts.FAIR_LEAVE, self._script_keys(), (owner,))
+    def _leave_call(self, owner: str) -> Call:
+        return _scripts.FAIR_LEAVE, self._script_keys(), (owner,)

@@ -98,13 +98,29 @@ class _Mode(LockKind):
         keys = self._rw_keys
         return keys.write_channel if self.mode == "r" else keys.read_channel
 
-    async def _rw_state(self) -> tuple[bool, int, int, int]:
-        """(someone writes, live readers, the caller's read holds, its write holds)."""
+    async def _rw_state(self) -> tuple[bool, int, int, int, float, float]:
+        """(someone writes, live readers, the caller's read holds, its write holds, seconds
+        until the write hold ends, seconds until the last read hold ends)."""
         owner, _ = self._owner()
-        writer, readers, reads, writes = await self._services.calls.run(
+        writer, readers, reads, writes, write_ms, read_ms = await self._services.calls.run(
             _scripts.RW_STATE, self._rw_keys.script_keys(), (owner,)
         )
-        return writer is not None, int(readers), int(reads), int(writes)
+        return (
+            writer is not None,
+            int(readers),
+            int(reads),
+            int(writes),
+            int(write_ms) / 1000,
+            int(read_ms) / 1000,
+        )
+
+    async def force_unlock(self) -> bool:
+        """Delete the lock whoever holds it, readers and writer: every hold of it is lost."""
+        deleted = await super().force_unlock()
+        if deleted:
+            other = "r" if self.mode == "w" else "w"
+            self._services.holds.lose_all(f"{self._keys.lock}#{other}", "it was force-unlocked")
+        return deleted
 
 
 class AsyncReadLock(_Mode):
@@ -150,6 +166,11 @@ class AsyncReadLock(_Mode):
         """The caller's read holds."""
         return (await self._rw_state())[2]
 
+    async def remaining_lease(self) -> float | None:
+        """Seconds until the last read hold ends; ``None`` if nobody reads."""
+        left = (await self._rw_state())[5]
+        return left if left > 0 else None
+
 
 class AsyncWriteLock(_Mode):
     """The write side of an :class:`AsyncReadWriteLock`: one owner, and no other readers.
@@ -187,13 +208,9 @@ class AsyncWriteLock(_Mode):
             self._services, self._keys.channel, self._counters, reentering=reentering
         )
 
-    def _gave_up(self, owner: str) -> None:
-        # A writer that stops waiting stops holding readers back at once (idempotent; sent
-        # also for a call cancelled while its try, which may have registered it, was in flight).
-        self._services.holds.defer(self._hold_key, owner, self._leave(owner))
-
-    async def _leave(self, owner: str) -> None:
-        await self._services.calls.run(_scripts.RW_LEAVE, self._rw_keys.script_keys(), (owner,))
+    def _leave_call(self, owner: str) -> Call:
+        # A writer that stops waiting stops holding readers back at once.
+        return _scripts.RW_LEAVE, self._rw_keys.script_keys(), (owner,)
 
     async def is_locked(self) -> bool:
         """``True`` while anyone holds the write lock."""
@@ -206,6 +223,11 @@ class AsyncWriteLock(_Mode):
     async def hold_count(self) -> int:
         """The caller's write holds."""
         return (await self._rw_state())[3]
+
+    async def remaining_lease(self) -> float | None:
+        """Seconds until the write hold ends; ``None`` if nobody writes."""
+        left = (await self._rw_state())[4]
+        return left if left > 0 else None
 
 
 class AsyncReadWriteLock:

@@ -180,3 +180,71 @@ async def test_readers_of_a_client_that_died_expire_within_their_lease(
     assert await writer.try_lock(wait=5)
     assert loop.time() - started < 0.6 + 1.0
     await writer.unlock()
+
+
+async def test_a_short_read_hold_beside_a_long_one_is_lost_on_time(
+    aiolock_client: aiolock.Client, make_client: Callable[..., aiolock.Client]
+) -> None:
+    long = aiolock_client.rw_lock("own-lease").read_lock()
+    short = make_client().rw_lock("own-lease").read_lock()
+    assert await long.try_lock(lease=5)
+    loop = asyncio.get_running_loop()
+    with pytest.raises(aiolock.LockLostError):
+        async with short.acquire(lease=0.3) as guard:
+            started = loop.time()
+            lease = await short.remaining_lease()
+            assert lease is not None
+            assert lease > 4  # the lock lives as long as its longest hold
+            await eventually(lambda: guard.lost, timeout=2, what="the short hold lost")
+            assert loop.time() - started < 1.0  # its own lease, not the long reader's
+    assert await long.is_held()
+    await long.unlock()
+
+
+async def test_a_write_hold_has_its_own_lease(
+    aiolock_client: aiolock.Client, make_client: Callable[..., aiolock.Client]
+) -> None:
+    write = aiolock_client.rw_lock("own-write").write_lock()
+    assert await write.remaining_lease() is None
+    assert await write.try_lock(lease=0.5)
+    lease = await write.remaining_lease()
+    assert lease is not None
+    assert lease <= 0.5
+    other = make_client().rw_lock("own-write").write_lock()
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    assert await other.try_lock(wait=5)
+    assert loop.time() - started < 1.5  # when that lease ended, not a longer one
+    await other.unlock()
+    assert await write.remaining_lease() is None
+
+
+async def test_a_downgraded_writer_loses_its_short_write_hold_but_keeps_reading(
+    aiolock_client: aiolock.Client,
+) -> None:
+    rw = aiolock_client.rw_lock("short-write")
+    write, read = rw.write_lock(), rw.read_lock()
+    assert await write.try_lock(lease=0.3)
+    assert await read.try_lock(lease=5)
+    await eventually(lambda: write.statistics().lost, what="the write hold lost")
+
+    async def not_written() -> bool:
+        return not await write.is_locked()
+
+    await eventually(not_written, what="the server dropped the write hold too")
+    assert await read.is_held()
+    await read.unlock()
+    assert not await read.is_locked()
+
+
+async def test_fresh_read_holds_get_increasing_tokens(aiolock_client: aiolock.Client) -> None:
+    read = aiolock_client.rw_lock("tokens").read_lock()
+    write = aiolock_client.rw_lock("tokens").write_lock()
+    tokens = []
+    for lock in (read, write, read, read):
+        async with lock.acquire() as guard:
+            tokens.append(guard.fencing_token)
+            if lock is read:
+                async with read.acquire() as again:
+                    assert again.fencing_token == guard.fencing_token  # re-entered: shared
+    assert tokens == sorted(set(tokens)), tokens

@@ -4,12 +4,9 @@
 -- ask first), KEYS[4] by its deadline in ms of the server's clock.  A live waiter moves its
 -- deadline on with every try; one that stopped trying (its process died) is dropped once its
 -- deadline passes.  The hand-off message goes to the next waiter's client only: on the
--- channel KEYS[5] .. <client id>, naming the waiter.
-
-local function now_ms()
-    local t = redis.call('TIME')
-    return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
+-- channel KEYS[5] .. <client id>, naming the waiter.  That channel is not a declared key (the
+-- next waiter is only known here), but it starts with KEYS[5], which carries the lock's hash
+-- tag: it lives in the lock's Cluster slot.  Needs common/_time included first.
 
 -- Drop waiters whose deadline passed (at most 100 a call); returns how many went.
 local function drop_vanished(now)

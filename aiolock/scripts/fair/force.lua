@@ -7,6 +7,7 @@
 -- KEYS[5]  the prefix of the per-client wake-up channels
 --
 -- Returns 1 if the lock existed, else 0.
+--@include common/_time
 --@include fair/_queue
 if redis.call('DEL', KEYS[1]) == 1 then
     wake_next(now_ms())

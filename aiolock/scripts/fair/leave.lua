@@ -9,6 +9,7 @@
 --
 -- Returns 1 if the owner was queued, else 0.  If it was next and the lock is free, the waiter
 -- after it is woken.  Idempotent: leaving twice changes nothing.
+--@include common/_time
 --@include fair/_queue
 local was_next = head() == ARGV[1]
 local removed = redis.call('ZREM', KEYS[3], ARGV[1])

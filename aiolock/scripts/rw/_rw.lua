@@ -1,29 +1,33 @@
--- The read-write lock's state, included by its scripts (not run alone).  Every script takes
--- the same keys:
+-- The read-write lock's state, included by its scripts after common/_time (not run alone).
+-- Every script takes the same keys:
 --
--- KEYS[1]  the lock hash: 'w' -> the writer's owner id, 'wc' -> its hold count, 'r:<owner>' ->
---          a reader's hold count, 'q:<owner>' -> the last request applied for that owner,
---          ':fence' -> the current write hold's fencing token
--- KEYS[2]  the meta hash: 'next' -> fencing token counter, 'released' -> the request that
---          last deleted the lock
+-- KEYS[1]  the lock hash: 'w' -> the writer's owner id, 'wc' -> its hold count, 'we' -> the
+--          server ms at which its lease ends; 'r:<owner>' -> a reader's hold count,
+--          't:<owner>' -> its read token; 'q:<owner>' -> the last request applied for that
+--          owner; ':fence' -> the write hold's fencing token
+-- KEYS[2]  the meta hash: 'next' -> the token counter (read and write tokens), 'released' ->
+--          the request that last deleted the lock
 -- KEYS[3]  the readers: owner -> its read lease end (server ms); 'owner/request' -> minus the
 --          time until which a resend of that owner's last read release is recognised
 -- KEYS[4]  the waiting writers: owner -> the server ms after which it no longer waits
 -- KEYS[5]  the readers' channel (a write release wakes them all)
 -- KEYS[6]  the writers' channel (a release that frees the lock wakes one writer)
+--
+-- Every hold has its own lease; the hash lives exactly as long as its longest live hold.
 
-local function now_ms()
-    local t = redis.call('TIME')
-    return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
-
--- Drop the readers whose lease ended (their holds go), old resend marks, and writers that
--- stopped waiting.
+-- Drop the holds whose lease ended, old resend marks, and writers that stopped waiting.
 local function expire(now)
     local gone = redis.call('ZRANGEBYSCORE', KEYS[3], 0, now)
-    local writer = redis.call('HGET', KEYS[1], 'w')
+    local writer, write_ends = unpack(redis.call('HMGET', KEYS[1], 'w', 'we'))
+    if writer and tonumber(write_ends) <= now then
+        redis.call('HDEL', KEYS[1], 'w', 'wc', 'we', ':fence')
+        if not redis.call('HGET', KEYS[1], 'r:' .. writer) then
+            redis.call('HDEL', KEYS[1], 'q:' .. writer)
+        end
+        writer = nil
+    end
     for _, owner in ipairs(gone) do
-        redis.call('HDEL', KEYS[1], 'r:' .. owner)
+        redis.call('HDEL', KEYS[1], 'r:' .. owner, 't:' .. owner)
         if owner ~= writer then
             redis.call('HDEL', KEYS[1], 'q:' .. owner)
         end
@@ -40,15 +44,30 @@ local function waiting_writers()
     return redis.call('ZCARD', KEYS[4])
 end
 
--- Keep key alive at least ms longer: the lock lives as long as its longest hold.
-local function keep(key, ms)
-    if redis.call('PTTL', key) < ms then
-        redis.call('PEXPIRE', key, ms)
+-- The ms until the last live read hold ends (0: none).
+local function read_left(now)
+    local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')[2]
+    return math.max((tonumber(last) or 0) - now, 0)
+end
+
+-- The ms until the write hold ends (0: none).
+local function write_left(now)
+    return math.max((tonumber(redis.call('HGET', KEYS[1], 'we')) or 0) - now, 0)
+end
+
+-- Set the keys' lifetime to the longest live hold's; none left: delete them.
+local function retime(now)
+    local left = math.max(read_left(now), write_left(now))
+    if left > 0 then
+        redis.call('PEXPIRE', KEYS[1], left)
+        redis.call('PEXPIRE', KEYS[3], left)
+    else
+        redis.call('DEL', KEYS[1], KEYS[3])
     end
 end
 
--- The write hold ended: wake one writer (of each client: a client's writers queued behind
--- its first are not registered here), and every reader unless a registered writer goes first.
+-- The write hold ended: wake one writer (of each client: a client's writers queued behind its
+-- first are not registered here), and every reader unless a registered writer goes first.
 local function wake_after_write()
     redis.call('PUBLISH', KEYS[6], 'free')
     if waiting_writers() == 0 then
@@ -64,28 +83,31 @@ local function free(request)
 end
 
 -- The watchdog's batch: KEYS[2i-1], KEYS[2i] are the lock hash and readers set of the i-th
--- hold, ARGV[i+1] its owner; mode 'r' renews read holds, 'w' write holds.  Returns 1 per
--- hold renewed, 0 per hold no longer held in that mode.  A longer lease already set is kept.
+-- hold, ARGV[i+1] its owner; mode 'r' renews read holds, 'w' write holds.  Returns 1 per hold
+-- renewed, 0 per hold no longer held in that mode.  A longer lease already set is kept.
 local function renew(mode, lease)
     local now = now_ms()
     local renewed = {}
     for i = 1, #ARGV - 1 do
         local lock, readers, owner = KEYS[2 * i - 1], KEYS[2 * i], ARGV[i + 1]
-        local ok
+        local ends, ok
         if mode == 'w' then
-            ok = redis.call('HGET', lock, 'w') == owner
+            local writer, write_ends = unpack(redis.call('HMGET', lock, 'w', 'we'))
+            ends = tonumber(write_ends)
+            ok = writer == owner and ends > now
+            if ok and ends < now + lease then
+                redis.call('HSET', lock, 'we', now + lease)
+            end
         else
-            local ends = tonumber(redis.call('ZSCORE', readers, owner))
+            ends = tonumber(redis.call('ZSCORE', readers, owner))
             ok = ends ~= nil and ends > now and redis.call('HEXISTS', lock, 'r:' .. owner) == 1
-            if ok then
-                if ends < now + lease then
-                    redis.call('ZADD', readers, now + lease, owner)
-                end
-                keep(readers, lease)
+            if ok and ends < now + lease then
+                redis.call('ZADD', readers, now + lease, owner)
             end
         end
         if ok then
             keep(lock, lease)
+            keep(readers, lease)
         end
         renewed[i] = ok and 1 or 0
     end

@@ -3,6 +3,7 @@
 -- KEYS[1..6]  the lock, meta, readers, waiting writers, readers' and writers' channels
 --
 -- Returns 1 if anyone held it, else 0.
+--@include common/_time
 --@include rw/_rw
 local now = now_ms()
 expire(now)

@@ -6,10 +6,11 @@
 -- ARGV[3]  request id, unique per call of this owner; a resent call carries the same id
 -- ARGV[4]  unused (the writers' wait timeout, taken by the write script)
 --
--- Returns {token, read count, PTTL} when granted (token: the last write token handed out),
--- else the ms to wait before trying again.  Readers of other owners wait while a writer holds
--- the lock or waits for it (writers are not starved); an owner that reads or writes already
--- is granted at once.
+-- Returns {token, read count, ms until this owner's read holds end} when granted (a fresh
+-- read hold gets a new token; a reentrant one shares it), else the ms to wait before trying
+-- again.  Readers of other owners wait while a writer holds the lock or waits for it (writers
+-- are not starved); an owner that reads or writes already is granted at once.
+--@include common/_time
 --@include rw/_rw
 local lease = tonumber(ARGV[1])
 if not lease or lease < 1 or lease > 1e12 then
@@ -20,13 +21,13 @@ local request = owner .. '/' .. ARGV[3]
 local now = now_ms()
 expire(now)
 
-local held = redis.call('HMGET', KEYS[1], 'w', 'r:' .. owner, 'q:' .. owner)
-local token = tonumber(redis.call('HGET', KEYS[2], 'next')) or 0
-if held[3] == request and held[2] then
-    return {token, tonumber(held[2]), redis.call('PTTL', KEYS[1])}  -- a resend
+local held = redis.call('HMGET', KEYS[1], 'w', 'r:' .. owner, 'q:' .. owner, 't:' .. owner)
+if held[3] == request and held[2] then  -- a resend
+    local ends = tonumber(redis.call('ZSCORE', KEYS[3], owner))
+    return {tonumber(held[4]), tonumber(held[2]), ends - now}
 end
 if held[1] and held[1] ~= owner then
-    return math.max(redis.call('PTTL', KEYS[1]), 1)
+    return math.max(write_left(now), 1)
 end
 if not held[1] and not held[2] and waiting_writers() > 0 then
     -- A writer waits: queue behind it, until it has had its turn or stopped waiting.
@@ -34,12 +35,17 @@ if not held[1] and not held[2] and waiting_writers() > 0 then
     return math.max(tonumber(first[2]) - now, 1)
 end
 
+local token = tonumber(held[4])
+if not token then
+    token = redis.call('HINCRBY', KEYS[2], 'next', 1)
+    redis.call('HSET', KEYS[1], 't:' .. owner, token)
+end
 local count = redis.call('HINCRBY', KEYS[1], 'r:' .. owner, 1)
 redis.call('HSET', KEYS[1], 'q:' .. owner, request)
 local ends = tonumber(redis.call('ZSCORE', KEYS[3], owner))
 if not ends or ends < now + lease then
-    redis.call('ZADD', KEYS[3], now + lease, owner)
+    ends = now + lease
+    redis.call('ZADD', KEYS[3], ends, owner)
 end
-keep(KEYS[1], lease)
-keep(KEYS[3], lease)
-return {token, count, redis.call('PTTL', KEYS[1])}
+retime(now)
+return {token, count, ends - now}

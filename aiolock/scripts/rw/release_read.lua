@@ -7,7 +7,8 @@
 --          release only if that was the owner's last request applied
 --
 -- Returns the owner's read holds left, or nil when it held none.  The release that frees the
--- lock deletes it and wakes one waiting writer.
+-- lock deletes it and wakes a writer.
+--@include common/_time
 --@include rw/_rw
 local owner = ARGV[1]
 local request = owner .. '/' .. ARGV[2]
@@ -16,7 +17,8 @@ expire(now)
 
 local held = redis.call('HMGET', KEYS[1], 'r:' .. owner, 'q:' .. owner, 'w')
 if not held[1] then
-    if redis.call('HGET', KEYS[2], 'released') == request or redis.call('ZSCORE', KEYS[3], request) then
+    if redis.call('HGET', KEYS[2], 'released') == request
+        or redis.call('ZSCORE', KEYS[3], request) then
         return 0  -- a resend of a release that landed
     end
     return nil
@@ -33,7 +35,7 @@ if count > 0 then
     redis.call('HSET', KEYS[1], 'r:' .. owner, count, 'q:' .. owner, request)
     return count
 end
-redis.call('HDEL', KEYS[1], 'r:' .. owner)
+redis.call('HDEL', KEYS[1], 'r:' .. owner, 't:' .. owner)
 redis.call('ZREM', KEYS[3], owner)
 if held[3] == owner then
     redis.call('HSET', KEYS[1], 'q:' .. owner, request)  -- it still writes
@@ -44,4 +46,5 @@ else
     redis.call('HDEL', KEYS[1], 'q:' .. owner)
     redis.call('ZADD', KEYS[3], -(now + 60000), request)  -- so that a resend is recognised
 end
+retime(now)
 return 0

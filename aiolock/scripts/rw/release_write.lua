@@ -8,6 +8,7 @@
 -- Returns the owner's write holds left, or nil when it held none.  The last write release
 -- keeps the owner's read holds (a downgrade); if nobody reads, the lock is deleted.  Either
 -- way a waiting writer is woken, and every waiting reader unless a writer is registered.
+--@include common/_time
 --@include rw/_rw
 local owner = ARGV[1]
 local request = owner .. '/' .. ARGV[2]
@@ -37,7 +38,8 @@ if live_readers(now) == 0 then
     free(request)
     return 0
 end
-redis.call('HDEL', KEYS[1], 'w', 'wc')
+redis.call('HDEL', KEYS[1], 'w', 'wc', 'we', ':fence')
 redis.call('HSET', KEYS[1], 'q:' .. owner, request)  -- it still reads: a downgrade
+retime(now)
 wake_after_write()
 return 0

@@ -5,6 +5,7 @@
 -- ARGV[i+1]  the owner id of the i-th hold
 --
 -- Returns one entry per hold: 1 when renewed, 0 when the owner no longer holds it (read).
+--@include common/_time
 --@include rw/_rw
 local lease = tonumber(ARGV[1])
 if not lease or lease < 1 or lease > 1e12 then

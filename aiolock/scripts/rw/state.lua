@@ -3,10 +3,13 @@
 -- KEYS[1..6]  the lock, meta, readers, waiting writers, readers' and writers' channels
 -- ARGV[1]     an owner id
 --
--- Returns {writer or false, live readers, the owner's read holds, the owner's write holds}.
+-- Returns {writer or false, live readers, the owner's read holds, the owner's write holds,
+-- ms until the write hold ends (0: none), ms until the last read hold ends (0: none)}.
+--@include common/_time
 --@include rw/_rw
 local now = now_ms()
 expire(now)
 local held = redis.call('HMGET', KEYS[1], 'w', 'wc', 'r:' .. ARGV[1])
 local writes = held[1] == ARGV[1] and tonumber(held[2]) or 0
-return {held[1] or false, live_readers(now), tonumber(held[3]) or 0, writes}
+return {held[1] or false, live_readers(now), tonumber(held[3]) or 0, writes, write_left(now),
+    read_left(now)}

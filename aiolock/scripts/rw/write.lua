@@ -6,9 +6,11 @@
 -- ARGV[3]  request id, unique per call of this owner; a resent call carries the same id
 -- ARGV[4]  how long (ms) a waiting writer holds readers back without trying again
 --
--- Returns {fencing token, write count, PTTL} when granted, else the ms to wait before trying
--- again (the writer then holds back new readers of other owners until that wait has passed
--- twice).  An owner that reads and does not write gets an error: an upgrade could deadlock.
+-- Returns {fencing token, write count, ms until the write hold ends} when granted, else the
+-- ms to wait before trying again (the writer then holds back new readers of other owners until
+-- ARGV[4] has passed since its last try).  An owner that reads and does not write gets an
+-- error: an upgrade could deadlock.
+--@include common/_time
 --@include rw/_rw
 local lease = tonumber(ARGV[1])
 local wait = tonumber(ARGV[4])
@@ -20,15 +22,19 @@ local request = owner .. '/' .. ARGV[3]
 local now = now_ms()
 expire(now)
 
-local held = redis.call('HMGET', KEYS[1], 'w', 'wc', 'r:' .. owner, 'q:' .. owner, ':fence')
+local held = redis.call('HMGET', KEYS[1], 'w', 'wc', 'r:' .. owner, 'q:' .. owner, ':fence', 'we')
 if held[1] == owner then
-    local count = tonumber(held[2])
+    local count, ends = tonumber(held[2]), tonumber(held[6])
     if held[4] ~= request then
         count = count + 1
         redis.call('HSET', KEYS[1], 'wc', count, 'q:' .. owner, request)
+        if ends < now + lease then  -- re-entering never shortens the lease
+            ends = now + lease
+            redis.call('HSET', KEYS[1], 'we', ends)
+        end
+        retime(now)
     end
-    keep(KEYS[1], lease)
-    return {tonumber(held[5]), count, redis.call('PTTL', KEYS[1])}
+    return {tonumber(held[5]), count, ends - now}
 end
 if held[3] then
     return redis.error_reply('ERR aiolock: upgrade refused: the owner holds the read lock')
@@ -36,12 +42,13 @@ end
 if held[1] or live_readers(now) > 0 then
     redis.call('ZADD', KEYS[4], now + wait, owner)
     keep(KEYS[4], 2 * wait)
-    local pttl = redis.call('PTTL', KEYS[1])
-    return math.max(math.min(math.floor(wait / 3), pttl > 0 and pttl or wait), 1)
+    local left = math.max(write_left(now), read_left(now))
+    return math.max(math.min(math.floor(wait / 3), left > 0 and left or wait), 1)
 end
 
 redis.call('ZREM', KEYS[4], owner)
 local token = redis.call('HINCRBY', KEYS[2], 'next', 1)
-redis.call('HSET', KEYS[1], 'w', owner, 'wc', 1, ':fence', token, 'q:' .. owner, request)
-keep(KEYS[1], lease)
-return {token, 1, redis.call('PTTL', KEYS[1])}
+redis.call('HSET', KEYS[1], 'w', owner, 'wc', 1, 'we', now + lease, ':fence', token,
+    'q:' .. owner, request)
+retime(now)
+return {token, 1, lease}

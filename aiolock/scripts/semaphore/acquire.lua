@@ -8,6 +8,7 @@
 --
 -- Returns {0, 1, lease left} when granted (a resend returns the same grant), else the ms until
 -- the earliest permit's lease ends (a permit may come back without a release).
+--@include common/_time
 --@include semaphore/_permits
 local lease = tonumber(ARGV[1])
 local limit = tonumber(ARGV[4])

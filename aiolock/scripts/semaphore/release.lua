@@ -11,6 +11,7 @@
 --
 -- Returns 0 when released (also for a resend of a release that landed), nil when the permit
 -- was not held (its lease had ended).
+--@include common/_time
 --@include semaphore/_permits
 local request = ARGV[1] .. '/' .. ARGV[2]
 drop_expired()
