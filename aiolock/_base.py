@@ -44,7 +44,7 @@ from ._validate import check_lease, check_wait
 from ._waiting import Waiting
 from .errors import LockNotOwnedError, LockTimeoutError
 
-__all__ = ["Call", "LockKind", "LockStatistics", "NameState", "Who"]
+__all__ = ["Call", "LockKind", "LockStatistics", "NameState", "Who", "release_args"]
 
 logger = logging.getLogger("aiolock.lock")
 
@@ -232,6 +232,10 @@ class LockKind(Guarded[int]):
         """Release one hold.
 
         :raises LockNotOwnedError: if the calling owner does not hold the lock.
+
+        If the connection fails, Redis' error propagates, but the release is not lost: it is
+        no longer counted as held, and it is completed in the background (the owner's next
+        acquire or release of this lock waits for it).  Do not call ``unlock()`` again for it.
         """
         owner, _ = self._owner()
         if await self._release(owner) is None:
@@ -555,6 +559,11 @@ class LockKind(Guarded[int]):
                 continue
             services.holds.released(self._hold_key, owner, _remaining(reply))
             return
+
+
+def release_args(owner: str, request: int, undo: int | None) -> tuple[Any, ...]:
+    """ARGV of every kind's release script: owner, request, and the acquire to undo, if any."""
+    return (owner, request) if undo is None else (owner, request, undo)
 
 
 def _remaining(reply: Any) -> int | None:

@@ -22,7 +22,7 @@ __all__ = ["Watchdog"]
 
 logger = logging.getLogger("aiolock.watchdog")
 
-_BATCH = 500  # keys per renewal script call: bounds how long one call blocks the server
+_BATCH = 500  # holds per renewal script call: bounds how long one call blocks the server
 _RENEWED = {1: True, 0: False}
 
 

@@ -150,10 +150,7 @@ class Client:
         :param owner: bind the lock object to this explicit owner instead of the calling task,
             so that one task may acquire and another release.
         """
-        check_name(name)
-        if owner is not None:
-            check_name(owner, "owner")
-        return AsyncRLock(self._services, name, owner)
+        return AsyncRLock(self._services, *_name_and_owner(name, owner))
 
     def fair_lock(self, name: str, *, owner: str | None = None) -> AsyncFairLock:
         """A reentrant lock granted first come, first served across all clients (no I/O).
@@ -161,10 +158,7 @@ class Client:
         A waiter whose process vanished delays those behind it by at most the client's
         ``fair_wait_timeout``; see :class:`~aiolock.AsyncFairLock`.
         """
-        check_name(name)
-        if owner is not None:
-            check_name(owner, "owner")
-        return AsyncFairLock(self._services, name, owner)
+        return AsyncFairLock(self._services, *_name_and_owner(name, owner))
 
     def spin_lock(
         self,
@@ -178,9 +172,7 @@ class Client:
 
         :param initial_delay: the first backoff bound, in seconds; it doubles up to ``max_delay``.
         """
-        check_name(name)
-        if owner is not None:
-            check_name(owner, "owner")
+        name, owner = _name_and_owner(name, owner)
         initial = check_timeout(initial_delay, "initial_delay", minimum=0.0001)
         maximum = check_timeout(max_delay, "max_delay", minimum=0.0001)
         if maximum < initial:
@@ -310,3 +302,8 @@ class _Options:
         # Fair waiters try again every third of it: below 10 ms they would only spin.
         fair = check_timeout(fair_wait, "fair_wait_timeout", minimum=0.01)
         return cls(prefix, watchdog, concurrency, fair)
+
+
+def _name_and_owner(name: object, owner: object) -> tuple[str, str | None]:
+    """A lock factory's ``name`` and ``owner``, checked before anything else happens."""
+    return check_name(name), None if owner is None else check_name(owner, "owner")

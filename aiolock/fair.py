@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from . import _scripts
-from ._base import Call, LockKind
+from ._base import Call, LockKind, release_args
 from ._keys import LockKeys
 from ._services import Services
 from ._waiting import NamedWait, Waiting
@@ -82,7 +82,7 @@ class AsyncFairLock(LockKind):
         return _scripts.FAIR_ACQUIRE, self._script_keys(), (lease_ms, owner, request, wait_ms)
 
     def _release_call(self, owner: str, request: int, undo: int | None) -> Call:
-        args = (owner, request) if undo is None else (owner, request, undo)
+        args = release_args(owner, request, undo)
         return _scripts.FAIR_RELEASE, self._script_keys(), args
 
     def _force_call(self) -> Call:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from . import _scripts
-from ._base import Call, LockKind, LockStatistics
+from ._base import Call, LockKind, LockStatistics, release_args
 from ._guard import LockGuard
 from ._keys import LockKeys
 from ._services import Services
@@ -38,8 +38,11 @@ class ReentrantKind(LockKind):
 
     def _release_call(self, owner: str, request: int, undo: int | None) -> Call:
         keys = self._keys
-        args = (owner, request) if undo is None else (owner, request, undo)
-        return _scripts.LOCK_RELEASE, (keys.lock, keys.meta, *self._published()), args
+        return (
+            _scripts.LOCK_RELEASE,
+            (keys.lock, keys.meta, *self._published()),
+            release_args(owner, request, undo),
+        )
 
     def _force_call(self) -> Call:
         return _scripts.LOCK_FORCE, (self._keys.lock, *self._published()), ()

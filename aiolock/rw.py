@@ -21,15 +21,16 @@ lock and the write lock are two kinds over one lock hash (scripts in ``scripts/r
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from redis.exceptions import ResponseError
 
 from . import _scripts
-from ._base import Call, LockKind
+from ._base import Call, LockKind, release_args
 from ._keys import LockKeys
 from ._pubsub import BroadcastEntry
 from ._services import Services
+from ._validate import check_name
 from ._waiting import ChannelWait, Waiting
 from .errors import LockError
 
@@ -140,8 +141,11 @@ class AsyncReadLock(_Mode):
         return _scripts.RW_READ, self._rw_keys.script_keys(), (lease_ms, owner, request, 0)
 
     def _release_call(self, owner: str, request: int, undo: int | None) -> Call:
-        args = (owner, request) if undo is None else (owner, request, undo)
-        return _scripts.RW_RELEASE_READ, self._rw_keys.script_keys(), args
+        return (
+            _scripts.RW_RELEASE_READ,
+            self._rw_keys.script_keys(),
+            release_args(owner, request, undo),
+        )
 
     def _waiting(self, owner: str) -> Waiting:
         reentering = self._services.holds.get(self._hold_key, owner) is not None
@@ -191,8 +195,11 @@ class AsyncWriteLock(_Mode):
         return _scripts.RW_WRITE, self._rw_keys.script_keys(), args
 
     def _release_call(self, owner: str, request: int, undo: int | None) -> Call:
-        args = (owner, request) if undo is None else (owner, request, undo)
-        return _scripts.RW_RELEASE_WRITE, self._rw_keys.script_keys(), args
+        return (
+            _scripts.RW_RELEASE_WRITE,
+            self._rw_keys.script_keys(),
+            release_args(owner, request, undo),
+        )
 
     def _refusal(self, error: ResponseError) -> Exception | None:
         if "upgrade refused" in str(error):
@@ -262,7 +269,5 @@ class AsyncReadWriteLock:
         return f"<AsyncReadWriteLock {self.name!r}>"
 
 
-def _owner(owner: Any) -> str | None:
-    from ._validate import check_name
-
+def _owner(owner: object) -> str | None:
     return None if owner is None else check_name(owner, "owner")

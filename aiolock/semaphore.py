@@ -18,7 +18,7 @@ from types import TracebackType
 from typing import ClassVar
 
 from . import _scripts
-from ._base import Call, LockKind, LockStatistics
+from ._base import Call, LockKind, LockStatistics, release_args
 from ._holds import Hold
 from ._owners import current_task
 from ._services import Services
@@ -50,8 +50,11 @@ class _Permits(LockKind):
 
     def _release_call(self, owner: str, request: int, undo: int | None) -> Call:
         keys = self._keys
-        args = (owner, request) if undo is None else (owner, request, undo)
-        return _scripts.SEMAPHORE_RELEASE, (keys.lock, keys.meta, keys.channel), args
+        return (
+            _scripts.SEMAPHORE_RELEASE,
+            (keys.lock, keys.meta, keys.channel),
+            release_args(owner, request, undo),
+        )
 
     def _force_call(self) -> Call:
         raise NotImplementedError("a semaphore has no force_unlock")
