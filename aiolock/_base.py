@@ -383,6 +383,15 @@ class LockKind(Guarded[int]):
         self, owner: str, task: asyncio.Task[Any] | None, lease: float | None
     ) -> Hold | float:
         """One attempt: the hold, or seconds to wait before the next (``inf``: no bound)."""
+        while True:
+            outcome = await self._attempt_once(owner, task, lease)
+            if outcome is not None:
+                return outcome
+
+    async def _attempt_once(
+        self, owner: str, task: asyncio.Task[Any] | None, lease: float | None
+    ) -> Hold | float | None:
+        """:meth:`_try_acquire`'s one call; ``None``: it re-entered a stale hold, try again."""
         services = self._services
         lease_s = services.watchdog_timeout if lease is None else lease
         request = services.owners.next_request()
@@ -406,6 +415,18 @@ class LockKind(Guarded[int]):
         if not isinstance(reply, list):
             pttl = int(reply)
             return math.inf if pttl < 0 else pttl / 1000
+        holds = services.holds
+        stale = holds.lost_token(self._hold_key, owner) == int(reply[0]) and int(reply[1]) > 1
+        if stale and holds.get(self._hold_key, owner) is None:
+            # It re-entered the very hold of this owner that the client already took for lost
+            # (the client's deadlines run a little ahead of the server's): not a fresh grant, and
+            # its old token must not be handed out again.  Drop those holds, as a settlement
+            # (a cancelled caller leaves none behind), and try again.
+            self._services.holds.defer(
+                self._keys.lock, owner, self._drop_holds(owner, int(reply[1]))
+            )
+            await services.holds.settle(self._keys.lock, owner)
+            return None
         hold = services.holds.granted(
             name=self.name,
             kind=self.kind,

@@ -22,7 +22,12 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from ._scripts import Script
 
-__all__ = ["Hold", "Holds", "NameCounters"]
+__all__ = ["CLOCK_MARGIN", "Hold", "Holds", "NameCounters"]
+
+# The scripts that keep deadlines on the server's clock read it in whole milliseconds (rounded
+# down), so a deadline there may fall up to 1 ms before the send time plus the lease: the
+# client takes a hold for lost that much earlier, never later.
+CLOCK_MARGIN = 0.002
 
 logger = logging.getLogger("aiolock.lock")
 
@@ -84,6 +89,9 @@ class Holds:
         self._on_loss = on_loss  # told of every loss, after the hold's own listeners
         self._holds: dict[tuple[str, str], Hold] = {}
         self._pending: dict[tuple[str, str], asyncio.Task[None]] = {}
+        # The token of each (key, owner)'s last hold lost, until its next grant: a grant that
+        # re-enters that very hold is stale (see LockKind._attempt_once).
+        self._lost_tokens: dict[tuple[str, str], int] = {}
         self.changed = asyncio.Event()  # set when a watchdog hold is added
 
     def __len__(self) -> int:
@@ -94,6 +102,10 @@ class Holds:
 
     def watched(self) -> list[Hold]:
         return [hold for hold in self._holds.values() if hold.watchdog]
+
+    def lost_token(self, key: str, owner: str) -> int | None:
+        """The token of the owner's last hold on ``key`` that was lost (until its next grant)."""
+        return self._lost_tokens.get((key, owner))
 
     def by_key(self, key: str) -> list[Hold]:
         return [hold for (k, _), hold in self._holds.items() if k == key]
@@ -118,7 +130,8 @@ class Holds:
     ) -> Hold:
         """Record a grant ``{token, count, pttl}`` from the acquire script."""
         token, count, pttl = (int(value) for value in reply)
-        expires_at = sent_at + pttl / 1000
+        expires_at = sent_at + pttl / 1000 - CLOCK_MARGIN
+        self._lost_tokens.pop((key, owner), None)
         hold = self._holds.get((key, owner))
         if hold is not None and hold.token != token:
             # Our previous hold vanished (expired or forced) and this is a fresh grant.
@@ -156,6 +169,7 @@ class Holds:
 
     def extend(self, hold: Hold, expires_at: float) -> None:
         """A renewal landed: the lease now ends no earlier than ``expires_at``."""
+        expires_at -= CLOCK_MARGIN
         if expires_at > hold.expires_at:
             hold.expires_at = expires_at
             self._arm_timer(hold)
@@ -189,12 +203,13 @@ class Holds:
         """Mark ``hold`` lost, once: log it, forget it, and tell its listeners."""
         if hold.lost:
             return
+        self._lost_tokens[(hold.key, hold.owner)] = hold.token
         hold.lost = True
         hold.lost_reason = reason
         hold.counters.losses += 1
         hold.counters.last_lost = True
         self.forget(hold)
-        logger.warning("lock %r (token %d) lost: %s", hold.name, hold.token, reason)
+        logger.warning("%s %r (token %d) lost: %s", hold.kind, hold.name, hold.token, reason)
         for listener in hold.listeners:
             listener()
         if self._on_loss is not None:
@@ -247,3 +262,4 @@ class Holds:
     def clear(self) -> None:
         for hold in list(self._holds.values()):
             self.forget(hold)
+        self._lost_tokens.clear()

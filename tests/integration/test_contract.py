@@ -288,3 +288,22 @@ async def test_bad_arguments_fail_before_any_io(
                 await result
     finally:
         await client.aclose()
+
+
+async def test_acquiring_again_after_a_loss_the_server_has_not_seen_yet_is_fresh(
+    aiolock_client: aiolock.Client, redis: Redis, kind: str
+) -> None:
+    """The client's deadlines run a little ahead of the server's: in that gap the owner's next
+    acquire re-enters the old hold on the server.  It must not pass for a fresh grant."""
+    lock = factory(aiolock_client, kind)("gap")
+    assert await lock.try_lock(lease=30)
+    old = lock._granted()
+    aiolock_client._services.holds.lose(old, "taken for lost by the test, still held there")
+    assert await lock.try_lock()
+    new = lock._granted()
+    assert new.token > old.token  # a fresh grant, not the old token handed out again
+    assert new.count == 1
+    assert await lock.hold_count() == 1  # the old hold is gone from the server
+    await lock.unlock()
+    assert not await lock.is_locked()
+    await assert_clean(redis, aiolock_client)
