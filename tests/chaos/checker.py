@@ -1,15 +1,23 @@
 """The history checker: pure functions from a recorded run to its violations and summary.
 
-What must hold, per phase (see :class:`~tests.chaos.history.Phase`):
+What must hold, per phase (see :class:`~tests.chaos.history.Phase`).  The resource is the pair
+(kind, name): ``lock("x")``, ``fair_lock("x")`` and ``spin_lock("x")`` are three locks.
 
-- *exclusion*: no two holds of one name that did not end lost overlap in time;
+- *exclusion*: no two holds of one resource that did not end lost overlap in time;
 - *timely loss*: a hold that lost its lock knew it (``guard.lost``) by the end of its body if
   another hold got the lock before then: the other grant came after the lease ran out on the
   server, and the client's own expiry estimate is a lower bound of that;
-- *fencing*: tokens are unique per name, and a hold that did not end lost has a larger token
-  than every grant of its name that came back before it;
+- *fencing*: a hold that did not end lost has a larger token than every grant of its resource
+  that came back before it;
+- *fresh tokens*: a token is handed out once per resource as a fresh grant (an outer
+  acquisition, or a nested one that made a new hold after the outer one was lost);
+  reentrant grants repeat their hold's token, and are not fresh;
+- *reentry*: an outer grant is fresh (hold count 1); a nested acquisition by a holder
+  re-enters (count 2+) with the token of the hold it re-entered, or, only once the outer hold
+  was lost, is a fresh grant (count 1), then checked as a hold of its own;
 - *waiting*: every attempt finished, and a bounded wait (``wait > 0``) ended within
-  ``wait + slack``;
+  ``wait + slack``, nested ones too ("wait-loop" rather than "wait" when the worker's event
+  loop was blocked long enough meanwhile to explain the excess: the machine, not the library);
 - *amnesia*: a hold that lived through a restart which lost the server's state was not reported
   as a success (exclusion and fencing are only checked between such restarts);
 - *diagnostics*: whatever the workers and the orchestrator found (warnings, leftover keys...).
@@ -27,7 +35,18 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from .history import CANCELLED, GRANTED, LOST, OK, PENDING, TIMEOUT, Attempt, Phase
+from .history import (
+    CANCELLED,
+    GRANTED,
+    KINDS,
+    LOST,
+    OK,
+    PENDING,
+    TIMEOUT,
+    Attempt,
+    Phase,
+    Reentry,
+)
 
 __all__ = ["Summary", "Violation", "check_phase", "format_summary", "summarize"]
 
@@ -44,18 +63,97 @@ class Violation:
 
 
 def check_phase(phase: Phase, *, wait_slack: float = 0.5) -> list[Violation]:
-    """Every violation found in ``phase``; empty when the run was correct."""
+    """Every violation found in ``phase``; empty when the run was correct.
+
+    A wait overrun says how long its process's event loop was blocked meanwhile (``phase.lag``).
+    """
     origin = min((a.t_start for a in phase.attempts), default=0)
-    violations = [*_check_finished(phase.attempts), *_check_waits(phase.attempts, wait_slack)]
-    epochs, straddlers = _split_epochs(phase.attempts, phase.amnesia)
+    lag = Lag(phase.lag) if phase.lag else None
+    violations = [
+        *_check_finished(phase.attempts),
+        *_check_waits(phase.attempts, wait_slack, lag),
+        *_check_reentries(phase.attempts),
+    ]
+    epochs, straddlers = _split_epochs(holds_of(phase.attempts), phase.amnesia)
     for epoch in epochs:
-        for holds in _by_name(epoch).values():
+        for holds in _by_resource(epoch).values():
             violations += _check_exclusion(holds, origin)
             violations += _check_late_losses(holds, origin)
+            violations += _check_fresh_tokens(holds)
             violations += _check_fencing(holds)
     violations += _check_amnesia(straddlers, phase.amnesia)
     violations += [Violation("diagnostic", problem) for problem in phase.problems]
     return violations
+
+
+class Lag:
+    """Event-loop lag samples per process: ``{proc: [(t_ns, lag_ns), ...]}`` sorted by time.
+
+    A sample at ``t`` with lag ``l`` means the loop could run nothing from ``t - l`` to ``t``.
+    """
+
+    def __init__(self, samples: dict[int, list[tuple[int, int]]]) -> None:
+        self._times = {proc: [t for t, _ in rows] for proc, rows in samples.items()}
+        self._lags = {proc: [lag for _, lag in rows] for proc, rows in samples.items()}
+
+    def blocked(self, proc: int, start: int, end: int) -> float:
+        """Seconds during which process ``proc``'s loop was blocked from ``start`` to ``end``."""
+        times = self._times.get(proc)
+        if not times:
+            return 0.0
+        lo = bisect.bisect_right(times, start)
+        hi = bisect.bisect_right(times, end) + 1  # the next sample covers the last moments
+        total = 0
+        for t, lag in zip(times[lo:hi], self._lags[proc][lo:hi], strict=True):
+            total += max(0, min(t, end) - max(t - lag, start))
+        return total / NS
+
+
+def _fresh_nested(attempt: Attempt, index: int, entry: Reentry) -> Attempt:
+    """A nested grant that was fresh (the outer hold was lost), as a hold of its own."""
+    return Attempt(
+        proc=attempt.proc,
+        task=attempt.task,
+        seq=attempt.seq,
+        client=attempt.client,
+        name=attempt.name,
+        mode=f"nested-{entry.call}.{index}",
+        wait=entry.wait,
+        lease=attempt.lease,
+        t_start=entry.t_start,
+        t_done=entry.t_done,
+        result=entry.result,
+        token=entry.token,
+        t_grant=entry.t_grant,
+        t_end=entry.t_end,
+        outcome=entry.outcome,
+        lost=entry.lost,
+        lost_in_body=entry.lost_in_body,
+        kind=attempt.kind,
+        count=entry.count,
+    )
+
+
+def _is_fresh(attempt: Attempt, entry: Reentry) -> bool:
+    """A nested grant that made a new hold (count 1) rather than re-entering one; without a
+    recorded count, one whose token is not its holder's."""
+    if not entry.granted:
+        return False
+    if entry.count is not None:
+        return entry.count == 1
+    return entry.token is not None and entry.token != attempt.token
+
+
+def holds_of(attempts: Iterable[Attempt]) -> list[Attempt]:
+    """Every fresh grant: the attempts, plus the nested grants that made a new hold (after the
+    outer one was lost; :func:`_check_reentries` checks that they only came then)."""
+    holds = []
+    for attempt in attempts:
+        holds.append(attempt)
+        for index, entry in enumerate(attempt.nested):
+            if attempt.granted and _is_fresh(attempt, entry):
+                holds.append(_fresh_nested(attempt, index, entry))
+    return holds
 
 
 def _ended_lost(attempt: Attempt) -> bool:
@@ -70,7 +168,7 @@ def _describe(attempt: Attempt, origin: int) -> str:
     assert attempt.t_grant is not None
     end = "?" if attempt.t_end is None else f"{_seconds(attempt.t_end - origin):.3f}"
     return (
-        f"{attempt.label} ({attempt.client}, {attempt.mode}, lease={attempt.lease}, "
+        f"{attempt.label} ({attempt.client}, {attempt.kind} {attempt.mode}, lease={attempt.lease}, "
         f"token={attempt.token}, held {_seconds(attempt.t_grant - origin):.3f}-{end}s, "
         f"ended {attempt.outcome})"
     )
@@ -83,27 +181,98 @@ def _check_finished(attempts: Iterable[Attempt]) -> list[Violation]:
             found.append(Violation("stranded", f"{attempt.label} never finished waiting"))
         elif attempt.granted and attempt.outcome is None:
             found.append(Violation("stranded", f"{attempt.label} never released {attempt.name!r}"))
+        for index, entry in enumerate(attempt.nested):
+            where = f"{attempt.label} nested {entry.call} #{index}"
+            if entry.result == PENDING:
+                found.append(Violation("stranded", f"{where} never finished waiting"))
+            elif entry.granted and entry.outcome is None:
+                found.append(Violation("stranded", f"{where} never released {attempt.name!r}"))
     return found
 
 
-def _check_waits(attempts: Iterable[Attempt], slack: float) -> list[Violation]:
+def _check_waits(
+    attempts: Iterable[Attempt], slack: float, lag: Lag | None = None
+) -> list[Violation]:
+    """Bounded waits that overran ``wait + slack``: "wait-loop" when the process's event loop
+    was blocked at least the excess meanwhile (a deadline cannot fire while the loop is
+    blocked: the machine's share), else "wait" (the library's)."""
     found = []
     for attempt in attempts:
-        # wait=0 is documented as one attempt "however long that call takes" (AsyncRLock's
-        # _acquire): only a real wait promises a deadline.
-        if not attempt.wait or attempt.t_done is None:
-            continue
-        if attempt.result not in (GRANTED, TIMEOUT):
-            continue
-        waited = _seconds(attempt.t_done - attempt.t_start)
-        if waited > attempt.wait + slack:
+        calls: list[tuple[str, Attempt | Reentry]] = [(attempt.mode, attempt)]
+        calls += [(f"nested {entry.call}", entry) for entry in attempt.nested]
+        for mode, call in calls:
+            # wait=0 is documented as one attempt "however long that call takes" (LockKind's
+            # _try_until): only a real wait promises a deadline.
+            if not call.wait or call.t_done is None:
+                continue
+            if call.result not in (GRANTED, TIMEOUT):
+                continue
+            waited = _seconds(call.t_done - call.t_start)
+            if waited <= call.wait + slack:
+                continue
+            kind, detail = "wait", ""
+            if isinstance(call, Attempt) and call.t_call is not None:
+                detail += f", the call began {_seconds(call.t_call - call.t_start):.3f}s in"
+            if lag is not None:
+                blocked = lag.blocked(attempt.proc, call.t_start, call.t_done)
+                detail += f", the loop was blocked {blocked:.3f}s meanwhile"
+                if waited - blocked <= call.wait + slack:
+                    kind = "wait-loop"
             found.append(
                 Violation(
-                    "wait",
-                    f"{attempt.label} {attempt.mode}(wait={attempt.wait}) on {attempt.name!r} "
-                    f"ended {attempt.result} after {waited:.3f}s",
+                    kind,
+                    f"{attempt.label} {attempt.client} {attempt.kind} {mode}(wait={call.wait}) "
+                    f"on {attempt.name!r} ended {call.result} after {waited:.3f}s{detail}",
                 )
             )
+    return found
+
+
+def _check_reentries(attempts: Iterable[Attempt]) -> list[Violation]:
+    """Grant counts and tokens: an outer grant is fresh (count 1: its owner is new); a nested
+    grant either re-enters (count 2+) and carries the token of the hold it re-entered (the
+    outer one, or a fresh nested one made after the outer was lost), or is fresh (count 1),
+    which it may only be once the outer hold was lost."""
+    found = []
+    for attempt in attempts:
+        if attempt.granted and attempt.count is not None and attempt.count != 1:
+            found.append(
+                Violation(
+                    "reentry",
+                    f"{attempt.label} ({attempt.kind} {attempt.name!r}) was granted with hold "
+                    f"count {attempt.count}: its new owner had holds it did not know of",
+                )
+            )
+        current = attempt.token  # the token of the hold a reentry now re-enters
+        for index, entry in enumerate(attempt.nested):
+            if not entry.granted:
+                continue
+            where = (
+                f"{attempt.label} ({attempt.kind} {attempt.name!r}) nested {entry.call} #{index}"
+            )
+            if entry.token is None:
+                found.append(Violation("reentry", f"{where} was granted without a token"))
+            elif not attempt.granted:
+                found.append(Violation("reentry", f"{where} was granted outside a hold"))
+            elif _is_fresh(attempt, entry):
+                if not _ended_lost(attempt):
+                    found.append(
+                        Violation(
+                            "reentry",
+                            f"{where} got a fresh grant (token {entry.token}, count "
+                            f"{entry.count}) although the outer hold ({attempt.token}) was "
+                            "never lost",
+                        )
+                    )
+                current = entry.token
+            elif entry.token != current:
+                found.append(
+                    Violation(
+                        "reentry",
+                        f"{where} re-entered (count {entry.count}) with token {entry.token}, "
+                        f"not the held one's {current}",
+                    )
+                )
     return found
 
 
@@ -125,17 +294,17 @@ def _split_epochs(
     return epochs, straddlers
 
 
-def _by_name(holds: Iterable[Attempt]) -> dict[str, list[Attempt]]:
-    grouped: defaultdict[str, list[Attempt]] = defaultdict(list)
+def _by_resource(holds: Iterable[Attempt]) -> dict[tuple[str, str], list[Attempt]]:
+    grouped: defaultdict[tuple[str, str], list[Attempt]] = defaultdict(list)
     for hold in holds:
-        grouped[hold.name].append(hold)
+        grouped[hold.resource].append(hold)
     for group in grouped.values():
         group.sort(key=lambda hold: hold.t_grant or 0)
     return grouped
 
 
 def _check_exclusion(holds: Sequence[Attempt], origin: int) -> list[Violation]:
-    """``holds``: one name, sorted by grant time."""
+    """``holds``: one resource, sorted by grant time."""
     found = []
     latest: Attempt | None = None  # the kept hold that ends last so far
     for hold in holds:
@@ -147,7 +316,7 @@ def _check_exclusion(holds: Sequence[Attempt], origin: int) -> list[Violation]:
             found.append(
                 Violation(
                     "exclusion",
-                    f"{hold.name!r}: {_describe(latest, origin)} overlaps "
+                    f"{hold.kind} {hold.name!r}: {_describe(latest, origin)} overlaps "
                     f"{_describe(hold, origin)}",
                 )
             )
@@ -157,7 +326,7 @@ def _check_exclusion(holds: Sequence[Attempt], origin: int) -> list[Violation]:
 
 
 def _check_late_losses(holds: Sequence[Attempt], origin: int) -> list[Violation]:
-    """``holds``: one name, sorted by grant time."""
+    """``holds``: one resource, sorted by grant time."""
     kept = [hold for hold in holds if not _ended_lost(hold)]
     starts = [hold.t_grant or 0 for hold in kept]
     found = []
@@ -171,40 +340,57 @@ def _check_late_losses(holds: Sequence[Attempt], origin: int) -> list[Violation]
             found.append(
                 Violation(
                     "late-loss",
-                    f"{hold.name!r}: {_describe(kept[index], origin)} was granted while "
-                    f"{_describe(hold, origin)} still ran its body, not yet told of its loss",
+                    f"{hold.kind} {hold.name!r}: {_describe(kept[index], origin)} was granted "
+                    f"while {_describe(hold, origin)} still ran its body, not yet told of its "
+                    "loss",
+                )
+            )
+    return found
+
+
+def _check_fresh_tokens(holds: Sequence[Attempt]) -> list[Violation]:
+    """``holds``: the fresh grants of one resource in one epoch; no token twice."""
+    found = []
+    seen: dict[int, Attempt] = {}
+    for hold in holds:
+        if hold.token is None:
+            continue
+        first = seen.setdefault(hold.token, hold)
+        if first is not hold:
+            found.append(
+                Violation(
+                    "token-reuse",
+                    f"{hold.kind} {hold.name!r}: token {hold.token} handed out fresh to both "
+                    f"{first.label} ({first.mode}) and {hold.label} ({hold.mode})",
                 )
             )
     return found
 
 
 def _check_fencing(holds: Sequence[Attempt]) -> list[Violation]:
-    """``holds``: one name, sorted by grant time."""
+    """``holds``: one resource, sorted by grant time (a reused token is another rule's)."""
     found = []
-    seen: dict[int, Attempt] = {}
+    seen: set[int] = set()
     highest: Attempt | None = None
     for hold in holds:
         token = hold.token
         if token is None:
             found.append(Violation("fencing", f"{hold.label} was granted without a token"))
             continue
-        if token in seen:
+        if (
+            token not in seen
+            and highest is not None
+            and not _ended_lost(hold)
+            and (highest.token or 0) >= token
+        ):
             found.append(
                 Violation(
                     "fencing",
-                    f"{hold.name!r}: token {token} granted to both {seen[token].label} "
-                    f"and {hold.label}",
+                    f"{hold.kind} {hold.name!r}: {hold.label} got token {token} after "
+                    f"{highest.label} had got {highest.token}",
                 )
             )
-        elif highest is not None and not _ended_lost(hold) and (highest.token or 0) >= token:
-            found.append(
-                Violation(
-                    "fencing",
-                    f"{hold.name!r}: {hold.label} got token {token} after {highest.label} "
-                    f"had got {highest.token}",
-                )
-            )
-        seen[token] = hold
+        seen.add(token)
         if highest is None or (highest.token or 0) < token:
             highest = hold
     return found
@@ -223,7 +409,8 @@ def _check_amnesia(
             found.append(
                 Violation(
                     "amnesia",
-                    f"{hold.label} held {hold.name!r} across a restart that lost all locks, "
+                    f"{hold.label} held {hold.kind} {hold.name!r} across a restart that lost all "
+                    "locks, "
                     f"and its release reported success",
                 )
             )
@@ -240,6 +427,8 @@ class Summary:
     losses: int
     max_wait: float
     faults: Counter[str]
+    kinds: dict[str, tuple[int, int]]  # kind -> (attempts, grants)
+    nested: Counter[str]  # nested acquisitions: calls, reentrant, fresh, timeout, error, ...
 
 
 def summarize(phases: Iterable[Phase]) -> Summary:
@@ -256,6 +445,25 @@ def summarize(phases: Iterable[Phase]) -> Summary:
         for attempt in attempts
         if attempt.t_done is not None and attempt.result in (GRANTED, TIMEOUT)
     ]
+    kinds = {
+        kind: (
+            sum(attempt.kind == kind for attempt in attempts),
+            sum(attempt.kind == kind and attempt.granted for attempt in attempts),
+        )
+        for kind in KINDS
+    }
+    nested: Counter[str] = Counter()
+    for attempt in attempts:
+        for entry in attempt.nested:
+            nested["calls"] += 1
+            if entry.granted:
+                nested["fresh" if _is_fresh(attempt, entry) else "reentrant"] += 1
+                if entry.holder_lost and not _is_fresh(attempt, entry):
+                    nested["reentrant after the holder's loss"] += 1
+                if entry.outcome not in (OK, None):
+                    nested[f"released {entry.outcome}"] += 1
+            else:
+                nested[entry.result] += 1
     return Summary(
         attempts=len(attempts),
         grants=sum(attempt.granted for attempt in attempts),
@@ -265,6 +473,8 @@ def summarize(phases: Iterable[Phase]) -> Summary:
         losses=sum(attempt.granted and _ended_lost(attempt) for attempt in attempts),
         max_wait=max(waits, default=0.0),
         faults=faults,
+        kinds=kinds,
+        nested=nested,
     )
 
 
@@ -272,11 +482,17 @@ def format_summary(summary: Summary) -> str:
     def counts(counter: Counter[str]) -> str:
         return ", ".join(f"{key} {value}" for key, value in sorted(counter.items())) or "none"
 
+    kinds = ", ".join(
+        f"{kind} {tried} attempts/{granted} grants"
+        for kind, (tried, granted) in summary.kinds.items()
+    )
     return "\n".join(
         [
             f"attempts {summary.attempts}, grants {summary.grants}, "
             f"timeouts {summary.timeouts}, cancelled {summary.cancelled}, "
             f"losses {summary.losses}, max wait {summary.max_wait:.3f}s",
+            f"kinds: {kinds}",
+            f"nested acquisitions: {counts(summary.nested)}",
             f"faults: {counts(summary.faults)}",
             f"redis errors seen by callers: {counts(summary.errors)}",
         ]

@@ -15,10 +15,12 @@ from dataclasses import dataclass
 
 from redis.asyncio import Redis
 
+from aiolock import _scripts
 from aiolock.embedded import EmbeddedServer
 
 from .history import FaultEvent
 from .proxy import FreezableProxy
+from .worker import NESTED_OWNER
 
 __all__ = ["DURABLE_KINDS", "VOLATILE_KINDS", "Fault", "Injector", "make_schedule"]
 
@@ -32,9 +34,26 @@ DURABLE_KINDS = (
     "debug-sleep",
     "freeze",
     "slow-path",
+    "cut-request",
 )
-VOLATILE_KINDS = ("amnesia-restart", "kill-normal", "kill-pubsub", "freeze")
+VOLATILE_KINDS = ("amnesia-restart", "kill-normal", "kill-pubsub", "freeze", "cut-request")
 RESTARTS = frozenset({"restart", "amnesia-restart"})
+PROXY_FAULTS = frozenset({"freeze", "slow-path", "cut-request"})
+
+# cut-request: which script call the proxy cuts after the server ran it.  "any" is every
+# EVALSHA (acquire, release, renew, leave); "nested" any call naming an explicit owner of the
+# worker's "nested" mode (their reentrant acquires and releases, and theirs only, among
+# others); the others one script, by its SHA in the request.  The plain and the spin lock
+# share the reentrant scripts; the fair lock has its own.
+CUT_MATCHES = {
+    "any": b"EVALSHA",
+    "nested": b":x:" + NESTED_OWNER.encode(),
+    "acquire": _scripts.LOCK_ACQUIRE.sha.encode(),
+    "fair-acquire": _scripts.FAIR_ACQUIRE.sha.encode(),
+    "release": _scripts.LOCK_RELEASE.sha.encode(),
+    "fair-release": _scripts.FAIR_RELEASE.sha.encode(),
+}
+CUTS_PER_FAULT = 4  # at most, one after another on one worker's proxy
 
 
 @dataclass(frozen=True)
@@ -46,13 +65,13 @@ class Fault:
     duration: float = 0.0
     target: int = 0  # the worker whose proxy a proxy fault affects
     option: str = ""  # restart: graceful/sigkill; freeze: resume/reset; kill: all/one;
-    # slow-path: the per-chunk delay in seconds
+    # slow-path: the per-chunk delay in seconds; cut-request: keys of CUT_MATCHES, one a cut
 
     def __str__(self) -> str:
         parts = [f"+{self.at:7.2f}s {self.kind:<15}"]
         if self.duration:
             parts.append(f"for {self.duration:.2f}s")
-        if self.kind in ("freeze", "slow-path"):
+        if self.kind in PROXY_FAULTS:
             parts.append(f"worker {self.target}")
         if self.option:
             parts.append(self.option)
@@ -97,6 +116,12 @@ def _draw(rng: random.Random, kind: str, at: float, lease: float, workers: int) 
         case "slow-path":
             delay = round(rng.uniform(0.05, 0.4), 2)
             return Fault(at, kind, round(rng.uniform(0.5, 1.5), 2), target, str(delay))
+        case "cut-request":
+            # Up to CUTS_PER_FAULT requests cut one after another within the duration, each
+            # matching its own key of CUT_MATCHES.  Nested holders' calls weigh most: a cut
+            # reentrant acquire (a reentrant grant whose reply is lost) is issue 15.
+            matches = rng.choices(tuple(CUT_MATCHES), weights=(2, 6, 2, 2, 1, 1), k=CUTS_PER_FAULT)
+            return Fault(at, kind, round(rng.uniform(0.5, 2.0), 2), target, ",".join(matches))
         case _:
             return Fault(at, kind)
 
@@ -129,6 +154,7 @@ class Injector:
         """Undo whatever is still in effect: thaw and speed up proxies, unpause the server."""
         for proxy in self._proxies:
             proxy.delay = 0.0
+            proxy.disarm_cut()
             proxy.thaw()
         if not self._server.running:
             await asyncio.to_thread(self._server.start)
@@ -151,6 +177,30 @@ class Injector:
             victim = self._rng.choice(sorted(others))
             await redis.client_kill_filter(_id=victim)
             return f"killed connection {victim}"
+
+    async def _cut_requests(self, fault: Fault) -> str:
+        """Cut the requests matching ``fault.option`` on one proxy, one after another, for
+        ``fault.duration`` seconds: each ran on the server, and its reply never arrived."""
+        proxy = self._proxies[fault.target]
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + fault.duration
+        dropped: list[str] = []
+        try:
+            for match in fault.option.split(","):
+                left = deadline - loop.time()
+                if left <= 0:
+                    break
+                reply = proxy.cut_next_request(CUT_MATCHES[match])
+                try:
+                    # A matched cut ends when the reply comes (or the connection ends).
+                    data = await asyncio.wait_for(asyncio.shield(reply), left)
+                except TimeoutError:
+                    dropped.append(f"{match}: none")
+                    continue
+                dropped.append(f"{match}: {describe_reply(data)}")
+        finally:
+            proxy.disarm_cut()
+        return f"cut {'; '.join(dropped) or 'nothing'}"
 
     async def _apply(self, fault: Fault) -> str:
         match fault.kind:
@@ -184,4 +234,23 @@ class Injector:
                 await asyncio.sleep(fault.duration)
                 proxy.delay = 0.0
                 return ""
+            case "cut-request":
+                return await self._cut_requests(fault)
         raise ValueError(f"unknown fault kind {fault.kind!r}")
+
+
+def describe_reply(data: bytes) -> str:
+    """What a cut request's dropped reply said: a grant (with its hold count: 2 or more is a
+    reentrant grant), a number (busy: the pause in ms; a release: the holds left), nil..."""
+    lines = data.split(b"\r\n")
+    if not data:
+        return "no reply"
+    if lines[0] == b"*3" and len(lines) >= 3:
+        return f"grant(token={lines[1][1:].decode()}, count={lines[2][1:].decode()})"
+    if data.startswith(b":"):
+        return f"int {lines[0][1:].decode()}"
+    if data.startswith((b"$-1", b"_", b"*-1")):
+        return "nil"
+    if data.startswith(b"-"):
+        return f"error {lines[0][1:40].decode(errors='replace')}"
+    return repr(data[:40])

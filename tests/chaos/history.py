@@ -12,7 +12,23 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-__all__ = ["Attempt", "FaultEvent", "Phase", "read_attempts", "write_attempts"]
+__all__ = [
+    "Attempt",
+    "FaultEvent",
+    "Phase",
+    "Reentry",
+    "read_attempts",
+    "read_lag",
+    "write_attempts",
+    "write_faults",
+]
+
+# Attempt.kind: which lock kind, ``client.lock``/``fair_lock``/``spin_lock``.  Kinds never share
+# keys, so the resource that exclusion and fencing are about is (kind, name).
+LOCK = "lock"
+FAIR = "fair"
+SPIN = "spin"
+KINDS = (LOCK, FAIR, SPIN)
 
 # Attempt.result: how the wait ended.
 GRANTED = "granted"
@@ -22,6 +38,35 @@ PENDING = "pending"
 # Attempt.outcome: how the hold ended ("error:<Type>" for an exception on release).
 OK = "ok"
 LOST = "lost"
+
+
+@dataclass
+class Reentry:
+    """One nested acquisition inside the block of an ``acquire()`` (the mode "nested").
+
+    ``call`` is "acquire" (``async with lock.acquire(wait=...)``) or "try_lock" (``try_lock``
+    then ``unlock``).  While the outer hold lasts, the grant is reentrant and its token is the
+    outer guard's; once the outer hold was lost (the lease ran out), it may be a fresh grant
+    with a new token, which then is a hold of its own.  Times and results as in :class:`Attempt`.
+    """
+
+    call: str
+    wait: float | None
+    t_start: int
+    t_done: int | None = None
+    result: str = PENDING
+    token: int | None = None
+    t_grant: int | None = None
+    t_end: int | None = None
+    outcome: str | None = None
+    lost: bool = False
+    lost_in_body: bool = False
+    holder_lost: bool = False  # the outer guard was already lost when this call returned
+    count: int | None = None  # the hold count the grant reported: 1 fresh, 2+ reentrant
+
+    @property
+    def granted(self) -> bool:
+        return self.result == GRANTED
 
 
 @dataclass
@@ -35,9 +80,10 @@ class Attempt:
     proc: int
     task: int
     seq: int
-    client: str  # "steady" (no socket timeout) or "twitchy" (short socket timeout: resends)
+    client: str  # "steady" (no socket timeout), "twitchy" (short socket timeout: resends) or
+    # "brittle" (no resends: a lost reply reaches the caller, and the library settles it)
     name: str
-    mode: str  # "acquire", "try_lock" or "lock"
+    mode: str  # "acquire", "try_lock", "lock" or "nested" (acquire() with reentries inside)
     wait: float | None
     lease: float | None
     t_start: int
@@ -49,6 +95,10 @@ class Attempt:
     outcome: str | None = None  # ok, lost, cancelled or "error:<Type>"; None while held
     lost: bool = False  # guard.lost (or the hold's flag) when the hold ended
     lost_in_body: bool = False  # ... and when the body ended, before the release
+    kind: str = LOCK
+    count: int | None = None  # the hold count the grant reported: 1, the owner being new
+    t_call: int | None = None  # when the operation's task began the call (after scheduling)
+    nested: list[Reentry] = field(default_factory=list)  # mode "nested": in the order made
 
     @property
     def granted(self) -> bool:
@@ -57,6 +107,11 @@ class Attempt:
     @property
     def label(self) -> str:
         return f"p{self.proc}/t{self.task}#{self.seq}"
+
+    @property
+    def resource(self) -> tuple[str, str]:
+        """What exclusion and fencing are about: kinds of one name are different locks."""
+        return self.kind, self.name
 
 
 @dataclass(frozen=True)
@@ -79,6 +134,8 @@ class Phase:
     faults: list[FaultEvent] = field(default_factory=list)
     amnesia: list[tuple[int, int]] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # diagnostics and cleanup findings
+    # Each worker's event-loop lag: proc -> [(monotonic ns, lag ns), ...], in time order.
+    lag: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
 
 
 def write_attempts(path: Path, attempts: Iterable[Attempt]) -> None:
@@ -90,4 +147,17 @@ def write_attempts(path: Path, attempts: Iterable[Attempt]) -> None:
 def read_attempts(path: Path) -> Iterator[Attempt]:
     with path.open(encoding="utf-8") as file:
         for line in file:
-            yield Attempt(**json.loads(line))
+            fields = json.loads(line)
+            nested = [Reentry(**entry) for entry in fields.pop("nested", [])]
+            yield Attempt(**fields, nested=nested)
+
+
+def read_lag(path: Path) -> list[tuple[int, int]]:
+    """A worker's event-loop lag samples, (time, lag) in ns, as its ``LagProbe`` wrote them."""
+    return [(int(row[0]), int(row[1])) for row in json.loads(path.read_text(encoding="utf-8"))]
+
+
+def write_faults(path: Path, start: int, faults: Iterable[FaultEvent]) -> None:
+    """The faults as they ran, and when the phase's load started (for a kept run's analysis)."""
+    rows = [asdict(fault) for fault in faults]
+    path.write_text(json.dumps({"start": start, "faults": rows}), encoding="utf-8")

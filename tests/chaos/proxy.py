@@ -88,6 +88,13 @@ class FreezableProxy:
         self._cut_armed = (match, reply)
         return reply
 
+    def disarm_cut(self) -> None:
+        """Drop an armed cut that no request has matched yet (its future is cancelled); a cut
+        already under way still ends its connection."""
+        if self._cut_armed is not None:
+            self._cut_armed[1].cancel()
+            self._cut_armed = None
+
     def reset(self) -> None:
         """Abort every proxied connection (both sides see a reset)."""
         for pair in list(self._pairs):

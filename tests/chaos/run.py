@@ -3,7 +3,8 @@
 ::
 
     python -m tests.chaos.run                 # CI mode: 4 workers x 25 tasks, under a minute
-    python -m tests.chaos.run --long          # 8 x 50 for about ten minutes
+    python -m tests.chaos.run --long          # 8 x 50 for about ten minutes (8+ cores)
+    python -m tests.chaos.run --profile long-2core  # 4 x 40 for ten minutes, on 2 cores
     python -m tests.chaos.run --seed 1234     # replay a schedule printed by an earlier run
 
 Two phases, each on a server of its own started here (never the shared test server):
@@ -18,7 +19,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
 import random
 import sys
 import tempfile
@@ -35,7 +38,7 @@ from aiolock.embedded import EmbeddedServer
 
 from .checker import Violation, check_phase, format_summary, summarize
 from .faults import DURABLE_KINDS, VOLATILE_KINDS, Fault, Injector, make_schedule
-from .history import Phase, read_attempts
+from .history import Phase, read_attempts, read_lag, write_faults
 from .proxy import FreezableProxy
 from .worker import WorkerConfig
 
@@ -59,6 +62,14 @@ class Profile:
 
 CI = Profile(workers=4, tasks=25, durable=24.0, volatile=10.0)
 LONG = Profile(workers=8, tasks=50, durable=480.0, volatile=120.0)
+# The long run for a 2-core machine.  With 8 x 50 the run's own processes use about 1.1 cores
+# on average (workers 0.7, the proxies, all in this process's one event loop, 0.35, the server
+# 0.1), and a fault that drops every connection (kill-normal all, restart, 850 connections)
+# makes all of them reconnect and retry at once: the workers' loops then stall for 0.5-2.5 s,
+# which breaks bounded waits by as much (wait-loop) and delays the fault schedule itself.  At
+# 4 x 40 the same faults and durations load the machine about 40% as much, and a burst fits.
+LONG_2CORE = Profile(workers=4, tasks=40, durable=480.0, volatile=120.0)
+PROFILES = {"ci": CI, "long": LONG, "long-2core": LONG_2CORE}
 
 
 @dataclass(frozen=True)
@@ -149,23 +160,41 @@ async def run_phase(
             )
         await asyncio.gather(*(worker.expect("READY", 60) for worker in workers))
         injector = Injector(server, proxies, seed=seed)
+        machine = Machine([w.process.pid for w in workers], server)
+        sampling = asyncio.create_task(machine.sample())
         start = time.monotonic_ns()
-        await asyncio.gather(injector.run(schedule, start), asyncio.sleep(spec.seconds))
+        try:
+            await asyncio.gather(injector.run(schedule, start), asyncio.sleep(spec.seconds))
+        finally:
+            sampling.cancel()
+            await asyncio.wait([sampling])
+        print(f"   machine: {machine.report()}")
         await injector.heal()
         phase.faults, phase.amnesia = injector.events, injector.amnesia
+        write_faults(workdir / f"{spec.name}-faults.json", start, phase.faults)
+        for event in phase.faults:
+            if event.kind == "cut-request":
+                print(f"   cut-request at +{(event.t_start - start) / 1e9:.2f}s: {event.detail}")
         for worker in workers:
             worker.send("stop")
         drain = profile.drain + 15
-        await asyncio.gather(*(worker.expect("DRAINED", drain) for worker in workers))
-        phase.problems += await leftovers(server)
+        drained = await asyncio.gather(*(worker.expect("DRAINED", drain) for worker in workers))
+        clients = {
+            client_id: f"worker {worker.config.proc} {kind}"
+            for worker, report in zip(workers, drained, strict=True)
+            for kind, client_id in report["clients"].items()
+        }
+        phase.problems += await leftovers(server, clients)
         for worker in workers:
             worker.send("close")
         for worker in workers:
             done = await worker.expect("DONE", 30)
             phase.problems += [f"worker {worker.config.proc}: {p}" for p in done["problems"]]
             _print_logs(worker.config.proc, done["logs"])
+            _print_lag(worker.config.proc, done["lag"])
             await worker.finish()
             phase.attempts += read_attempts(Path(worker.config.out))
+            phase.lag[worker.config.proc] = read_lag(Path(worker.config.out + ".lag"))
     finally:
         for worker in workers:
             if worker.process.returncode is None:
@@ -177,24 +206,127 @@ async def run_phase(
     return phase
 
 
-async def leftovers(server: EmbeddedServer, grace: float = 1.0) -> list[str]:
-    """Lock hashes (meta hashes may stay: they keep the fencing counter) and subscriptions that
-    remain once every worker has drained, after ``grace`` seconds for in-flight expiries."""
+async def leftovers(
+    server: EmbeddedServer, clients: dict[str, str], grace: float = 1.0
+) -> list[str]:
+    """Keys and subscriptions that remain once every worker has drained, after ``grace``
+    seconds for in-flight expiries.  Only the meta hashes may stay (they keep the fencing
+    counters); anything else is left behind: a lock hash of any kind, a fair lock's queue
+    (``<prefix>:fair:{name}:q`` and its deadlines ``:qd``: every waiter that gave up must have
+    left it), a subscription (a release channel, or a fair lock's wake-up channel).
+
+    ``clients`` names the workers' clients by id, to say whose owners a leftover names."""
+
+    def whose(owner: object) -> str:
+        client_id, _, rest = _text(owner).partition(":")
+        return f"{clients.get(client_id, client_id)} {rest}"
+
     async with Redis(host=server.host, port=server.port) as redis:
         deadline = time.monotonic() + grace
         while True:
-            keys = [
-                key
-                async for key in redis.scan_iter(match=f"{PREFIX}:*")
-                if not key.endswith(b":meta")
-            ]
+            keys = sorted(
+                [
+                    key
+                    async for key in redis.scan_iter(match=f"{PREFIX}:*")
+                    if not key.endswith(b":meta")
+                ]
+            )
             channels = await redis.pubsub_channels(f"{PREFIX}:*")
             if (not keys and not channels) or time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.05)
-        found = [f"lock key left behind: {key!r} (pttl {await redis.pttl(key)} ms)" for key in keys]
+        found = []
+        for key in keys:
+            pttl = await redis.pttl(key)
+            if key.startswith(f"{PREFIX}:fair:".encode()) and key.endswith((b":q", b":qd")):
+                waiters: list[Any] = await redis.zrange(key, 0, -1, withscores=True)
+                named = ", ".join(f"{whose(owner)} ({score:.0f})" for owner, score in waiters[:5])
+                found.append(
+                    f"fair queue left behind: {key!r} (pttl {pttl} ms, {len(waiters)} "
+                    f"waiter(s): {named})"
+                )
+            else:
+                fields: dict[Any, Any] = {}
+                if await redis.type(key) == b"hash":
+                    fields = await redis.hgetall(key)
+                owners = [
+                    f"{whose(field)} x{_text(count)}"
+                    for field, count in fields.items()
+                    if not field.startswith(b":")
+                ]
+                token = _text(fields.get(b":fence", b"?"))
+                found.append(
+                    f"lock key left behind: {key!r} (pttl {pttl} ms, token {token}, held by "
+                    f"{', '.join(owners) or 'nobody'})"
+                )
         found += [f"subscription left behind: {channel!r}" for channel in channels]
         return found
+
+
+def _text(value: object) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else str(value)
+
+
+class Machine:
+    """How loaded the machine was during a phase: the load average, the CPU time the whole
+    machine, the workers, the server and this process (the proxies) used (from ``/proc``)."""
+
+    def __init__(self, workers: list[int], server: EmbeddedServer) -> None:
+        self._workers = workers
+        self._server = server
+        self._loads: list[float] = []
+        self._machine: list[tuple[float, float]] = []  # (busy s, total s) per sample
+        self._cpu: dict[int, tuple[float, float]] = {}  # pid -> (first, last) CPU seconds
+        self._tick = os.sysconf("SC_CLK_TCK")
+
+    def _process(self, pid: int | None) -> None:
+        if pid is None:
+            return
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            return
+        used = (int(stat[11]) + int(stat[12])) / self._tick
+        first, _ = self._cpu.get(pid, (used, used))
+        self._cpu[pid] = (first, used)
+
+    def _snapshot(self) -> None:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n")[0].split()[1:]]
+        idle = fields[3] + fields[4]  # idle + iowait
+        total = sum(fields[:8])
+        self._machine.append(((total - idle) / self._tick, total / self._tick))
+        for pid in [*self._workers, os.getpid(), self._server.pid]:
+            self._process(pid)
+
+    async def sample(self) -> None:
+        try:
+            self._snapshot()
+            while True:
+                await asyncio.sleep(1.0)
+                self._loads.append(os.getloadavg()[0])
+                self._snapshot()
+        except (OSError, ValueError):
+            return
+
+    def report(self) -> str:
+        if len(self._machine) < 2:
+            return "no /proc figures"
+        (busy0, total0), (busy1, total1) = self._machine[0], self._machine[-1]
+        cores = os.cpu_count() or 1
+        wall = (total1 - total0) / cores
+
+        def used(pids: list[int]) -> float:
+            return sum(last - first for pid, (first, last) in self._cpu.items() if pid in pids)
+
+        workers, orchestrator = used(self._workers), used([os.getpid()])
+        server = sum(last - first for _, (first, last) in self._cpu.items()) - workers
+        server -= orchestrator
+        return (
+            f"{cores} cores, load avg (1 min) max {max(self._loads):.1f}, CPU busy "
+            f"{(busy1 - busy0) / (total1 - total0):.0%}; over {wall:.0f}s the workers used "
+            f"{workers / wall:.2f} cores, the server {server / wall:.2f}, this process (the "
+            f"proxies) {orchestrator / wall:.2f}"
+        )
 
 
 def _print_schedule(spec: PhaseSpec, schedule: Sequence[Fault]) -> None:
@@ -211,6 +343,17 @@ def _print_logs(proc: int, logs: dict[str, int]) -> None:
         print(f"   worker {proc} library log: {text}")
 
 
+def _print_lag(proc: int, lag: dict[str, float]) -> None:
+    if lag:
+        print(
+            f"   worker {proc} loop lag: mean {lag['mean'] * 1000:.1f} ms, p50 "
+            f"{lag['p50'] * 1000:.1f} ms, p99 {lag['p99'] * 1000:.0f} ms, max "
+            f"{lag['max'] * 1000:.0f} ms, {lag['over_100ms']:.1%} of samples over 100 ms "
+            f"(CPU/wall in them {lag['blocked_cpu']:.2f}); GC pauses max "
+            f"{lag['gc_max'] * 1000:.0f} ms, total {lag['gc_total']:.2f}s"
+        )
+
+
 def phases(profile: Profile) -> list[PhaseSpec]:
     debug = {"enable-debug-command": "yes"}
     return [
@@ -225,26 +368,33 @@ def phases(profile: Profile) -> list[PhaseSpec]:
 
 
 async def run(args: argparse.Namespace) -> int:
-    profile = LONG if args.long else CI
+    mode = "long" if args.long else args.profile
+    profile = PROFILES[mode]
+    if mode == "long" and (os.cpu_count() or 1) <= 2:
+        print(f"note: {os.cpu_count()} cores: --profile long-2core is calibrated for this machine")
     seed = args.seed if args.seed is not None else random.randrange(1 << 32)
-    mode = "long" if args.long else "ci"
     print(
         f"aiolock chaos run: mode {mode}, seed {seed}, server {args.server}, "
         f"{profile.workers} workers x {profile.tasks} tasks"
     )
     print(
-        f"replay: python -m tests.chaos.run{' --long' if args.long else ''} --seed {seed} "
-        f"--server {args.server}"
+        f"replay: python -m tests.chaos.run --profile {mode} --seed {seed} --server {args.server}"
     )
     results: list[Phase] = []
     violations: list[Violation] = []
-    with tempfile.TemporaryDirectory(prefix="aiolock-chaos-") as tmp:
+    keep = contextlib.nullcontext(tempfile.mkdtemp(prefix="aiolock-chaos-")) if args.keep else None
+    with keep or tempfile.TemporaryDirectory(prefix="aiolock-chaos-") as tmp:
+        if args.keep:
+            print(f"histories kept in {tmp}")
         for index, spec in enumerate(phases(profile)):
             phase = await run_phase(spec, profile, seed + index, args.server, Path(tmp))
             results.append(phase)
             found = check_phase(phase, wait_slack=args.wait_slack)
             violations += found
             print(f"   {spec.name}: {len(phase.attempts)} attempts, {len(found)} violations")
+        if args.keep:
+            lines = [str(violation) for violation in violations]
+            (Path(tmp) / "violations.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     print("== summary")
     print(format_summary(summarize(results)))
     kinds = Counter(violation.kind for violation in violations)
@@ -259,13 +409,23 @@ async def run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.chaos.run", description=__doc__)
-    parser.add_argument("--long", action="store_true", help="8 workers x 50 tasks, ~10 minutes")
+    parser.add_argument("--long", action="store_true", help="--profile long")
+    parser.add_argument(
+        "--profile",
+        choices=tuple(PROFILES),
+        default="ci",
+        help="ci: 4 workers x 25 tasks, under a minute; long: 8 x 50, ~10 minutes; long-2core: "
+        "4 x 40, ~10 minutes, calibrated for 2 cores",
+    )
     parser.add_argument("--seed", type=int, help="replay the schedule of this seed")
     parser.add_argument("--server", choices=("valkey", "redis"), default="valkey")
     parser.add_argument(
         "--wait-slack", type=float, default=0.5, help="seconds a bounded wait may overrun"
     )
     parser.add_argument("--show", type=int, default=30, help="violations to print")
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the histories and worker logs (printed path)"
+    )
     return asyncio.run(run(parser.parse_args(argv)))
 
 

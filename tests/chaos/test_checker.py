@@ -7,7 +7,7 @@ from itertools import count
 import pytest
 
 from .checker import check_phase, format_summary, summarize
-from .history import Attempt, FaultEvent, Phase
+from .history import Attempt, FaultEvent, Phase, Reentry
 
 S = 1_000_000_000  # one second in ns
 _seq = count()
@@ -19,10 +19,12 @@ def hold(
     token: int,
     *,
     name: str = "x",
+    kind: str = "lock",
     outcome: str = "ok",
     lost: bool = False,
+    count: int | None = 1,
 ) -> Attempt:
-    """A granted attempt holding ``name`` from ``start`` to ``end`` seconds."""
+    """A granted attempt holding ``kind`` ``name`` from ``start`` to ``end`` seconds."""
     return Attempt(
         proc=0,
         task=0,
@@ -40,7 +42,43 @@ def hold(
         t_end=round(end * S),
         outcome=outcome,
         lost=lost,
+        kind=kind,
+        count=count,
     )
+
+
+def nested(
+    outer: Attempt,
+    start: float,
+    end: float,
+    token: int | None,
+    *,
+    call: str = "acquire",
+    outcome: str = "ok",
+    lost: bool = False,
+    count: int | None = None,
+) -> Attempt:
+    """``outer`` becomes a "nested" attempt, with a nested grant from ``start`` to ``end``;
+    its hold count is 2 (reentrant) unless told, or 1 if its token is not the outer one's."""
+    if count is None:
+        count = 2 if token == outer.token else 1
+    outer.mode = "nested"
+    outer.nested.append(
+        Reentry(
+            call=call,
+            wait=None,
+            t_start=round(start * S) - 1,
+            t_done=round(start * S),
+            result="granted",
+            token=token,
+            t_grant=round(start * S),
+            t_end=round(end * S),
+            outcome=outcome,
+            lost=lost,
+            count=count,
+        )
+    )
+    return outer
 
 
 def waited(wait: float | None, took: float, result: str = "timeout") -> Attempt:
@@ -99,7 +137,91 @@ def test_token_going_backwards_fails() -> None:
 
 
 def test_duplicate_token_fails() -> None:
-    assert kinds(hold(1, 2, 5, lost=True), hold(3, 4, 5)) == ["fencing"]
+    assert kinds(hold(1, 2, 5, lost=True), hold(3, 4, 5)) == ["token-reuse"]
+
+
+# -- kinds: the resource is (kind, name) ------------------------------------------------------
+
+
+def test_two_kinds_of_one_name_never_conflict() -> None:
+    # Overlapping holds, equal tokens, tokens going backwards: three locks, no conflict.
+    history = [
+        hold(1, 3, 5, kind="lock"),
+        hold(2, 4, 5, kind="fair"),
+        hold(2.5, 5, 1, kind="spin"),
+        hold(4, 6, 6, kind="fair"),
+    ]
+    assert kinds(*history) == []
+
+
+@pytest.mark.parametrize("kind", ["lock", "fair", "spin"])
+def test_each_kind_is_still_checked(kind: str) -> None:
+    history = [hold(1, 3, 5, kind=kind), hold(2, 4, 5, kind=kind), hold(5, 6, 4, kind=kind)]
+    assert kinds(*history, hold(2, 4, 5, kind="other")) == ["exclusion", "token-reuse", "fencing"]
+
+
+# -- nested acquisitions and fresh tokens -----------------------------------------------------
+
+
+def test_a_reentrant_grant_repeats_its_holders_token() -> None:
+    outer = nested(hold(1, 3, 7), 1.5, 2, 7)
+    nested(outer, 2, 2.5, 7, call="try_lock")
+    assert kinds(outer, hold(3, 4, 8)) == []
+
+
+def test_a_fresh_token_handed_out_twice_fails() -> None:
+    # Two outer (fresh) grants of one resource with one token, even a lost one and far apart.
+    assert kinds(hold(1, 2, 7, lost=True), hold(10, 11, 7, outcome="lost")) == ["token-reuse"]
+    assert kinds(hold(1, 2, 7, kind="fair"), hold(10, 11, 7, kind="fair")) == ["token-reuse"]
+
+
+def test_a_reentrant_grant_with_another_token_fails() -> None:
+    assert kinds(nested(hold(1, 3, 7), 1.5, 2, 9, count=2)) == ["reentry"]
+
+
+def test_a_fresh_nested_grant_while_the_outer_hold_lasts_fails() -> None:
+    # A new hold (count 1) while the outer one was never lost: it overlaps it too.
+    assert kinds(nested(hold(1, 3, 7), 1.5, 2, 9)) == ["reentry", "exclusion"]
+
+
+def test_an_outer_grant_that_re_entered_fails() -> None:
+    # A new owner's grant with count 2: the server had a hold of it the owner did not know of.
+    assert kinds(hold(1, 2, 7, count=2)) == ["reentry"]
+
+
+def test_a_reentrant_grant_without_a_token_fails() -> None:
+    assert kinds(nested(hold(1, 3, 7), 1.5, 2, None, count=2)) == ["reentry"]
+
+
+def test_reentering_a_fresh_nested_hold_repeats_its_token() -> None:
+    # The outer hold (7) was lost; a nested acquire made a new hold (9, count 1); the next
+    # nested call re-entered that one (count 2): 9 twice, but handed out fresh once only.
+    outer = nested(hold(1, 3, 7, lost=True, outcome="lost"), 1.5, 2, 9)
+    nested(outer, 2.1, 2.2, 9, count=2)
+    outer.lost_in_body = True
+    assert kinds(outer) == []
+    outer.nested[1].count = 1  # both fresh with one token
+    assert kinds(outer) == ["token-reuse"]
+    outer.nested[1].count, outer.nested[1].token = 2, 7  # re-entered the lost outer hold's
+    assert kinds(outer) == ["reentry"]
+
+
+def test_a_fresh_nested_grant_after_a_loss_is_a_hold_of_its_own() -> None:
+    # The outer lease ran out; the nested acquire got the lock afresh, with a new token.
+    outer = nested(hold(1, 3, 7, lost=True, outcome="lost"), 2, 2.5, 9)
+    outer.lost_in_body = True
+    assert kinds(outer, hold(3, 4, 10)) == []
+    # ... so it must not overlap another hold, nor reuse a fresh token, nor go backwards.
+    assert kinds(outer, hold(2.2, 4, 10)) == ["exclusion"]
+    assert kinds(outer, hold(1.5, 1.8, 9, lost=True)) == ["token-reuse"]
+    assert kinds(outer, hold(1.5, 1.8, 11)) == ["fencing"]
+
+
+def test_a_nested_grant_repeating_another_holds_token_fails() -> None:
+    # After its outer hold was lost, a nested grant came back with a token handed out before.
+    outer = nested(hold(1, 3, 7, lost=True, outcome="lost"), 2, 2.5, 6)
+    outer.lost_in_body = True
+    assert kinds(hold(0, 0.5, 6), outer) == ["token-reuse"]
 
 
 def test_late_reply_of_a_lost_grant_passes() -> None:
@@ -121,6 +243,13 @@ def test_wait_overrun_fails() -> None:
     assert kinds(waited(1.0, 1.6), waited(0.1, 0.7, "granted")) == ["wait", "wait"]
 
 
+def test_a_wait_overrun_while_the_loop_was_blocked_is_the_machines() -> None:
+    overruns = [waited(1.0, 2.0), waited(1.0, 2.5)]
+    # Worker 0's loop was blocked from 0.5 s to 1.2 s: it explains 0.7 s of excess, not 1.0.
+    phase = Phase("test", attempts=overruns, lag={0: [(S // 2, 0), (round(1.2 * S), 7 * S // 10)]})
+    assert [v.kind for v in check_phase(phase, wait_slack=0.5)] == ["wait-loop", "wait"]
+
+
 def test_wait_zero_is_one_attempt_however_long() -> None:
     assert kinds(waited(0.0, 3.0), waited(0.0, 3.0, "granted")) == []
 
@@ -133,6 +262,14 @@ def test_stranded_waiter_and_holder_fail() -> None:
     holder = hold(1, 2, 1)
     holder.outcome = None
     assert kinds(waited(1.0, 0.5, "pending"), holder) == ["stranded", "stranded"]
+
+
+def test_stranded_and_late_nested_acquisitions_fail() -> None:
+    outer = nested(hold(1, 3, 7), 1.5, 2, 7)
+    outer.nested[0].outcome = None
+    outer.nested.append(Reentry("try_lock", 0.2, round(2 * S), round(2.8 * S), "timeout"))
+    outer.nested.append(Reentry("acquire", 0.2, round(2 * S)))
+    assert kinds(outer) == ["stranded", "stranded", "wait"]
 
 
 AMNESIA = [(10 * S, 11 * S)]
@@ -167,7 +304,7 @@ def test_summary() -> None:
         "test",
         attempts=[
             hold(1, 2, 1),
-            hold(2, 3, 2, outcome="lost"),
+            nested(hold(2, 3, 2, kind="fair", outcome="lost"), 2.5, 2.6, 2),
             waited(1.0, 1.2),
             waited(1.0, 0.2, "error:TimeoutError"),
         ],
@@ -178,4 +315,9 @@ def test_summary() -> None:
     assert summary.max_wait == pytest.approx(1.2)
     assert dict(summary.faults) == {"pause": 2, "freeze": 1}
     assert dict(summary.errors) == {"TimeoutError": 1}
-    assert "faults: freeze 1, pause 2" in format_summary(summary)
+    assert summary.kinds == {"lock": (3, 1), "fair": (1, 1), "spin": (0, 0)}
+    assert dict(summary.nested) == {"calls": 1, "reentrant": 1}
+    text = format_summary(summary)
+    assert "faults: freeze 1, pause 2" in text
+    assert "kinds: lock 3 attempts/1 grants, fair 1 attempts/1 grants" in text
+    assert "nested acquisitions: calls 1, reentrant 1" in text

@@ -41,3 +41,13 @@ async def test_slow_path_delays_in_order(proxy: FreezableProxy) -> None:
         proxy.delay = 0.05
         assert await redis.echo("a") == b"a"
         assert await redis.echo("b") == b"b"
+
+
+@pytest.mark.anyio
+async def test_a_disarmed_cut_lets_requests_through(proxy: FreezableProxy) -> None:
+    async with Redis(port=proxy.port, retry=Retry(NoBackoff(), 0)) as redis:
+        reply = proxy.cut_next_request(b"ECHO")
+        proxy.disarm_cut()
+        assert reply.cancelled()
+        assert await redis.echo("a") == b"a"  # not cut
+        assert proxy.connections == 1

@@ -36,7 +36,8 @@ async def served_after_a_reconnect(
     tasks = []
     for i in range(4):  # one at a time, so that the order they asked in is known
         tasks.append(asyncio.create_task(waiter(i)))
-        await eventually(lambda n=i + 1: parked(client, lock) == n, what=f"{i} parked")
+        count = i + 1
+        await eventually(lambda: parked(client, lock) == count, what=f"{i} parked")  # noqa: B023
     entry = pubsub._entries[lock._keys.channel.encode()]
     await eventually(lambda: entry.confirmed, what="subscribed")
     reconnects = pubsub.statistics().reconnects

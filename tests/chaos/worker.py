@@ -1,5 +1,12 @@
 """One chaos worker process: many tasks taking random locks, every attempt recorded.
 
+Each operation picks a lock kind (``lock``, ``fair_lock``, ``spin_lock``), a name, an owner (the
+task's, or an explicit one) and a mode: ``acquire()`` as a block, ``try_lock``/``lock`` then
+``unlock``, or "nested": an ``acquire()`` block that re-enters the lock once or twice inside
+(``acquire()`` and ``try_lock``/``unlock``), each reentry recorded with its token and count.
+Three clients share the tasks: steady and twitchy (a 0.25 s socket timeout) resend through
+redis-py's ``Retry``, brittle never resends.  A probe samples the event loop's lag throughout.
+
 Started by :mod:`tests.chaos.run` as ``python -m tests.chaos.worker '<json config>'``.  It talks
 to the orchestrator in lines: it prints ``READY``, waits for ``stop`` (finish the current
 operations), prints ``DRAINED <stats>``, waits for ``close`` (close the clients), writes its
@@ -21,17 +28,33 @@ import time
 import traceback
 import warnings
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.exceptions import RedisError
 
 import aiolock
 from aiolock import LockLostError, LockNotOwnedError, LockTimeoutError
+from aiolock._base import LockKind
+from aiolock._holds import Hold
 
-from .history import CANCELLED, GRANTED, LOST, OK, TIMEOUT, Attempt, write_attempts
+from .history import (
+    CANCELLED,
+    FAIR,
+    GRANTED,
+    LOCK,
+    LOST,
+    OK,
+    SPIN,
+    TIMEOUT,
+    Attempt,
+    Reentry,
+    write_attempts,
+)
 
 __all__ = ["WorkerConfig"]
 
@@ -46,7 +69,7 @@ class WorkerConfig:
     key_prefix: str
     out: str
     watchdog_timeout: float
-    twitchy_timeout: float  # the socket timeout of the second client: redis-py resends
+    twitchy_timeout: float  # the socket timeout of the second client (it resends)
     cancel_rate: float
     drain: float
 
@@ -106,21 +129,36 @@ def now() -> int:
 
 # -- one operation ---------------------------------------------------------------------------
 
+KIND_WEIGHTS = {LOCK: 3, FAIR: 2, SPIN: 1}
+MODE_WEIGHTS = {"acquire": 5, "try_lock": 3, "lock": 1, "nested": 3}
+CLIENTS = ("steady", "twitchy", "brittle")
+NESTED_OWNER = "nest-"  # the prefix of the explicit owners of half the nested holders
+
+
+@dataclass(frozen=True)
+class ReentryPlan:
+    call: str  # "acquire" or "try_lock"
+    wait: float | None
+    lease: float | None
+    seconds: float  # how long its own block runs
+
 
 @dataclass(frozen=True)
 class Plan:
     attempt: Attempt
     owner: str | None  # an explicit owner, or None for the task's own identity
     hold: float  # seconds the body runs
+    reentries: tuple[ReentryPlan, ...] = ()  # mode "nested": made first in the body
 
 
 def make_plan(rng: random.Random, config: WorkerConfig, task: int, seq: int, client: str) -> Plan:
-    mode = rng.choices(("acquire", "try_lock", "lock"), weights=(5, 3, 1))[0]
+    kind = rng.choices(tuple(KIND_WEIGHTS), weights=tuple(KIND_WEIGHTS.values()))[0]
+    mode = rng.choices(tuple(MODE_WEIGHTS), weights=tuple(MODE_WEIGHTS.values()))[0]
     lease = None if rng.random() < 0.5 else round(rng.uniform(0.4, 3.0), 2)
     wait: float | None = None
     if mode == "try_lock":
         wait = 0.0 if rng.random() < 0.3 else round(rng.uniform(0.05, 2.0), 2)
-    elif mode == "acquire" and rng.random() < 0.8:
+    elif mode in ("acquire", "nested") and rng.random() < 0.8:
         wait = round(rng.uniform(0.0, 2.0), 2)
     roll = rng.random()
     if roll < 0.88:
@@ -129,7 +167,19 @@ def make_plan(rng: random.Random, config: WorkerConfig, task: int, seq: int, cli
         hold = rng.uniform(0.05, 0.6)
     else:  # long enough for renewals, and for fixed leases to run out
         hold = rng.uniform(1.0, 2.5)
+    reentries: list[ReentryPlan] = []
+    if mode == "nested":
+        for _ in range(rng.choice((1, 2))):
+            call = rng.choice(("acquire", "try_lock"))
+            inner_wait = rng.choice((0.0, round(rng.uniform(0.05, 1.0), 2), None))
+            if call == "try_lock" and inner_wait is None:
+                inner_wait = 0.0
+            inner_lease = rng.choice((None, lease))
+            reentries.append(ReentryPlan(call, inner_wait, inner_lease, rng.uniform(0.0, 0.01)))
     owner = f"job-{config.proc}-{task}-{seq}" if rng.random() < 0.1 else None
+    if mode == "nested" and rng.random() < 0.5:
+        # Recognisable on the wire: the cut-request fault can aim at nested holders' calls.
+        owner = f"{NESTED_OWNER}{config.proc}-{task}-{seq}"
     attempt = Attempt(
         proc=config.proc,
         task=task,
@@ -140,38 +190,140 @@ def make_plan(rng: random.Random, config: WorkerConfig, task: int, seq: int, cli
         wait=wait,
         lease=lease,
         t_start=now(),
+        kind=kind,
     )
-    return Plan(attempt, owner, hold)
+    return Plan(attempt, owner, hold, tuple(reentries))
 
 
-def _granted(attempt: Attempt, token: int | None) -> None:
+def _granted(attempt: Attempt | Reentry, token: int | None, lock: LockKind) -> None:
     attempt.t_done = attempt.t_grant = now()
     attempt.result = GRANTED
     attempt.token = token
+    hold = _hold_of(lock)  # its count is the server's, from the grant's reply
+    attempt.count = None if hold is None else hold.count
 
 
-async def _body(attempt: Attempt, seconds: float, lost: Callable[[], bool]) -> None:
+async def _body(
+    attempt: Attempt,
+    seconds: float,
+    lost: Callable[[], bool],
+    first: Coroutine[Any, Any, None] | None = None,
+) -> None:
     try:
+        if first is not None:
+            await first
         await asyncio.sleep(seconds)
     finally:
+        if first is not None:
+            first.close()  # never started (cancelled before): no "never awaited" warning
         attempt.t_end = now()
         attempt.lost_in_body = lost()
 
 
-async def _guarded(lock: aiolock.AsyncRLock, plan: Plan) -> None:
-    """``async with lock.acquire(...) as guard``: the guard reports the loss."""
+async def _guarded(lock: LockKind, plan: Plan, diagnostics: Diagnostics) -> None:
+    """``async with lock.acquire(...) as guard``: the guard reports the loss.
+
+    Mode "nested": the body first re-enters the lock (``plan.reentries``), each reentry
+    recorded on its own; a reentry that fails is recorded and the body goes on, as code that
+    handles the error of a nested call would.
+    """
     attempt = plan.attempt
-    guard: aiolock.LockGuard | None = None
+    guard: aiolock.LockGuard[int] | None = None
     try:
         async with lock.acquire(wait=attempt.wait, lease=attempt.lease) as guard:
-            _granted(attempt, guard.fencing_token)
-            await _body(attempt, plan.hold, lambda: guard is not None and guard.lost)
+            _granted(attempt, guard.fencing_token, lock)
+            # The reentries are part of the body: a loss they revealed counts as known in it.
+            await _body(
+                attempt,
+                plan.hold,
+                lambda: guard is not None and guard.lost,
+                _reentries(lock, attempt, plan.reentries, guard, diagnostics),
+            )
     finally:
         if guard is not None:
             attempt.lost = guard.lost
 
 
-async def _plain(lock: aiolock.AsyncRLock, plan: Plan) -> None:
+async def _reentries(
+    lock: LockKind,
+    attempt: Attempt,
+    plans: tuple[ReentryPlan, ...],
+    guard: aiolock.LockGuard[int],
+    diagnostics: Diagnostics,
+) -> None:
+    for spec in plans:
+        entry = Reentry(spec.call, spec.wait, now())
+        attempt.nested.append(entry)
+        await _reenter(lock, entry, spec, guard, diagnostics=diagnostics, label=attempt.label)
+
+
+async def _reenter(
+    lock: LockKind,
+    entry: Reentry,
+    spec: ReentryPlan,
+    holder: aiolock.LockGuard[int],
+    *,
+    diagnostics: Diagnostics,
+    label: str,
+) -> None:
+    """One nested acquisition by the holder of ``lock`` (see :class:`Reentry`)."""
+    lease, seconds = spec.lease, spec.seconds
+
+    def granted(token: int | None) -> None:
+        _granted(entry, token, lock)
+        entry.holder_lost = holder.lost  # what the holder knew when the call returned
+
+    try:
+        if entry.call == "acquire":
+            inner: aiolock.LockGuard[int] | None = None
+            try:
+                async with lock.acquire(wait=entry.wait, lease=lease) as inner:
+                    granted(inner.fencing_token)
+                    await _inner_body(entry, seconds, lambda: inner is not None and inner.lost)
+            finally:
+                if inner is not None:
+                    entry.lost = inner.lost
+        else:
+            assert entry.wait is not None
+            if not await lock.try_lock(wait=entry.wait, lease=lease):
+                entry.t_done = now()
+                entry.result = TIMEOUT
+                return
+            hold = _hold_of(lock)
+            granted(None if hold is None else hold.token)
+            try:
+                await _inner_body(entry, seconds, lambda: hold is None or hold.lost)
+            finally:
+                try:
+                    await lock.unlock()
+                finally:
+                    entry.lost = hold is None or hold.lost
+    except asyncio.CancelledError as exc:
+        _classify(entry, exc, diagnostics, label)
+        raise
+    except Exception as exc:  # recorded; the outer body goes on
+        _classify(entry, exc, diagnostics, label)
+    else:
+        if entry.granted:
+            entry.outcome = OK
+
+
+async def _inner_body(entry: Reentry, seconds: float, lost: Callable[[], bool]) -> None:
+    try:
+        await asyncio.sleep(seconds)
+    finally:
+        entry.t_end = now()
+        entry.lost_in_body = lost()
+
+
+def _hold_of(lock: LockKind) -> Hold | None:
+    """The calling owner's hold in the client's registry: no public call returns the token of a
+    ``try_lock()`` grant."""
+    owner, _ = lock._owner()
+    return lock._services.holds.get(lock._keys.lock, owner)
+
+
+async def _plain(lock: LockKind, plan: Plan, diagnostics: Diagnostics) -> None:
     """``try_lock``/``lock`` then ``unlock``: ``LockNotOwnedError`` reports the loss."""
     attempt = plan.attempt
     if attempt.mode == "lock":
@@ -180,10 +332,8 @@ async def _plain(lock: aiolock.AsyncRLock, plan: Plan) -> None:
         attempt.t_done = now()
         attempt.result = TIMEOUT
         return
-    # No public call returns the token of a try_lock() grant: read the client's own record.
-    owner, _ = lock._owner()
-    hold = lock._services.holds.get(lock._keys.lock, owner)
-    _granted(attempt, None if hold is None else hold.token)
+    hold = _hold_of(lock)
+    _granted(attempt, None if hold is None else hold.token, lock)
     try:
         await _body(attempt, plan.hold, lambda: hold is None or hold.lost)
     finally:
@@ -193,12 +343,24 @@ async def _plain(lock: aiolock.AsyncRLock, plan: Plan) -> None:
             attempt.lost = hold is None or hold.lost
 
 
-async def run_operation(lock: aiolock.AsyncRLock, plan: Plan, diagnostics: Diagnostics) -> None:
+def _make_lock(client: aiolock.Client, plan: Plan) -> LockKind:
+    name, owner = plan.attempt.name, plan.owner
+    match plan.attempt.kind:
+        case "fair":
+            return client.fair_lock(name, owner=owner)
+        case "spin":
+            return client.spin_lock(name, owner=owner)
+    return client.lock(name, owner=owner)
+
+
+async def run_operation(lock: LockKind, plan: Plan, diagnostics: Diagnostics) -> None:
     attempt = plan.attempt
+    attempt.t_call = now()  # the library's own deadline starts here
+    guarded = attempt.mode in ("acquire", "nested")
     try:
-        await (_guarded if attempt.mode == "acquire" else _plain)(lock, plan)
+        await (_guarded if guarded else _plain)(lock, plan, diagnostics)
     except BaseException as exc:
-        _classify(attempt, exc, diagnostics)
+        _classify(attempt, exc, diagnostics, attempt.label)
         if isinstance(exc, asyncio.CancelledError):
             raise
     else:
@@ -206,7 +368,9 @@ async def run_operation(lock: aiolock.AsyncRLock, plan: Plan, diagnostics: Diagn
             attempt.outcome = OK
 
 
-def _classify(attempt: Attempt, exc: BaseException, diagnostics: Diagnostics) -> None:
+def _classify(
+    attempt: Attempt | Reentry, exc: BaseException, diagnostics: Diagnostics, label: str
+) -> None:
     if isinstance(exc, LockTimeoutError):
         text = TIMEOUT
     elif isinstance(exc, LockLostError | LockNotOwnedError):
@@ -217,7 +381,7 @@ def _classify(attempt: Attempt, exc: BaseException, diagnostics: Diagnostics) ->
         text = f"error:{type(exc).__name__}"
         if not isinstance(exc, RedisError | OSError):
             trace = "".join(traceback.format_exception(exc))
-            diagnostics.problems.append(f"{attempt.label}: unexpected exception\n{trace}")
+            diagnostics.problems.append(f"{label}: unexpected exception\n{trace}")
     if attempt.granted:
         attempt.outcome = text
     else:
@@ -228,6 +392,76 @@ def _classify(attempt: Attempt, exc: BaseException, diagnostics: Diagnostics) ->
 # -- the process -----------------------------------------------------------------------------
 
 
+def _resends() -> Retry:
+    """redis-py resends a call whose connection failed or whose reply timed out, 3 times."""
+    return Retry(ExponentialWithJitterBackoff(base=0.01, cap=0.2), 3)
+
+
+class LagProbe:
+    """Event-loop lag: how late a ``sleep(period)`` wakes up, sampled all along the run.
+
+    A wait that overran its bound by about the time its process's loop was blocked meanwhile
+    was the machine's doing (the loop could not run the deadline's callback sooner); an
+    overrun well beyond it was the library's.  Each sample also records the CPU time this
+    process used over the interval: a blocked loop that used about as much CPU as wall time
+    was busy with its own work; one that used little was waiting for a core.  The samples go
+    to ``<out>.lag`` as (time, lag, cpu) triples, in ns; garbage-collector pauses are summed.
+    """
+
+    def __init__(self, period: float = 0.05) -> None:
+        self.period = period
+        self.samples: list[tuple[int, int, int]] = []  # (monotonic ns at wake-up, lag, cpu)
+        self.gc_pauses: list[int] = []  # ns
+        self._gc_started = 0
+
+    def _on_gc(self, phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            self._gc_started = time.perf_counter_ns()
+        elif self._gc_started:
+            self.gc_pauses.append(time.perf_counter_ns() - self._gc_started)
+
+    async def run(self) -> None:
+        period_ns = round(self.period * 1e9)
+        gc.callbacks.append(self._on_gc)
+        try:
+            while True:
+                before, cpu = now(), time.process_time_ns()
+                await asyncio.sleep(self.period)
+                after = now()
+                lag = max(0, after - before - period_ns)
+                self.samples.append((after, lag, time.process_time_ns() - cpu))
+        finally:
+            gc.callbacks.remove(self._on_gc)
+
+    def summary(self) -> dict[str, float]:
+        lags = sorted(lag for _, lag, _ in self.samples)
+        if not lags:
+            return {}
+
+        def pick(q: float) -> float:
+            return lags[min(len(lags) - 1, int(q * len(lags)))] / 1e9
+
+        blocked = [(lag, cpu) for _, lag, cpu in self.samples if lag > 100_000_000]
+        return {
+            "samples": len(lags),
+            "mean": sum(lags) / len(lags) / 1e9,
+            "p50": pick(0.5),
+            "p99": pick(0.99),
+            "max": lags[-1] / 1e9,
+            "over_100ms": len(blocked) / len(lags),
+            # Over the samples with lag > 100 ms: the CPU this process used / their wall time.
+            "blocked_cpu": (
+                sum(cpu for _, cpu in blocked)
+                / max(1, sum(lag + round(self.period * 1e9) for lag, _ in blocked))
+            ),
+            "gc_max": max(self.gc_pauses, default=0) / 1e9,
+            "gc_total": sum(self.gc_pauses) / 1e9,
+        }
+
+    def write(self, path: Path) -> None:
+        path.write_text(json.dumps(self.samples))
+
+
 class Worker:
     def __init__(self, config: WorkerConfig) -> None:
         self.config = config
@@ -236,9 +470,12 @@ class Worker:
         self.current: dict[int, Attempt] = {}  # each task's attempt in progress
         self.stopping = asyncio.Event()
         prefix, watchdog = config.key_prefix, config.watchdog_timeout
+        # redis-py 8's Redis.from_url makes connections that never resend (Retry with 0
+        # retries, unlike the Redis() constructor's 10): the steady and twitchy clients ask for
+        # resends explicitly, so that the scripts' idempotence per request id is exercised.
         self.clients = {
             "steady": aiolock.Client.from_url(
-                config.url, key_prefix=prefix, watchdog_timeout=watchdog
+                config.url, key_prefix=prefix, watchdog_timeout=watchdog, retry=_resends()
             ),
             "twitchy": aiolock.Client.from_url(
                 config.url,
@@ -246,12 +483,22 @@ class Worker:
                 watchdog_timeout=watchdog,
                 socket_timeout=config.twitchy_timeout,
                 socket_connect_timeout=config.twitchy_timeout,
+                retry=_resends(),
+            ),
+            # No resends: a reply cut off after the script ran (the cut-request fault) reaches
+            # the library as an unknown outcome, which it must settle, not as a resend.
+            "brittle": aiolock.Client.from_url(
+                config.url,
+                key_prefix=prefix,
+                watchdog_timeout=watchdog,
+                retry=Retry(NoBackoff(), 0),
             ),
         }
+        self.lag = LagProbe()
 
     async def task_loop(self, task: int) -> None:
         rng = random.Random(f"{self.config.seed}/{self.config.proc}/{task}")
-        kind = ("steady", "twitchy")[task % 2]
+        kind = CLIENTS[task % len(CLIENTS)]
         client = self.clients[kind]
         for seq in itertools.count():
             if self.stopping.is_set():
@@ -259,7 +506,7 @@ class Worker:
             plan = make_plan(rng, self.config, task, seq, kind)
             self.history.append(plan.attempt)
             self.current[task] = plan.attempt
-            lock = client.lock(plan.attempt.name, owner=plan.owner)
+            lock = _make_lock(client, plan)
             cancel_after = rng.uniform(0, 1.0) if rng.random() < self.config.cancel_rate else None
             operation = asyncio.create_task(run_operation(lock, plan, self.diagnostics))
             try:
@@ -275,6 +522,7 @@ class Worker:
 
     async def run(self) -> None:
         self.diagnostics.install(asyncio.get_running_loop())
+        probe = asyncio.create_task(self.lag.run())
         tasks = [asyncio.create_task(self.task_loop(index)) for index in range(self.config.tasks)]
         _emit("READY")
         await _expect("stop")
@@ -284,8 +532,9 @@ class Worker:
             if task in stranded:
                 attempt = self.current[index]
                 self.diagnostics.problems.append(
-                    f"stranded: {attempt.label} ({attempt.mode} {attempt.name!r}, "
-                    f"{attempt.result}) still running {self.config.drain}s after the stop"
+                    f"stranded: {attempt.label} ({attempt.client} {attempt.kind} {attempt.mode} "
+                    f"{attempt.name!r}, {attempt.result}, nested {len(attempt.nested)}) still "
+                    f"running {self.config.drain}s after the stop"
                 )
                 task.cancel()
         if stranded:
@@ -293,8 +542,11 @@ class Worker:
         for task in tasks:
             if not task.cancelled() and task.exception() is not None:
                 self.diagnostics.problems.append(f"task loop failed: {task.exception()!r}")
+        probe.cancel()
+        await asyncio.wait([probe])
         stats = await self._quiesce()
-        _emit("DRAINED", stats)
+        ids = {kind: client._services.owners.client_id for kind, client in self.clients.items()}
+        _emit("DRAINED", {"stats": stats, "clients": ids})
         await _expect("close")
         for client in self.clients.values():
             await client.aclose()
@@ -302,9 +554,14 @@ class Worker:
         gc.collect()
         await asyncio.sleep(0)
         write_attempts(Path(self.config.out), self.history)
+        self.lag.write(Path(self.config.out + ".lag"))
         _emit(
             "DONE",
-            {"problems": self.diagnostics.problems, "logs": dict(self.diagnostics.library_logs)},
+            {
+                "problems": self.diagnostics.problems,
+                "logs": dict(self.diagnostics.library_logs),
+                "lag": self.lag.summary(),
+            },
         )
 
     async def _quiesce(self) -> dict[str, Any]:
@@ -320,7 +577,18 @@ class Worker:
             if not busy:
                 return {kind: asdict(s) for kind, s in stats.items()}
             if time.monotonic() > deadline:
-                self.diagnostics.problems.append(f"clients still busy after the drain: {busy}")
+                held = {
+                    kind: [
+                        f"{hold.kind} {hold.name!r} owner {hold.owner.partition(':')[2]} token "
+                        f"{hold.token} x{hold.count}{' watchdog' if hold.watchdog else ''}"
+                        for hold in client._services.holds._holds.values()
+                    ]
+                    for kind, client in self.clients.items()
+                    if kind in busy
+                }
+                self.diagnostics.problems.append(
+                    f"clients still busy after the drain: {busy}, holding {held}"
+                )
                 return busy
             await asyncio.sleep(0.05)
 
