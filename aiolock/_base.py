@@ -416,17 +416,27 @@ class LockKind(Guarded[int]):
             pttl = int(reply)
             return math.inf if pttl < 0 else pttl / 1000
         holds = services.holds
-        stale = holds.lost_token(self._hold_key, owner) == int(reply[0]) and int(reply[1]) > 1
-        if stale and holds.get(self._hold_key, owner) is None:
-            # It re-entered the very hold of this owner that the client already took for lost
-            # (the client's deadlines run a little ahead of the server's): not a fresh grant, and
-            # its old token must not be handed out again.  Drop those holds, as a settlement
-            # (a cancelled caller leaves none behind), and try again.
-            self._services.holds.defer(
-                self._keys.lock, owner, self._drop_holds(owner, int(reply[1]))
+        count = int(reply[1])
+        if count > 1 and holds.get(self._hold_key, owner) is None:
+            # The server has more holds of this owner than the client knows of: a grant the
+            # client never saw (a late copy of an earlier request, applied after its resend was
+            # answered), or the very hold the client already took for lost (its deadlines run
+            # a little ahead of the server's).  The unknown holds are dropped as a settlement
+            # (a cancelled caller leaves none behind).
+            if holds.lost_token(self._hold_key, owner) == int(reply[0]):
+                # Its token was handed out before: not a fresh grant.  Drop them all, retry.
+                holds.defer(self._keys.lock, owner, self._drop_holds(owner, count))
+                await holds.settle(self._keys.lock, owner)
+                return None
+            logger.warning(
+                "%s %r: the server had %d hold(s) of this owner the client never saw (a late "
+                "copy of an earlier request); releasing them",
+                self.kind,
+                self.name,
+                count - 1,
             )
-            await services.holds.settle(self._keys.lock, owner)
-            return None
+            holds.defer(self._keys.lock, owner, self._drop_holds(owner, count - 1))
+            reply = [reply[0], 1, reply[2]]  # this grant is the owner's one hold
         hold = services.holds.granted(
             name=self.name,
             kind=self.kind,

@@ -307,3 +307,24 @@ async def test_acquiring_again_after_a_loss_the_server_has_not_seen_yet_is_fresh
     await lock.unlock()
     assert not await lock.is_locked()
     await assert_clean(redis, aiolock_client)
+
+
+async def test_a_grant_the_client_never_saw_is_not_kept_behind_its_back(
+    aiolock_client: aiolock.Client, redis: Redis, kind: str
+) -> None:
+    """A late copy of an earlier request (applied after its resend was answered "busy")
+    grants the owner a hold the client never saw; the owner's next acquire re-enters it."""
+    lock = factory(aiolock_client, kind)("phantom")
+    owner, _ = lock._owner()
+    services = aiolock_client._services
+    late = lock._attempt(owner, services.owners.next_request(), 30_000)
+    reply = await services.calls.run(*late)  # the late copy lands: a hold nobody knows of
+    assert isinstance(reply, list)
+    assert lock.statistics().held == 0
+    assert await lock.try_lock()
+    await eventually(lambda: aiolock_client.statistics().pending == 0, what="dropped")
+    assert lock.statistics().held == 1
+    assert await lock.hold_count() == 1  # the server agrees: one hold, the one we know of
+    await lock.unlock()
+    assert not await lock.is_held()
+    await assert_clean(redis, aiolock_client)
