@@ -1,7 +1,17 @@
 """The history checker: pure functions from a recorded run to its violations and summary.
 
 What must hold, per phase (see :class:`~tests.chaos.history.Phase`).  The resource is the pair
-(kind, name): ``lock("x")``, ``fair_lock("x")`` and ``spin_lock("x")`` are three locks.
+(kind, name): ``lock("x")``, ``fair_lock("x")`` and ``spin_lock("x")`` are three locks; the read
+and the write mode of ``rw_lock("x")`` are one resource, ("rw", "x"); ``semaphore("x")`` is one
+more.
+
+For a read-write lock, *exclusion* means: no two write holds overlap, and no read hold overlaps
+a write hold of another owner (the writer's own reads, a downgrade, may); *fencing* as below for
+write holds, and, for every fresh grant of either mode, a larger token than every fresh grant of
+the name that came back before its call began (readers overlap, so "came back before its reply"
+is not enough for them); a read inside a write block is a fresh read hold (its own token), a
+write asked for inside a read block is refused.  For a semaphore, *exclusion* means no more than
+``permits`` holds at once; permits have no tokens.
 
 - *exclusion*: no two holds of one resource that did not end lost overlap in time;
 - *timely loss*: a hold that lost its lock knew it (``guard.lost``) by the end of its body if
@@ -32,7 +42,7 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from .history import (
@@ -42,7 +52,12 @@ from .history import (
     LOST,
     OK,
     PENDING,
+    PERMITS,
+    READ,
+    RW,
+    SEMAPHORE,
     TIMEOUT,
+    WRITE,
     Attempt,
     Phase,
     Reentry,
@@ -62,7 +77,9 @@ class Violation:
         return f"[{self.kind}] {self.detail}"
 
 
-def check_phase(phase: Phase, *, wait_slack: float = 0.5) -> list[Violation]:
+def check_phase(
+    phase: Phase, *, wait_slack: float = 0.5, permits: int = PERMITS
+) -> list[Violation]:
     """Every violation found in ``phase``; empty when the run was correct.
 
     A wait overrun says how long its process's event loop was blocked meanwhile (``phase.lag``).
@@ -76,11 +93,21 @@ def check_phase(phase: Phase, *, wait_slack: float = 0.5) -> list[Violation]:
     ]
     epochs, straddlers = _split_epochs(holds_of(phase.attempts), phase.amnesia)
     for epoch in epochs:
-        for holds in _by_resource(epoch).values():
-            violations += _check_exclusion(holds, origin)
-            violations += _check_late_losses(holds, origin)
-            violations += _check_fresh_tokens(holds)
-            violations += _check_fencing(holds)
+        for (kind, _), holds in _by_resource(epoch).items():
+            if kind == SEMAPHORE:
+                violations += _check_permits(holds, origin, permits)
+                violations += _check_late_permit_losses(holds, origin, permits)
+            elif kind == RW:
+                violations += _check_rw_exclusion(holds, origin)
+                violations += _check_late_losses(holds, origin, _rw_conflict)
+                violations += _check_fresh_tokens(holds)
+                violations += _check_fencing(holds, lambda hold: hold.kind == WRITE)
+                violations += _check_token_order(holds)
+            else:
+                violations += _check_exclusion(holds, origin)
+                violations += _check_late_losses(holds, origin)
+                violations += _check_fresh_tokens(holds)
+                violations += _check_fencing(holds)
     violations += _check_amnesia(straddlers, phase.amnesia)
     violations += [Violation("diagnostic", problem) for problem in phase.problems]
     return violations
@@ -129,9 +156,15 @@ def _fresh_nested(attempt: Attempt, index: int, entry: Reentry) -> Attempt:
         outcome=entry.outcome,
         lost=entry.lost,
         lost_in_body=entry.lost_in_body,
-        kind=attempt.kind,
+        kind=entry.kind or attempt.kind,
         count=entry.count,
+        owner=attempt.owner,
     )
+
+
+def _crosses(attempt: Attempt, entry: Reentry) -> bool:
+    """A nested grant of the other mode of a read-write lock (a read inside a write block)."""
+    return entry.kind is not None and entry.kind != attempt.kind
 
 
 def _is_fresh(attempt: Attempt, entry: Reentry) -> bool:
@@ -167,10 +200,11 @@ def _seconds(ns: int) -> float:
 def _describe(attempt: Attempt, origin: int) -> str:
     assert attempt.t_grant is not None
     end = "?" if attempt.t_end is None else f"{_seconds(attempt.t_end - origin):.3f}"
+    owner = f", owner {attempt.owner}" if attempt.kind in (READ, WRITE, SEMAPHORE) else ""
     return (
         f"{attempt.label} ({attempt.client}, {attempt.kind} {attempt.mode}, lease={attempt.lease}, "
         f"token={attempt.token}, held {_seconds(attempt.t_grant - origin):.3f}-{end}s, "
-        f"ended {attempt.outcome})"
+        f"ended {attempt.outcome}{owner})"
     )
 
 
@@ -243,8 +277,11 @@ def _check_reentries(attempts: Iterable[Attempt]) -> list[Violation]:
                     f"count {attempt.count}: its new owner had holds it did not know of",
                 )
             )
-        current = attempt.token  # the token of the hold a reentry now re-enters
+        # The token of the hold a reentry now re-enters, per mode (a read-write lock's reentries
+        # take either mode; the other mode's first one is a fresh hold of its own).
+        current: dict[str | None, int | None] = {None: attempt.token}
         for index, entry in enumerate(attempt.nested):
+            mode = entry.kind if _crosses(attempt, entry) else None
             if not entry.granted:
                 continue
             where = (
@@ -255,7 +292,7 @@ def _check_reentries(attempts: Iterable[Attempt]) -> list[Violation]:
             elif not attempt.granted:
                 found.append(Violation("reentry", f"{where} was granted outside a hold"))
             elif _is_fresh(attempt, entry):
-                if not _ended_lost(attempt):
+                if mode is None and not _ended_lost(attempt):
                     found.append(
                         Violation(
                             "reentry",
@@ -264,13 +301,13 @@ def _check_reentries(attempts: Iterable[Attempt]) -> list[Violation]:
                             "never lost",
                         )
                     )
-                current = entry.token
-            elif entry.token != current:
+                current[mode] = entry.token
+            elif entry.token != current.get(mode):
                 found.append(
                     Violation(
                         "reentry",
                         f"{where} re-entered (count {entry.count}) with token {entry.token}, "
-                        f"not the held one's {current}",
+                        f"not the held one's {current.get(mode)}",
                     )
                 )
     return found
@@ -325,8 +362,98 @@ def _check_exclusion(holds: Sequence[Attempt], origin: int) -> list[Violation]:
     return found
 
 
-def _check_late_losses(holds: Sequence[Attempt], origin: int) -> list[Violation]:
-    """``holds``: one resource, sorted by grant time."""
+def _rw_conflict(a: Attempt, b: Attempt) -> bool:
+    """Two holds of one read-write lock that may not overlap: two writes, or a read and a
+    write of different owners (a writer may read: a nested read, a downgrade)."""
+    if WRITE not in (a.kind, b.kind):
+        return False
+    return a.kind == b.kind or a.owner is None or a.owner != b.owner
+
+
+def _check_rw_exclusion(holds: Sequence[Attempt], origin: int) -> list[Violation]:
+    """``holds``: one read-write lock, sorted by grant time."""
+    kept = [hold for hold in holds if not _ended_lost(hold)]
+    found = []
+    for index, first in enumerate(kept):
+        assert first.t_end is not None
+        for later in kept[index + 1 :]:
+            assert later.t_grant is not None
+            if later.t_grant >= first.t_end:
+                break
+            if _rw_conflict(first, later):
+                found.append(
+                    Violation(
+                        "exclusion",
+                        f"rw {first.name!r}: {_describe(first, origin)} overlaps "
+                        f"{_describe(later, origin)}",
+                    )
+                )
+    return found
+
+
+def _check_permits(holds: Sequence[Attempt], origin: int, permits: int) -> list[Violation]:
+    """``holds``: one semaphore, sorted by grant time; no more than ``permits`` kept holds at
+    any moment (a hold that did not end lost covers its whole window on the server)."""
+    found = []
+    active: list[Attempt] = []
+    for hold in holds:
+        if _ended_lost(hold):
+            continue
+        assert hold.t_grant is not None
+        active = [other for other in active if (other.t_end or 0) > hold.t_grant]
+        active.append(hold)
+        if len(active) > permits:
+            found.append(
+                Violation(
+                    "exclusion",
+                    f"semaphore {hold.name!r}: {len(active)} permits held at once (of "
+                    f"{permits}): " + "; ".join(_describe(other, origin) for other in active),
+                )
+            )
+    return found
+
+
+def _check_late_permit_losses(
+    holds: Sequence[Attempt], origin: int, permits: int
+) -> list[Violation]:
+    """``holds``: one semaphore, sorted by grant time.  When a kept permit was granted, the
+    kept permits held then and the lost ones whose holders had not yet been told (still in
+    their bodies, not knowing it at their end) number at most ``permits``: else some of the
+    latter were gone on the server already, and their holders learned it too late."""
+    found = []
+    for hold in holds:
+        if _ended_lost(hold):
+            continue
+        at = hold.t_grant
+        assert at is not None
+        live = [
+            other
+            for other in holds
+            if other is not hold
+            and (other.t_grant or 0) < at < (other.t_end or 0)
+            and (not _ended_lost(other) or not other.lost_in_body)
+        ]
+        unaware = [other for other in live if _ended_lost(other)]
+        if unaware and len(live) + 1 > permits:
+            found.append(
+                Violation(
+                    "late-loss",
+                    f"semaphore {hold.name!r}: {_describe(hold, origin)} was granted while "
+                    f"{len(live)} other permits ran their bodies, of which "
+                    f"{'; '.join(_describe(other, origin) for other in unaware)} were lost, "
+                    "not yet told of it",
+                )
+            )
+    return found
+
+
+def _check_late_losses(
+    holds: Sequence[Attempt],
+    origin: int,
+    conflicts: Callable[[Attempt, Attempt], bool] | None = None,
+) -> list[Violation]:
+    """``holds``: one resource, sorted by grant time; ``conflicts``: which holds exclude each
+    other (all, unless told)."""
     kept = [hold for hold in holds if not _ended_lost(hold)]
     starts = [hold.t_grant or 0 for hold in kept]
     found = []
@@ -336,15 +463,18 @@ def _check_late_losses(holds: Sequence[Attempt], origin: int) -> list[Violation]
         assert hold.t_grant is not None
         assert hold.t_end is not None
         index = bisect.bisect_right(starts, hold.t_grant)
-        if index < len(kept) and starts[index] < hold.t_end:
-            found.append(
-                Violation(
-                    "late-loss",
-                    f"{hold.kind} {hold.name!r}: {_describe(kept[index], origin)} was granted "
-                    f"while {_describe(hold, origin)} still ran its body, not yet told of its "
-                    "loss",
+        while index < len(kept) and starts[index] < hold.t_end:
+            if conflicts is None or conflicts(hold, kept[index]):
+                found.append(
+                    Violation(
+                        "late-loss",
+                        f"{hold.kind} {hold.name!r}: {_describe(kept[index], origin)} was "
+                        f"granted while {_describe(hold, origin)} still ran its body, not yet "
+                        "told of its loss",
+                    )
                 )
-            )
+                break
+            index += 1
     return found
 
 
@@ -367,8 +497,12 @@ def _check_fresh_tokens(holds: Sequence[Attempt]) -> list[Violation]:
     return found
 
 
-def _check_fencing(holds: Sequence[Attempt]) -> list[Violation]:
-    """``holds``: one resource, sorted by grant time (a reused token is another rule's)."""
+def _check_fencing(
+    holds: Sequence[Attempt], exclusive: Callable[[Attempt], bool] | None = None
+) -> list[Violation]:
+    """``holds``: one resource, sorted by grant time (a reused token is another rule's);
+    ``exclusive``: the holds the rule is about (all, unless told: a read-write lock's readers
+    overlap, so a reply's order says nothing of their grants' order)."""
     found = []
     seen: set[int] = set()
     highest: Attempt | None = None
@@ -381,6 +515,7 @@ def _check_fencing(holds: Sequence[Attempt]) -> list[Violation]:
             token not in seen
             and highest is not None
             and not _ended_lost(hold)
+            and (exclusive is None or exclusive(hold))
             and (highest.token or 0) >= token
         ):
             found.append(
@@ -393,6 +528,35 @@ def _check_fencing(holds: Sequence[Attempt]) -> list[Violation]:
         seen.add(token)
         if highest is None or (highest.token or 0) < token:
             highest = hold
+    return found
+
+
+def _check_token_order(holds: Sequence[Attempt]) -> list[Violation]:
+    """``holds``: the fresh grants of one resource, sorted by grant time.  A grant whose reply
+    came back before another grant's call began was made first on the server, so drew the
+    smaller token (of either mode: one counter per name)."""
+    granted = [hold for hold in holds if hold.token is not None and hold.t_grant is not None]
+    times = [hold.t_grant or 0 for hold in granted]
+    highest: list[Attempt] = []  # highest[i]: the largest token among granted[: i + 1]
+    for hold in granted:
+        best = highest[-1] if highest else hold
+        highest.append(hold if (hold.token or 0) > (best.token or 0) else best)
+    found = []
+    for hold in granted:
+        began = hold.t_call if hold.t_call is not None else hold.t_start
+        index = bisect.bisect_left(times, began)
+        if index == 0:
+            continue
+        before = highest[index - 1]
+        if (before.token or 0) > (hold.token or 0):
+            found.append(
+                Violation(
+                    "fencing",
+                    f"{hold.kind} {hold.name!r}: {hold.label} ({hold.mode}) got token "
+                    f"{hold.token} after {before.label} ({before.kind} {before.mode}) had got "
+                    f"{before.token} before its call began",
+                )
+            )
     return found
 
 

@@ -23,12 +23,19 @@ __all__ = [
     "write_faults",
 ]
 
-# Attempt.kind: which lock kind, ``client.lock``/``fair_lock``/``spin_lock``.  Kinds never share
-# keys, so the resource that exclusion and fencing are about is (kind, name).
+# Attempt.kind: which lock kind, ``client.lock``/``fair_lock``/``spin_lock``, the two modes of
+# ``client.rw_lock(name)`` (``.read_lock()``/``.write_lock()``) or ``client.semaphore``.  Kinds
+# never share keys, so the resource that exclusion and fencing are about is (kind, name), except
+# that a read and a write of one name are one resource, ("rw", name).
 LOCK = "lock"
 FAIR = "fair"
 SPIN = "spin"
-KINDS = (LOCK, FAIR, SPIN)
+READ = "read"
+WRITE = "write"
+SEMAPHORE = "semaphore"
+KINDS = (LOCK, FAIR, SPIN, READ, WRITE, SEMAPHORE)
+RW = "rw"  # the resource kind of READ and WRITE
+PERMITS = 2  # the chaos run's semaphores: client.semaphore(name, PERMITS)
 
 # Attempt.result: how the wait ended.
 GRANTED = "granted"
@@ -63,6 +70,7 @@ class Reentry:
     lost_in_body: bool = False
     holder_lost: bool = False  # the outer guard was already lost when this call returned
     count: int | None = None  # the hold count the grant reported: 1 fresh, 2+ reentrant
+    kind: str | None = None  # READ or WRITE inside a read-write hold; None: the outer's kind
 
     @property
     def granted(self) -> bool:
@@ -99,6 +107,7 @@ class Attempt:
     count: int | None = None  # the hold count the grant reported: 1, the owner being new
     t_call: int | None = None  # when the operation's task began the call (after scheduling)
     nested: list[Reentry] = field(default_factory=list)  # mode "nested": in the order made
+    owner: str | None = None  # the owner id the hold was taken as (READ/WRITE: who may overlap)
 
     @property
     def granted(self) -> bool:
@@ -110,8 +119,9 @@ class Attempt:
 
     @property
     def resource(self) -> tuple[str, str]:
-        """What exclusion and fencing are about: kinds of one name are different locks."""
-        return self.kind, self.name
+        """What exclusion and fencing are about: kinds of one name are different locks, but for
+        the read and the write mode of one read-write lock."""
+        return (RW if self.kind in (READ, WRITE) else self.kind), self.name
 
 
 @dataclass(frozen=True)

@@ -160,6 +160,93 @@ def test_each_kind_is_still_checked(kind: str) -> None:
     assert kinds(*history, hold(2, 4, 5, kind="other")) == ["exclusion", "token-reuse", "fencing"]
 
 
+# -- the read-write lock: one resource for both modes -------------------------------------------
+
+
+def rw(start: float, end: float, token: int, kind: str, owner: str, **options: object) -> Attempt:
+    attempt = hold(start, end, token, kind=kind, **options)  # type: ignore[arg-type]
+    attempt.owner = owner
+    return attempt
+
+
+def test_readers_of_many_owners_overlap() -> None:
+    assert (
+        kinds(rw(1, 3, 1, "read", "a"), rw(2, 4, 2, "read", "b"), rw(5, 6, 3, "write", "c")) == []
+    )
+
+
+def test_a_reader_overlapping_another_owners_writer_fails() -> None:
+    assert kinds(rw(1, 3, 1, "write", "a"), rw(2, 4, 2, "read", "b")) == ["exclusion"]
+    assert kinds(rw(1, 3, 1, "read", "b"), rw(2, 4, 2, "write", "a")) == ["exclusion"]
+
+
+def test_overlapping_writers_fail_even_of_one_owner() -> None:
+    assert kinds(rw(1, 3, 1, "write", "a"), rw(2, 4, 2, "write", "a")) == ["exclusion"]
+
+
+def test_a_lost_writer_may_overlap_a_reader() -> None:
+    writer = rw(1, 3, 1, "write", "a", lost=True)
+    writer.lost_in_body = True
+    assert kinds(writer, rw(2, 4, 2, "read", "b")) == []
+
+
+def test_a_downgrade_passes() -> None:
+    # The writer reads inside its write block (a fresh read hold, a token of its own), and a
+    # separate read hold of the writer outlasts the write hold: its own reads may overlap.
+    outer = rw(1, 3, 1, "write", "a")
+    nested(outer, 1.5, 2, 2, count=1)
+    outer.nested[0].kind = "read"
+    assert kinds(outer, rw(2.5, 4, 3, "read", "a"), rw(5, 6, 4, "write", "b")) == []
+
+
+def test_a_nested_read_is_still_excluded_from_other_writers() -> None:
+    outer = rw(1, 3, 1, "write", "a", lost=True)
+    outer.lost_in_body = True
+    nested(outer, 1.5, 2.5, 2, count=1)
+    outer.nested[0].kind = "read"
+    assert kinds(outer, rw(2, 4, 3, "write", "b")) == ["exclusion"]
+
+
+def test_a_refused_upgrade_passes() -> None:
+    outer = nested(rw(1, 3, 1, "read", "a"), 1.5, 2, None)
+    outer.nested[0].kind, outer.nested[0].result = "write", "refused"
+    outer.nested[0].token = outer.nested[0].t_grant = outer.nested[0].t_end = None
+    assert kinds(outer) == []
+
+
+def test_read_tokens_share_the_writers_counter() -> None:
+    # Fencing tokens of both modes go up; readers' replies may come back out of order.
+    assert kinds(rw(1, 2, 5, "write", "a"), rw(3, 4, 5, "read", "b")) == ["token-reuse"]
+    assert kinds(rw(1, 2, 5, "write", "a"), rw(3, 4, 4, "read", "b")) == ["fencing"]
+    reader = rw(2, 4, 1, "read", "b")
+    reader.t_start = reader.t_call = round(0.5 * S)  # its call began before the other's reply
+    assert kinds(rw(1, 3, 2, "read", "a"), reader) == []
+
+
+# -- the semaphore: at most PERMITS holds at once ----------------------------------------------
+
+
+def permit(start: float, end: float, **options: object) -> Attempt:
+    attempt = hold(start, end, 0, kind="semaphore", **options)  # type: ignore[arg-type]
+    attempt.token = attempt.count = None
+    return attempt
+
+
+def test_two_permits_at_once_pass() -> None:
+    assert kinds(permit(1, 3), permit(2, 4), permit(3, 5), permit(4.5, 6)) == []
+
+
+def test_three_permits_at_once_fail() -> None:
+    assert kinds(permit(1, 3), permit(2, 4), permit(2.5, 5)) == ["exclusion"]
+
+
+def test_a_lost_permit_does_not_count() -> None:
+    history = [permit(1, 3, lost=True), permit(2, 4), permit(2.5, 5)]
+    assert kinds(*history) == ["late-loss"]  # ... but its holder should have known
+    history[0].lost_in_body = True
+    assert kinds(*history) == []
+
+
 # -- nested acquisitions and fresh tokens -----------------------------------------------------
 
 
@@ -315,7 +402,14 @@ def test_summary() -> None:
     assert summary.max_wait == pytest.approx(1.2)
     assert dict(summary.faults) == {"pause": 2, "freeze": 1}
     assert dict(summary.errors) == {"TimeoutError": 1}
-    assert summary.kinds == {"lock": (3, 1), "fair": (1, 1), "spin": (0, 0)}
+    assert summary.kinds == {
+        "lock": (3, 1),
+        "fair": (1, 1),
+        "spin": (0, 0),
+        "read": (0, 0),
+        "write": (0, 0),
+        "semaphore": (0, 0),
+    }
     assert dict(summary.nested) == {"calls": 1, "reentrant": 1}
     text = format_summary(summary)
     assert "faults: freeze 1, pause 2" in text

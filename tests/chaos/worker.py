@@ -1,9 +1,14 @@
 """One chaos worker process: many tasks taking random locks, every attempt recorded.
 
-Each operation picks a lock kind (``lock``, ``fair_lock``, ``spin_lock``), a name, an owner (the
-task's, or an explicit one) and a mode: ``acquire()`` as a block, ``try_lock``/``lock`` then
-``unlock``, or "nested": an ``acquire()`` block that re-enters the lock once or twice inside
-(``acquire()`` and ``try_lock``/``unlock``), each reentry recorded with its token and count.
+Each operation picks a lock kind (``lock``, ``fair_lock``, ``spin_lock``, the read or the write
+mode of ``rw_lock``, or ``semaphore``), a name, an owner (the task's, or an explicit one) and a
+mode: ``acquire()`` as a block, ``try_lock``/``lock`` then ``unlock``, or "nested": an
+``acquire()`` block that re-enters the lock once or twice inside (``acquire()`` and
+``try_lock``/``unlock``), each reentry recorded with its token and count.  A read-write lock's
+reentries take either mode: a read inside a write block is a fresh read hold (legal: the writer
+may read), a write inside a read block is refused at once (``LockError``, by design).  A
+semaphore's modes are ``acquire()`` as a block ("acquire") and ``try_acquire`` then
+``permit.release()`` ("try_acquire"; its ``wait=None`` waits forever).
 Three clients share the tasks: steady and twitchy (a 0.25 s socket timeout) resend through
 redis-py's ``Retry``, brittle never resends.  A probe samples the event loop's lag throughout.
 
@@ -38,7 +43,7 @@ from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.exceptions import RedisError
 
 import aiolock
-from aiolock import LockLostError, LockNotOwnedError, LockTimeoutError
+from aiolock import LockError, LockLostError, LockNotOwnedError, LockTimeoutError
 from aiolock._base import LockKind
 from aiolock._holds import Hold
 
@@ -49,8 +54,12 @@ from .history import (
     LOCK,
     LOST,
     OK,
+    PERMITS,
+    READ,
+    SEMAPHORE,
     SPIN,
     TIMEOUT,
+    WRITE,
     Attempt,
     Reentry,
     write_attempts,
@@ -129,10 +138,14 @@ def now() -> int:
 
 # -- one operation ---------------------------------------------------------------------------
 
-KIND_WEIGHTS = {LOCK: 3, FAIR: 2, SPIN: 1}
+# The CI run makes about 3400 grants in all: each weight unit is about 300 of them.
+KIND_WEIGHTS = {LOCK: 3, FAIR: 2, SPIN: 1, READ: 2, WRITE: 2, SEMAPHORE: 2}
 MODE_WEIGHTS = {"acquire": 5, "try_lock": 3, "lock": 1, "nested": 3}
 CLIENTS = ("steady", "twitchy", "brittle")
 NESTED_OWNER = "nest-"  # the prefix of the explicit owners of half the nested holders
+# A reentry's result when it asked for the write lock while its owner held only reads: the
+# library refuses that at once with LockError, by design (an upgrade could deadlock).
+REFUSED = "refused"
 
 
 @dataclass(frozen=True)
@@ -141,6 +154,7 @@ class ReentryPlan:
     wait: float | None
     lease: float | None
     seconds: float  # how long its own block runs
+    kind: str | None = None  # READ or WRITE inside a read-write hold; None: the outer's kind
 
 
 @dataclass(frozen=True)
@@ -154,6 +168,8 @@ class Plan:
 def make_plan(rng: random.Random, config: WorkerConfig, task: int, seq: int, client: str) -> Plan:
     kind = rng.choices(tuple(KIND_WEIGHTS), weights=tuple(KIND_WEIGHTS.values()))[0]
     mode = rng.choices(tuple(MODE_WEIGHTS), weights=tuple(MODE_WEIGHTS.values()))[0]
+    if kind == SEMAPHORE:  # not reentrant: a block, or try_acquire (wait=None: forever)
+        mode = "acquire" if mode in ("acquire", "nested") else "try_acquire"
     lease = None if rng.random() < 0.5 else round(rng.uniform(0.4, 3.0), 2)
     wait: float | None = None
     if mode == "try_lock":
@@ -175,7 +191,10 @@ def make_plan(rng: random.Random, config: WorkerConfig, task: int, seq: int, cli
             if call == "try_lock" and inner_wait is None:
                 inner_wait = 0.0
             inner_lease = rng.choice((None, lease))
-            reentries.append(ReentryPlan(call, inner_wait, inner_lease, rng.uniform(0.0, 0.01)))
+            inner_kind = rng.choice((READ, WRITE)) if kind in (READ, WRITE) else None
+            reentries.append(
+                ReentryPlan(call, inner_wait, inner_lease, rng.uniform(0.0, 0.01), inner_kind)
+            )
     owner = f"job-{config.proc}-{task}-{seq}" if rng.random() < 0.1 else None
     if mode == "nested" and rng.random() < 0.5:
         # Recognisable on the wire: the cut-request fault can aim at nested holders' calls.
@@ -252,9 +271,29 @@ async def _reentries(
     diagnostics: Diagnostics,
 ) -> None:
     for spec in plans:
-        entry = Reentry(spec.call, spec.wait, now())
+        entry = Reentry(spec.call, spec.wait, now(), kind=spec.kind)
         attempt.nested.append(entry)
-        await _reenter(lock, entry, spec, guard, diagnostics=diagnostics, label=attempt.label)
+        inner = _other_mode(lock) if spec.kind not in (None, attempt.kind) else lock
+        # Asking for the write lock while holding only reads is refused at once, by design.
+        refusal = attempt.kind == READ and spec.kind == WRITE
+        await _reenter(
+            inner,
+            entry,
+            spec,
+            guard,
+            diagnostics=diagnostics,
+            label=attempt.label,
+            refusal=refusal,
+        )
+
+
+def _other_mode(lock: LockKind) -> LockKind:
+    """The other mode of a read-write lock, for the same owner (explicit, or the task's)."""
+    rw = aiolock.AsyncReadWriteLock(lock._services, lock.name)
+    owner = lock._explicit_owner
+    if isinstance(lock, aiolock.AsyncReadLock):
+        return rw.write_lock(owner=owner)
+    return rw.read_lock(owner=owner)
 
 
 async def _reenter(
@@ -265,8 +304,10 @@ async def _reenter(
     *,
     diagnostics: Diagnostics,
     label: str,
+    refusal: bool = False,
 ) -> None:
-    """One nested acquisition by the holder of ``lock`` (see :class:`Reentry`)."""
+    """One nested acquisition by the holder of ``lock`` (see :class:`Reentry`); ``refusal``:
+    a ``LockError`` (not one of its subclasses) is the expected outcome, recorded as REFUSED."""
     lease, seconds = spec.lease, spec.seconds
 
     def granted(token: int | None) -> None:
@@ -301,6 +342,12 @@ async def _reenter(
     except asyncio.CancelledError as exc:
         _classify(entry, exc, diagnostics, label)
         raise
+    except LockError as exc:
+        if refusal and type(exc) is LockError and not entry.granted:
+            entry.t_done = now()
+            entry.result = REFUSED
+        else:
+            _classify(entry, exc, diagnostics, label)
     except Exception as exc:  # recorded; the outer body goes on
         _classify(entry, exc, diagnostics, label)
     else:
@@ -320,7 +367,7 @@ def _hold_of(lock: LockKind) -> Hold | None:
     """The calling owner's hold in the client's registry: no public call returns the token of a
     ``try_lock()`` grant."""
     owner, _ = lock._owner()
-    return lock._services.holds.get(lock._keys.lock, owner)
+    return lock._services.holds.get(lock._hold_key, owner)
 
 
 async def _plain(lock: LockKind, plan: Plan, diagnostics: Diagnostics) -> None:
@@ -343,6 +390,41 @@ async def _plain(lock: LockKind, plan: Plan, diagnostics: Diagnostics) -> None:
             attempt.lost = hold is None or hold.lost
 
 
+async def _permit(semaphore: aiolock.AsyncSemaphore, plan: Plan, diagnostics: Diagnostics) -> None:
+    """A semaphore's permit: ``acquire()`` as a block (``LockLostError`` on exit reports the
+    loss), or ``try_acquire`` then ``permit.release()`` (``LockNotOwnedError`` reports it)."""
+    attempt = plan.attempt
+
+    def granted(permit: aiolock.Permit) -> None:
+        attempt.t_done = attempt.t_grant = now()
+        attempt.result = GRANTED
+        attempt.owner = permit.id
+
+    if attempt.mode == "acquire":
+        held: aiolock.Permit | None = None
+        try:
+            async with semaphore.acquire(wait=attempt.wait, lease=attempt.lease) as held:
+                granted(held)
+                await _body(attempt, plan.hold, lambda: held is not None and held.lost)
+        finally:
+            if held is not None:
+                attempt.lost = held.lost
+        return
+    permit = await semaphore.try_acquire(wait=attempt.wait, lease=attempt.lease)
+    if permit is None:
+        attempt.t_done = now()
+        attempt.result = TIMEOUT
+        return
+    granted(permit)
+    try:
+        await _body(attempt, plan.hold, lambda: permit.lost)
+    finally:
+        try:
+            await permit.release()
+        finally:
+            attempt.lost = permit.lost
+
+
 def _make_lock(client: aiolock.Client, plan: Plan) -> LockKind:
     name, owner = plan.attempt.name, plan.owner
     match plan.attempt.kind:
@@ -350,15 +432,24 @@ def _make_lock(client: aiolock.Client, plan: Plan) -> LockKind:
             return client.fair_lock(name, owner=owner)
         case "spin":
             return client.spin_lock(name, owner=owner)
+        case "read":
+            return client.rw_lock(name).read_lock(owner=owner)
+        case "write":
+            return client.rw_lock(name).write_lock(owner=owner)
     return client.lock(name, owner=owner)
 
 
-async def run_operation(lock: LockKind, plan: Plan, diagnostics: Diagnostics) -> None:
+async def run_operation(client: aiolock.Client, plan: Plan, diagnostics: Diagnostics) -> None:
     attempt = plan.attempt
     attempt.t_call = now()  # the library's own deadline starts here
     guarded = attempt.mode in ("acquire", "nested")
     try:
-        await (_guarded if guarded else _plain)(lock, plan, diagnostics)
+        if attempt.kind == SEMAPHORE:
+            await _permit(client.semaphore(attempt.name, PERMITS), plan, diagnostics)
+        else:
+            lock = _make_lock(client, plan)
+            attempt.owner, _ = lock._owner()  # this task's, or the explicit one
+            await (_guarded if guarded else _plain)(lock, plan, diagnostics)
     except BaseException as exc:
         _classify(attempt, exc, diagnostics, attempt.label)
         if isinstance(exc, asyncio.CancelledError):
@@ -506,9 +597,8 @@ class Worker:
             plan = make_plan(rng, self.config, task, seq, kind)
             self.history.append(plan.attempt)
             self.current[task] = plan.attempt
-            lock = _make_lock(client, plan)
             cancel_after = rng.uniform(0, 1.0) if rng.random() < self.config.cancel_rate else None
-            operation = asyncio.create_task(run_operation(lock, plan, self.diagnostics))
+            operation = asyncio.create_task(run_operation(client, plan, self.diagnostics))
             try:
                 done, _ = await asyncio.wait([operation], timeout=cancel_after)
                 if not done:
