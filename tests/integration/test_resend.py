@@ -96,3 +96,23 @@ async def test_redis_py_resends_do_not_double_count(
     finally:
         await client.aclose()
         await flaky.aclose()
+
+
+@pytest.mark.parametrize("kind", ["lock", "fair_lock"])
+async def test_a_late_copy_of_an_undone_acquire_does_not_apply(
+    aiolock_client: aiolock.Client, kind: str
+) -> None:
+    """A reentrant acquire timed out; its undo ran before the request itself reached the server
+    (a slow path).  When that late copy arrives, it must not add a hold nobody knows of."""
+    lock = getattr(aiolock_client, kind)("late")
+    await lock.lock()
+    owner, _ = lock._owner()
+    services = aiolock_client._services
+    late = services.owners.next_request()
+    undo = lock._release_call(owner, services.owners.next_request(), late)
+    assert await services.calls.run(*undo) == 1  # nothing applied yet: nothing undone
+    reply = await services.calls.run(*lock._attempt(owner, late, 30_000))  # the late copy
+    assert not isinstance(reply, list)  # refused, not re-entered
+    assert await lock.hold_count() == 1
+    await lock.unlock()
+    assert not await lock.is_locked()

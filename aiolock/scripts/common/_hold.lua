@@ -2,9 +2,10 @@
 -- spin and fair locks); included by their scripts, never run alone.
 --
 -- The lock hash: <owner> -> hold count, ':fence' -> the current hold's fencing token, ':req'
--- -> the last request applied (owner/request id), for resend safety.  The meta hash outlives
--- the lock: 'next' -> the fencing token counter, 'released' -> the request that last deleted
--- the lock.
+-- -> the last request applied (owner/request id), for resend safety; 'x:<owner>' -> an acquire
+-- request of that owner undone before it was applied, which a late copy must not apply.  The
+-- meta hash outlives the lock: 'next' -> the fencing token counter, 'released' -> the request
+-- that last deleted the lock.
 
 -- A fresh hold for owner: a new fencing token.  Returns the grant {token, 1, lease}.
 local function grant(lock, meta, owner, request, lease)
@@ -14,12 +15,16 @@ local function grant(lock, meta, owner, request, lease)
     return {token, 1, lease}
 end
 
--- One more hold for an owner that holds the lock: {token, count, pttl}, or nil if it does not
--- hold it.  A resend of the applied request counts nothing; the lease is never shortened.
+-- One more hold for an owner that holds the lock: {token, count, pttl}, nil if it does not
+-- hold it, or false for a late copy of a request that was undone before it arrived.  A resend
+-- of the applied request counts nothing; the lease is never shortened.
 local function reenter(lock, owner, request, lease)
-    local held = redis.call('HMGET', lock, owner, ':req', ':fence')
+    local held = redis.call('HMGET', lock, owner, ':req', ':fence', 'x:' .. owner)
     if not held[1] then
         return nil
+    end
+    if held[4] == request then
+        return false
     end
     local count = tonumber(held[1])
     if held[2] ~= request then
@@ -51,7 +56,10 @@ local function release_one(lock, meta, owner, request, undo)
         return count, false
     end
     if undo and held[2] ~= undo then
-        return count, false  -- that acquire was not applied: nothing to undo
+        -- That acquire was not applied: nothing to undo, and a late copy of it must not apply
+        -- either (the field goes with the lock).
+        redis.call('HSET', lock, 'x:' .. owner, undo)
+        return count, false
     end
     count = count - 1
     if count > 0 then

@@ -37,6 +37,8 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
     local again = reenter(KEYS[1], owner, request, lease)
     if again then
         return again
+    elseif again == false then
+        return math.max(redis.call('PTTL', KEYS[1]), 1)  -- a late copy of an undone call
     end
 elseif not first or first == owner then
     redis.call('ZREM', KEYS[3], owner)

@@ -23,4 +23,8 @@ end
 if redis.call('EXISTS', KEYS[1]) == 0 then
     return grant(KEYS[1], KEYS[2], ARGV[2], request, lease)
 end
-return reenter(KEYS[1], ARGV[2], request, lease) or redis.call('PTTL', KEYS[1])
+local again = reenter(KEYS[1], ARGV[2], request, lease)
+if again then
+    return again
+end
+return redis.call('PTTL', KEYS[1])  -- held by another owner, or a late copy of an undone call
