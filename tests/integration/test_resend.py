@@ -116,3 +116,21 @@ async def test_a_late_copy_of_an_undone_acquire_does_not_apply(
     assert await lock.hold_count() == 1
     await lock.unlock()
     assert not await lock.is_locked()
+
+
+@pytest.mark.parametrize("kind", ["lock", "fair_lock"])
+async def test_a_late_copy_of_an_undone_fresh_acquire_does_not_grant(
+    aiolock_client: aiolock.Client, kind: str
+) -> None:
+    """The same, for a fresh acquire: the lock is free when the late copy arrives."""
+    lock = getattr(aiolock_client, kind)("late-fresh")
+    owner, _ = lock._owner()
+    services = aiolock_client._services
+    late = services.owners.next_request()
+    undo = lock._release_call(owner, services.owners.next_request(), late)
+    assert await services.calls.run(*undo) is None  # nothing held: nothing undone
+    reply = await services.calls.run(*lock._attempt(owner, late, 30_000))  # the late copy
+    assert not isinstance(reply, list)  # refused, not granted
+    assert not await lock.is_locked()
+    assert await lock.try_lock()  # the owner's own next call is granted as usual
+    await lock.unlock()

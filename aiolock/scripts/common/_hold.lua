@@ -5,7 +5,14 @@
 -- -> the last request applied (owner/request id), for resend safety; 'x:<owner>' -> an acquire
 -- request of that owner undone before it was applied, which a late copy must not apply.  The
 -- meta hash outlives the lock: 'next' -> the fencing token counter, 'released' -> the request
--- that last deleted the lock.
+-- that last deleted the lock, 'undone' -> the last acquire undone before it was applied while
+-- its owner held nothing.
+
+-- Whether request is a late copy of an acquire that was undone before it arrived, while the
+-- owner held nothing (the meta hash keeps the last such request of the lock).
+local function undone(meta, request)
+    return redis.call('HGET', meta, 'undone') == request
+end
 
 -- A fresh hold for owner: a new fencing token.  Returns the grant {token, 1, lease}.
 local function grant(lock, meta, owner, request, lease)
@@ -46,7 +53,9 @@ end
 local function release_one(lock, meta, owner, request, undo)
     local held = redis.call('HMGET', lock, owner, ':req')
     if not held[1] then
-        if redis.call('HGET', meta, 'released') == request then
+        if undo then
+            redis.call('HSET', meta, 'undone', undo)  -- a late copy of it must not grant
+        elseif redis.call('HGET', meta, 'released') == request then
             return 0, false
         end
         return nil, false

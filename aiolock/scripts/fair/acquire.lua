@@ -40,6 +40,8 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
     elseif again == false then
         return math.max(redis.call('PTTL', KEYS[1]), 1)  -- a late copy of an undone call
     end
+elseif undone(KEYS[2], request) then
+    return 1  -- a late copy of an undone call: its caller is gone (and it queues nothing)
 elseif not first or first == owner then
     redis.call('ZREM', KEYS[3], owner)
     redis.call('ZREM', KEYS[4], owner)

@@ -21,6 +21,9 @@ if not lease or lease < 1 or lease > 1e12 then
 end
 
 if redis.call('EXISTS', KEYS[1]) == 0 then
+    if undone(KEYS[2], request) then
+        return 1  -- a late copy of an undone call: its caller is gone
+    end
     return grant(KEYS[1], KEYS[2], ARGV[2], request, lease)
 end
 local again = reenter(KEYS[1], ARGV[2], request, lease)
