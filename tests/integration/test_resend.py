@@ -134,3 +134,24 @@ async def test_a_late_copy_of_an_undone_fresh_acquire_does_not_grant(
     assert not await lock.is_locked()
     assert await lock.try_lock()  # the owner's own next call is granted as usual
     await lock.unlock()
+
+
+@pytest.mark.parametrize("kind", ["lock", "fair_lock"])
+async def test_a_late_copy_of_an_acquire_answered_by_its_resend_does_not_apply_again(
+    aiolock_client: aiolock.Client, kind: str
+) -> None:
+    """A nested acquire was resent and applied; the owner released it; then the first copy,
+    delayed on a slow path, arrives.  It must not count a hold a second time."""
+    lock = getattr(aiolock_client, kind)("late-resent")
+    await lock.lock()
+    owner, _ = lock._owner()
+    services = aiolock_client._services
+    nested = lock._attempt(owner, services.owners.next_request(), 30_000)
+    assert (await services.calls.run(*nested))[1] == 2  # the resend lands: two holds
+    release = lock._release_call(owner, services.owners.next_request(), None)
+    assert await services.calls.run(*release) == 1  # released: one hold left
+    reply = await services.calls.run(*nested)  # the first copy, late
+    assert not isinstance(reply, list)  # refused, not counted again
+    assert await lock.hold_count() == 1
+    await lock.unlock()
+    assert not await lock.is_locked()

@@ -33,6 +33,13 @@ local function reenter(lock, owner, request, lease)
     if held[4] == request then
         return false
     end
+    -- A holder's request ids only grow: one older than the last applied is a late copy of a
+    -- call that was answered already (by a resend), not a new acquisition.
+    local n = #owner + 2
+    if held[2] and held[2] ~= request and string.sub(held[2], 1, n - 1) == owner .. '/'
+        and tonumber(string.sub(request, n)) < tonumber(string.sub(held[2], n)) then
+        return false
+    end
     local count = tonumber(held[1])
     if held[2] ~= request then
         count = count + 1
