@@ -439,10 +439,10 @@ class PubSub:
         for entry in self._entries.values():
             entry.wake_all()
         self._fail_confirmations(RuntimeError("the aiolock client is closed"))
-        tasks = [*self._background, *([self._reader] if self._reader else [])]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await _cancel(self._background | ({self._reader} if self._reader else set()))
+        if self._background:  # a connect the reader left: its connection is dropped when done
+            await asyncio.wait(set(self._background), timeout=1.0)
+            await _cancel(set(self._background))
         if self._connection is not None:
             await self._connection.disconnect()
             self._connection = None
@@ -544,8 +544,15 @@ class PubSub:
                 await self._demand.wait()
                 continue
             connection = self._new_connection()
+            # In a task of its own: redis-py's handshake writes through asyncio.wait_for, which
+            # on Python 3.11 may swallow our cancellation, and the reader would then read on
+            # after the client closed, with ``aclose`` waiting for it.
+            connecting = asyncio.ensure_future(connection.connect())  # type: ignore[no-untyped-call]
             try:
-                await connection.connect()  # type: ignore[no-untyped-call]
+                await asyncio.shield(connecting)
+            except asyncio.CancelledError:
+                self._spawn(_drop_when_connected(connection, connecting))
+                raise
             except (*_CONNECTION_ERRORS, RedisError) as exc:
                 await connection.disconnect()
                 logger.warning("pub/sub connection failed: %r", exc)
@@ -554,6 +561,9 @@ class PubSub:
                 await asyncio.sleep(delay)
                 continue
             delay = 0.0
+            if self._closed:  # closed while connecting
+                await connection.disconnect(nowait=True)
+                return
             self._connection, self._due = connection, deque()
             try:
                 for key in list(self._entries):
@@ -650,3 +660,31 @@ class PubSub:
         stats = self.statistics()
         state = "connected" if stats.connected else "disconnected"
         return f"<PubSub [{state}, channels:{stats.channels}, waiters:{stats.waiters}]>"
+
+
+async def _drop_when_connected(
+    connection: AbstractConnection, connecting: asyncio.Future[None]
+) -> None:
+    """Close a connection once its connect (whose caller has gone) has ended."""
+    try:
+        await asyncio.wait([connecting])
+    finally:
+        if connecting.done() and not connecting.cancelled():
+            connecting.exception()  # retrieved: nobody else will
+        await connection.disconnect(nowait=True)
+
+
+async def _cancel(tasks: set[asyncio.Task[None]]) -> None:
+    """Cancel ``tasks`` and wait for them to end.
+
+    The request is repeated every second for a task that is still running: code beneath us
+    (``asyncio.wait_for`` on Python 3.11) may have swallowed one, and closing must not hang.
+    """
+    pending = {task for task in tasks if not task.done()}
+    while pending:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=1.0)
+    for task in tasks:
+        if not task.cancelled():
+            task.exception()  # retrieved: a failure here is of no use to anybody now

@@ -13,9 +13,11 @@ import asyncio
 import random
 
 import pytest
-from redis.asyncio import Redis
+from redis.asyncio import ConnectionPool, Redis
+from redis.asyncio.connection import Connection as RedisConnection
 
 import aiolock
+from aiolock.pytest_plugin import ServerInfo
 from tests.helpers import assert_clean, eventually, hold_as_stranger
 
 pytestmark = pytest.mark.anyio
@@ -130,3 +132,42 @@ async def test_cancelled_waiter_passes_its_wake_up_on(
         await first
     assert await asyncio.wait_for(second, 5)
     await assert_clean(redis, aiolock_client)
+
+
+class _SwallowsACancel(RedisConnection):
+    """A connection whose handshake swallows one cancellation, as redis-py's does on Python
+    3.11 when ``asyncio.wait_for`` (under a ``socket_timeout``) finishes as it is cancelled."""
+
+    connecting: asyncio.Event | None = None
+
+    async def connect(self) -> None:
+        if _SwallowsACancel.connecting is not None:
+            _SwallowsACancel.connecting.set()
+            try:
+                await asyncio.sleep(0.5)  # the test closes the client meanwhile
+            except asyncio.CancelledError:
+                pass  # swallowed: the connect carries on
+        await super().connect()  # type: ignore[no-untyped-call]
+
+
+async def test_closing_while_the_subscriber_connects_does_not_hang(
+    aiolock_server: ServerInfo,
+) -> None:
+    """Found by CI: a close that landed in the subscriber connection's handshake was swallowed,
+    and ``aclose`` waited forever for the reader."""
+    pool = ConnectionPool.from_url(aiolock_server.url, connection_class=_SwallowsACancel)
+    client = aiolock.Client(Redis(connection_pool=pool))
+    holder = client.lock("closing-mid-connect", owner="holder")
+    await holder.lock()
+    connecting = _SwallowsACancel.connecting = asyncio.Event()
+    waiter = asyncio.create_task(client.lock("closing-mid-connect").lock())
+    await connecting.wait()  # the reader is in its handshake
+    _SwallowsACancel.connecting = None
+    try:
+        async with asyncio.timeout(10):
+            await client.aclose()
+            with pytest.raises(RuntimeError, match="closed"):
+                await waiter
+    finally:
+        _SwallowsACancel.connecting = None
+        await pool.aclose()
