@@ -1,0 +1,120 @@
+"""aiohttp glue: the client in ``cleanup_ctx``, a handler held under a lock, 423 on a timeout.
+
+Install with ``pip install 'aiolock-redis[aiohttp]'``::
+
+    app = web.Application(middlewares=[lock_timeout_middleware])
+    app.cleanup_ctx.append(client_context(os.environ["REDIS_URL"]))
+
+    @routes.post("/orders/{order_id}/pay")
+    @held_lock("orders:{order_id}", wait=2)
+    async def pay(request: web.Request) -> web.Response:
+        ...  # runs while this request holds the lock "orders:<order_id>"
+
+A lock that cannot be had within ``wait`` answers ``423 Locked`` (the resource is locked by
+someone else; a retry may succeed), which keeps it apart from the ``409 Conflict`` an app uses
+for its own state conflicts, and from the 5xx of a failing server.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import string
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+try:
+    from aiohttp import web
+    from aiohttp.typedefs import Handler
+except ImportError as exc:  # pragma: no cover - depends on the installed extras
+    raise ImportError(
+        "aiolock.aiohttp needs aiohttp: pip install 'aiolock-redis[aiohttp]'"
+    ) from exc
+
+from ._validate import check_lease, check_name, check_wait
+from .client import Client
+from .errors import LockTimeoutError
+
+__all__ = [
+    "CLIENT_KEY",
+    "LOCKED_STATUS",
+    "client_context",
+    "get_client",
+    "held_lock",
+    "lock_timeout_middleware",
+]
+
+#: Where :func:`client_context` keeps the client: ``app[CLIENT_KEY]``.
+CLIENT_KEY = web.AppKey("aiolock_client", Client)
+
+#: The status of a response to a request whose lock could not be had in time: 423 Locked.
+LOCKED_STATUS = 423
+
+# "{order.id}" and "{items[0]}" name the parameters "order" and "items".
+_ROOT = re.compile(r"[.\[]")
+
+
+def client_context(url: str, **options: Any) -> Callable[[web.Application], AsyncIterator[None]]:
+    """A ``cleanup_ctx`` entry: ``Client.from_url(url, **options)`` at startup, closed at cleanup.
+
+    The client is kept in ``app[CLIENT_KEY]``; handlers reach it with :func:`get_client`.
+    """
+
+    async def context(app: web.Application) -> AsyncIterator[None]:
+        async with Client.from_url(url, **options) as client:
+            app[CLIENT_KEY] = client
+            yield
+
+    return context
+
+
+def get_client(request: web.Request) -> Client:
+    """The :class:`aiolock.Client` that :func:`client_context` made for the request's app."""
+    return request.config_dict[CLIENT_KEY]
+
+
+def held_lock(
+    name_template: str, *, wait: float | None = None, lease: float | None = None
+) -> Callable[[Handler], Handler]:
+    """A handler decorator: the handler runs holding ``client.lock(name)``.
+
+    The name is ``name_template.format(**request.match_info)``, e.g. ``"orders:{order_id}"``; a
+    placeholder that the route does not define raises :class:`LookupError` at the request.
+    :class:`aiolock.LockTimeoutError` propagates when ``wait`` runs out (see
+    :func:`lock_timeout_middleware`); :class:`aiolock.LockLostError` does when the lease was
+    lost while the handler ran, so its work is never reported as a success.  ``wait`` and
+    ``lease`` are checked here, at once.
+    """
+    check_name(name_template, "name_template")
+    wait_s, lease_s = check_wait(wait), check_lease(lease)
+    fields = {
+        _ROOT.split(field, maxsplit=1)[0]
+        for _, field, _, _ in string.Formatter().parse(name_template)
+        if field
+    }
+
+    def decorate(handler: Handler) -> Handler:
+        @functools.wraps(handler)
+        async def wrapper(request: web.Request) -> web.StreamResponse:
+            missing = fields - request.match_info.keys()
+            if missing:
+                raise LookupError(
+                    f"name_template {name_template!r}: no path parameter {sorted(missing)} "
+                    f"in {request.path!r}"
+                )
+            name = name_template.format(**request.match_info)
+            async with get_client(request).lock(name).acquire(wait=wait_s, lease=lease_s):
+                return await handler(request)
+
+        return wrapper
+
+    return decorate
+
+
+@web.middleware
+async def lock_timeout_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A middleware: :class:`aiolock.LockTimeoutError` becomes ``423 {"detail": ...}``."""
+    try:
+        return await handler(request)
+    except LockTimeoutError as exc:
+        return web.json_response({"detail": str(exc)}, status=LOCKED_STATUS)
