@@ -1,5 +1,5 @@
-"""``python -m aiolock demo``: the seed scenario, see :mod:`aiolock._demo`."""
+"""``python -m aiolock ...``: the command line, see :mod:`aiolock._cli`."""
 
-from ._demo import main
+from ._cli import main
 
 raise SystemExit(main())

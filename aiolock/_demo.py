@@ -7,21 +7,20 @@ join; ``--no-lock`` runs the same check-then-add without it and shows the race i
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import contextlib
 import multiprocessing
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator, Sequence
-from concurrent.futures import ProcessPoolExecutor
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor, as_completed
 
 from redis.asyncio import Redis
 
 from .client import Client
 
-__all__ = ["join_group", "main", "run_requests"]
+__all__ = ["demo", "join_group", "run", "run_requests"]
 
 LIMIT = 5
 
@@ -73,39 +72,63 @@ def _server(url: str | None) -> Iterator[str]:
         yield server.url
 
 
-def demo(url: str, *, requests: int, processes: int, locked: bool) -> Counter[str]:
+def demo(
+    url: str,
+    *,
+    requests: int,
+    processes: int,
+    locked: bool,
+    progress: Callable[[int, int], object] | None = None,
+) -> Counter[str]:
+    """Run the scenario on the server at ``url``; ``progress(done, processes)`` is called as
+    each process finishes (with more than one)."""
     group = f"demo-group-{uuid.uuid4().hex[:8]}"
     users = [f"user-{i}" for i in range(requests)]
     if processes <= 1:
         return asyncio.run(run_requests(url, group, users, locked=locked))
     shares = [users[i::processes] for i in range(processes)]
     context = multiprocessing.get_context("spawn")
+    total: Counter[str] = Counter()
     with ProcessPoolExecutor(processes, mp_context=context) as pool:
-        parts = pool.map(
-            _run_in_process, [url] * processes, [group] * processes, shares, [locked] * processes
-        )
-        return sum(parts, Counter())
+        parts = [pool.submit(_run_in_process, url, group, share, locked) for share in shares]
+        for done, part in enumerate(as_completed(parts), 1):
+            total += part.result()
+            if progress is not None:
+                progress(done, processes)
+    return total
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m aiolock", description=__doc__)
-    commands = parser.add_subparsers(dest="command", required=True)
-    run = commands.add_parser("demo", help="100 users join a group limited to 5")
-    run.add_argument("--url", help="a Redis URL (default: start an embedded server)")
-    run.add_argument("--requests", type=int, default=100, help="concurrent requests (100)")
-    run.add_argument("--processes", type=int, default=1, help="spread them over N processes")
-    run.add_argument("--no-lock", action="store_true", help="skip the lock to show the race")
-    args = parser.parse_args(argv)
+def run(
+    url: str | None,
+    *,
+    requests: int = 100,
+    processes: int = 1,
+    locked: bool = True,
+    progress: Callable[[str], object] = print,
+) -> int:
+    """``aiolock demo``: run the scenario and print its outcome; the exit code (1: it failed).
 
-    locked = not args.no_lock
-    with _server(args.url) as url:
+    ``url=None`` starts an embedded server for the run.  ``progress`` gets a line for each
+    step of the longer runs (starting the server, each process done).
+    """
+    if url is None:
+        progress("starting an embedded server...")
+    with _server(url) as server_url:
+        if processes > 1:
+            progress(f"sending {requests} requests from {processes} processes...")
         started = time.perf_counter()
-        outcomes = demo(url, requests=args.requests, processes=args.processes, locked=locked)
+        outcomes = demo(
+            server_url,
+            requests=requests,
+            processes=processes,
+            locked=locked,
+            progress=lambda done, total: progress(f"  {done}/{total} processes done"),
+        )
         elapsed = time.perf_counter() - started
     mode = "with the lock" if locked else "WITHOUT the lock"
     print(
-        f"{args.requests} requests to join a group limited to {LIMIT}, {mode}, "
-        f"from {args.processes} process(es):"
+        f"{requests} requests to join a group limited to {LIMIT}, {mode}, "
+        f"from {processes} process(es):"
     )
     for outcome in ("joined", "refused", "timeout"):
         print(f"  {outcome:8} {outcomes[outcome]:4}")
