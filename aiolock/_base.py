@@ -38,6 +38,7 @@ from ._calls import NotSent, not_sent
 from ._guard import Guarded, Holding
 from ._holds import Hold, NameCounters
 from ._keys import LockKeys
+from ._metrics import lock_extra
 from ._scripts import Script
 from ._services import Services
 from ._validate import check_lease, check_wait
@@ -216,10 +217,11 @@ class LockKind(Guarded[int]):
     ) -> Hold | float:
         """One attempt for an owner resolved by the caller (composites run parts concurrently,
         in tasks of their own, on behalf of the calling task)."""
+        started = asyncio.get_running_loop().time()
         await self._services.holds.settle(self._keys.lock, owner)
         granted = False
         try:
-            outcome = await self._try_acquire(owner, task, lease)
+            outcome = await self._try_acquire(owner, task, lease, started)
             granted = isinstance(outcome, Hold)
             return outcome
         finally:
@@ -324,7 +326,10 @@ class LockKind(Guarded[int]):
 
     async def _try_once(self, lease: float | None, who: Who | None = None) -> bool:
         owner, task = self._owner() if who is None else who
-        return isinstance(await self._acquire_as(owner, task, lease), Hold)
+        if isinstance(await self._acquire_as(owner, task, lease), Hold):
+            return True
+        self._timed_out()
+        return False
 
     async def _wait_for_grant_until(
         self, lease: float | None, deadline: float, who: Who | None = None
@@ -335,8 +340,15 @@ class LockKind(Guarded[int]):
                 return True
         except TimeoutError:
             if timeout.expired():
+                self._timed_out()
                 return False
             raise
+
+    def _timed_out(self) -> None:
+        """An acquire's ``wait`` ran out (the one place timeouts are counted)."""
+        metrics = self._services.metrics
+        if metrics is not None:
+            metrics.timed_out(self.kind)
 
     def _granted(self) -> Hold:
         """The calling owner's hold, right after an acquire returned (no await in between)."""
@@ -354,6 +366,7 @@ class LockKind(Guarded[int]):
         one.
         """
         owner, task = self._owner() if who is None else who
+        started = asyncio.get_running_loop().time()
         await self._services.holds.settle(self._keys.lock, owner)
         waiting = self._waiting(owner)
         granted = False
@@ -361,7 +374,7 @@ class LockKind(Guarded[int]):
             pause = waiting.first_pause()
             while True:
                 if pause is None:
-                    outcome = await self._try_acquire(owner, task, lease)
+                    outcome = await self._try_acquire(owner, task, lease, started)
                     if isinstance(outcome, Hold):
                         granted = True
                         return
@@ -380,16 +393,19 @@ class LockKind(Guarded[int]):
                 self._gave_up(owner)
 
     async def _try_acquire(
-        self, owner: str, task: asyncio.Task[Any] | None, lease: float | None
+        self, owner: str, task: asyncio.Task[Any] | None, lease: float | None, started: float
     ) -> Hold | float:
-        """One attempt: the hold, or seconds to wait before the next (``inf``: no bound)."""
+        """One attempt: the hold, or seconds to wait before the next (``inf``: no bound).
+
+        ``started``: when the acquire call began (loop time), for the wait a fresh hold took.
+        """
         while True:
-            outcome = await self._attempt_once(owner, task, lease)
+            outcome = await self._attempt_once(owner, task, lease, started)
             if outcome is not None:
                 return outcome
 
     async def _attempt_once(
-        self, owner: str, task: asyncio.Task[Any] | None, lease: float | None
+        self, owner: str, task: asyncio.Task[Any] | None, lease: float | None, started: float
     ) -> Hold | float | None:
         """:meth:`_try_acquire`'s one call; ``None``: it re-entered a stale hold, try again."""
         services = self._services
@@ -434,6 +450,7 @@ class LockKind(Guarded[int]):
                 self.kind,
                 self.name,
                 count - 1,
+                extra=lock_extra(self.kind, self.name, owner),
             )
             holds.defer(self._keys.lock, owner, self._drop_holds(owner, count - 1))
             reply = [reply[0], 1, reply[2]]  # this grant is the owner's one hold
@@ -444,6 +461,7 @@ class LockKind(Guarded[int]):
             owner=owner,
             reply=reply,
             sent_at=sent_at,
+            started=started,
             watchdog=lease is None,
             counters=self._counters,
             task=task,
@@ -501,6 +519,7 @@ class LockKind(Guarded[int]):
             "releasing them",
             self.name,
             extra,
+            extra=lock_extra(self.kind, self.name, owner),
         )
         self._services.holds.defer(self._keys.lock, owner, self._drop_holds(owner, extra))
 
@@ -583,7 +602,12 @@ class LockKind(Guarded[int]):
                 reply = await services.calls.run(*self._release_call(owner, request, undo))
             except _FAILURES as exc:
                 if services.closed or loop.time() + delay > give_up:
-                    logger.warning("gave up releasing %r in the background: %r", self.name, exc)
+                    logger.warning(
+                        "gave up releasing %r in the background: %r",
+                        self.name,
+                        exc,
+                        extra=lock_extra(self.kind, self.name, owner),
+                    )
                     return
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 1.0)

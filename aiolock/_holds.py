@@ -19,7 +19,10 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from ._metrics import lock_extra
+
 if TYPE_CHECKING:
+    from ._metrics import Metrics
     from ._scripts import Script
 
 __all__ = ["CLOCK_MARGIN", "Hold", "Holds", "NameCounters"]
@@ -85,8 +88,12 @@ class Hold:
 class Holds:
     """The registry of one client's holds, keyed by (lock key, owner)."""
 
-    def __init__(self, on_loss: Callable[[Hold], object] | None = None) -> None:
+    def __init__(
+        self, on_loss: Callable[[Hold], object] | None = None, metrics: Metrics | None = None
+    ) -> None:
         self._on_loss = on_loss  # told of every loss, after the hold's own listeners
+        # Every event below that a NameCounters counts is recorded here too, at the same line.
+        self.metrics = metrics
         self._holds: dict[tuple[str, str], Hold] = {}
         self._pending: dict[tuple[str, str], asyncio.Task[None]] = {}
         # The token of each (key, owner)'s last hold lost, until its next grant: a grant that
@@ -121,6 +128,7 @@ class Holds:
         owner: str,
         reply: list[int],
         sent_at: float,
+        started: float,
         watchdog: bool,
         counters: NameCounters,
         task: asyncio.Task[Any] | None,
@@ -128,7 +136,10 @@ class Holds:
         renew_keys: tuple[str, ...],
         channel: str | None,
     ) -> Hold:
-        """Record a grant ``{token, count, pttl}`` from the acquire script."""
+        """Record a grant ``{token, count, pttl}`` from the acquire script.
+
+        ``started``: when the acquire call began (loop time), for the wait it took.
+        """
         token, count, pttl = (int(value) for value in reply)
         expires_at = sent_at + pttl / 1000 - CLOCK_MARGIN
         self._lost_tokens.pop((key, owner), None)
@@ -156,6 +167,8 @@ class Holds:
             self._holds[(key, owner)] = hold
             counters.acquisitions += 1
             counters.last_lost = False
+            if self.metrics is not None:
+                self.metrics.acquired(kind, asyncio.get_running_loop().time() - started)
         else:
             hold.count = count
             hold.expires_at = max(hold.expires_at, expires_at)
@@ -169,6 +182,9 @@ class Holds:
 
     def extend(self, hold: Hold, expires_at: float) -> None:
         """A renewal landed: the lease now ends no earlier than ``expires_at``."""
+        hold.counters.renewals += 1
+        if self.metrics is not None:
+            self.metrics.renewed(hold.kind)
         expires_at -= CLOCK_MARGIN
         if expires_at > hold.expires_at:
             hold.expires_at = expires_at
@@ -195,6 +211,8 @@ class Holds:
         """Stop tracking ``hold`` (released, or its outcome unknown): no renewals, no timer."""
         if self._holds.get((hold.key, hold.owner)) is hold:
             del self._holds[(hold.key, hold.owner)]
+            if self.metrics is not None:
+                self.metrics.ended(hold.kind)
         if hold.timer is not None:
             hold.timer.cancel()
             hold.timer = None
@@ -208,8 +226,17 @@ class Holds:
         hold.lost_reason = reason
         hold.counters.losses += 1
         hold.counters.last_lost = True
+        if self.metrics is not None:
+            self.metrics.lost(hold.kind)
         self.forget(hold)
-        logger.warning("%s %r (token %d) lost: %s", hold.kind, hold.name, hold.token, reason)
+        logger.warning(
+            "%s %r (token %d) lost: %s",
+            hold.kind,
+            hold.name,
+            hold.token,
+            reason,
+            extra=lock_extra(hold.kind, hold.name, hold.owner),
+        )
         for listener in hold.listeners:
             listener()
         if self._on_loss is not None:

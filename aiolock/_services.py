@@ -16,6 +16,7 @@ from redis.asyncio import Redis
 
 from ._calls import Calls
 from ._holds import Holds
+from ._metrics import Metrics
 from ._owners import Owners
 from ._pubsub import PubSub
 from ._watchdog import Watchdog
@@ -38,6 +39,7 @@ class Services:
     key_prefix: str
     watchdog_timeout: float
     fair_wait_timeout: float
+    metrics: Metrics | None = None  # None: opentelemetry is not installed (see _metrics)
     closed: bool = False
     # Per (kind, name) state, shared by every lock object of that kind and name while one
     # exists: thousands of waiters on a few names hold one copy of the keys and counters each.

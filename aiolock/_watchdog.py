@@ -17,6 +17,7 @@ from redis.exceptions import RedisError
 
 from ._calls import Calls
 from ._holds import Hold, Holds
+from ._metrics import lock_extra
 
 __all__ = ["Watchdog"]
 
@@ -89,8 +90,7 @@ class Watchdog:
             if hold.lost or self._holds.get(hold.key, hold.owner) is not hold:
                 continue  # released or replaced while the call was in flight
             if _RENEWED[int(reply)]:
-                self._holds.extend(hold, sent_at + self.lease)
-                hold.counters.renewals += 1
+                self._holds.extend(hold, sent_at + self.lease)  # counts the hold's renewal
                 self.renewals += 1
             else:
                 self._holds.lose(hold, "the watchdog found it expired or held by another owner")
@@ -104,6 +104,7 @@ class Watchdog:
             hold.task.get_name(),
             hold.name,
             self.lease,
+            extra=lock_extra(hold.kind, hold.name, hold.owner),
         )
         self._holds.forget(hold)
         return False

@@ -19,6 +19,7 @@ from redis.asyncio import Redis
 from ._calls import Calls
 from ._decorator import P, R, locked
 from ._holds import Hold, Holds
+from ._metrics import metrics
 from ._owners import Owners
 from ._pubsub import PubSub
 from ._services import Services
@@ -100,7 +101,8 @@ class Client:
             if hold.channel is not None:
                 pubsub.wake(hold.channel)
 
-        holds = Holds(on_loss=on_loss)
+        recorder = metrics()  # None without opentelemetry: nothing is recorded
+        holds = Holds(on_loss=on_loss, metrics=recorder)
         self._services = Services(
             redis=redis,
             calls=calls,
@@ -111,6 +113,7 @@ class Client:
             key_prefix=options.key_prefix,
             watchdog_timeout=options.watchdog_timeout,
             fair_wait_timeout=options.fair_wait_timeout,
+            metrics=recorder,
         )
 
     @property

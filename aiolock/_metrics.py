@@ -1,0 +1,145 @@
+"""What a client tells the outside about its locks: OpenTelemetry metrics and log context.
+
+**Metrics** (the ``otel`` extra, ``opentelemetry-api``): every client records to the meter
+``aiolock`` of the *global* meter provider, obtained once per process when the first client is
+made (``opentelemetry.metrics.get_meter("aiolock", version)``).  The API hands out a proxy
+meter until an SDK provider is set, so a provider set later is still used; with the API alone
+every recording is a no-op.  Without the API nothing is imported, and the client holds
+``None`` instead of a :class:`Metrics`: one ``None`` check per event is the whole cost.
+
+=========================  ===============  ===========================================
+instrument                 kind             recorded
+=========================  ===============  ===========================================
+``aiolock.acquisitions``   counter          a fresh (non-reentrant) hold is granted
+``aiolock.timeouts``       counter          an acquire's ``wait`` ran out
+``aiolock.losses``         counter          a hold is lost (expired, forced, taken)
+``aiolock.renewals``       counter          a watchdog renewal of one hold landed
+``aiolock.wait.duration``  histogram (s)    a fresh hold: seconds from the call to it
+``aiolock.held``           up-down counter  +1 at a fresh hold, -1 when it ends
+=========================  ===============  ===========================================
+
+The one attribute is ``aiolock.kind`` (``lock``, ``fair``, ``spin``, ``rw-read``,
+``rw-write``, ``semaphore``); lock names are unbounded, so they are never attributes.  Each
+event is recorded at the one place that also counts it for ``statistics()``, so the two
+cannot disagree.
+
+**Logging**: the records the library logs about one lock carry :func:`lock_extra` as
+``extra``: the attributes ``aiolock_name``, ``aiolock_owner`` and ``aiolock_kind``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import Meter
+
+__all__ = ["KIND", "METER", "Metrics", "lock_extra", "metrics"]
+
+METER: Final = "aiolock"
+KIND: Final = "aiolock.kind"
+
+# Lock waits run from a round trip (well under a millisecond) to minutes: the SDK's default
+# boundaries are made for milliseconds, so the histogram advises its own, in seconds.
+_WAIT_BUCKETS: Final = (
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+    120.0,
+)
+
+
+class Metrics:
+    """The client's instruments on one meter; one method per event, each taking the kind."""
+
+    __slots__ = (
+        "_acquisitions",
+        "_attributes",
+        "_held",
+        "_losses",
+        "_renewals",
+        "_timeouts",
+        "_wait",
+    )
+
+    def __init__(self, meter: Meter) -> None:
+        self._acquisitions = meter.create_counter(
+            "aiolock.acquisitions", unit="{acquisition}", description="Fresh holds granted."
+        )
+        self._timeouts = meter.create_counter(
+            "aiolock.timeouts", unit="{timeout}", description="Acquires whose wait ran out."
+        )
+        self._losses = meter.create_counter(
+            "aiolock.losses", unit="{loss}", description="Holds lost while held."
+        )
+        self._renewals = meter.create_counter(
+            "aiolock.renewals", unit="{renewal}", description="Watchdog renewals of a hold."
+        )
+        self._wait = meter.create_histogram(
+            "aiolock.wait.duration",
+            unit="s",
+            description="Seconds from an acquire call to its fresh hold.",
+            explicit_bucket_boundaries_advisory=_WAIT_BUCKETS,
+        )
+        self._held = meter.create_up_down_counter(
+            "aiolock.held", unit="{hold}", description="Holds the client has now."
+        )
+        # One attribute mapping per kind, made once: a recording allocates nothing.
+        self._attributes: dict[str, Mapping[str, str]] = {}
+
+    def _kind(self, kind: str) -> Mapping[str, str]:
+        attributes = self._attributes.get(kind)
+        if attributes is None:
+            attributes = self._attributes[kind] = {KIND: kind}
+        return attributes
+
+    def acquired(self, kind: str, waited: float) -> None:
+        """A fresh hold, ``waited`` seconds after its acquire call began."""
+        attributes = self._kind(kind)
+        self._acquisitions.add(1, attributes)
+        self._wait.record(waited, attributes)
+        self._held.add(1, attributes)
+
+    def ended(self, kind: str) -> None:
+        """A hold left the client's registry (released, lost, dropped, the client closed)."""
+        self._held.add(-1, self._kind(kind))
+
+    def lost(self, kind: str) -> None:
+        self._losses.add(1, self._kind(kind))
+
+    def renewed(self, kind: str) -> None:
+        self._renewals.add(1, self._kind(kind))
+
+    def timed_out(self, kind: str) -> None:
+        self._timeouts.add(1, self._kind(kind))
+
+
+@functools.cache
+def metrics() -> Metrics | None:
+    """The process' recorder on the global meter provider; ``None`` without opentelemetry."""
+    try:
+        from opentelemetry.metrics import get_meter
+    except ImportError:
+        return None
+    from . import __version__
+
+    return Metrics(get_meter(METER, __version__))
+
+
+def lock_extra(kind: str, name: str, owner: str) -> dict[str, str]:
+    """The ``extra`` of a log record about one lock: its name, owner and kind."""
+    return {"aiolock_name": name, "aiolock_owner": owner, "aiolock_kind": kind}
