@@ -8,6 +8,8 @@ long jobs' locks alive (a watchdog), and tells its holder when it lost the lock:
             ...
 """
 
+import logging as _logging
+
 from ._composite import CompositeStatistics as CompositeStatistics
 from .client import Client as Client
 from .client import ClientStatistics as ClientStatistics
@@ -53,3 +55,6 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+# A library logs, the application decides where to: no "no handlers" warning by default.
+_logging.getLogger("aiolock").addHandler(_logging.NullHandler())
