@@ -27,6 +27,7 @@ EXIT_OK: Final = 0
 EXIT_NOTHING: Final = 1  # nothing to do: not held, confirmation refused, released meanwhile
 EXIT_USAGE: Final = 2  # argparse's own code for usage errors
 EXIT_CONNECT: Final = 3
+EXIT_INTERRUPTED: Final = 130  # the shells' 128 + SIGINT
 
 URL_VARIABLE: Final = "REDIS_URL"
 CONNECT_TIMEOUT: Final = 5.0  # seconds: an unreachable host fails instead of hanging
@@ -52,6 +53,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         commands[args.command].print_usage(sys.stderr)
         print(f"aiolock {args.command}: error: {exc}", file=sys.stderr)
         return EXIT_USAGE
+    except KeyboardInterrupt:  # Ctrl-C at a prompt or during a demo: no traceback
+        print(file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 # -- the parser --------------------------------------------------------------------------------
