@@ -21,7 +21,14 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from ..client import Client
 from ._inspect import KIND_TITLES, KINDS, Report, inspect
 
-__all__ = ["EXIT_CONNECT", "EXIT_NOTHING", "EXIT_OK", "EXIT_USAGE", "main"]
+__all__ = [
+    "EXIT_CONNECT",
+    "EXIT_INTERRUPTED",
+    "EXIT_NOTHING",
+    "EXIT_OK",
+    "EXIT_USAGE",
+    "main",
+]
 
 EXIT_OK: Final = 0
 EXIT_NOTHING: Final = 1  # nothing to do: not held, confirmation refused, released meanwhile
@@ -67,7 +74,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         description="Distributed locks on Redis/Valkey: a demo, an embedded server, and tools "
         "to look at a lock and to force it open.",
         epilog="Exit codes: 0 done, 1 nothing to do (e.g. the lock was not held), "
-        "2 usage error, 3 cannot connect.",
+        "2 usage error, 3 cannot connect, 130 interrupted.",
     )
     url_help = f"the server's URL (default: ${URL_VARIABLE})"
     parser.add_argument("--url", help=url_help)
@@ -185,9 +192,8 @@ def _shown(url: str) -> str:
         parts = urlsplit(url)
         if parts.password is None:
             return url
-        user = parts.username or ""
-        netloc = f"{user}:***@{parts.hostname}" + (f":{parts.port}" if parts.port else "")
-        return urlunsplit(parts._replace(netloc=netloc))
+        host = parts.netloc.rpartition("@")[2]  # as written: brackets and port kept
+        return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
     except ValueError:
         return "the server"
 
