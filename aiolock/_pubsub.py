@@ -151,7 +151,7 @@ class Entry:
         return 0 if self.contention is None else self.contention.contenders - self._parked
 
     def wake_all(self) -> None:
-        """Wake every waiter: messages may have been missed (a reconnect), or it is all over.
+        """Wake every waiter: the server refused the channel, or the client closes.
 
         The tasks out trying meanwhile get a permit each: their try may have come too early.
         """
@@ -187,8 +187,8 @@ class Entry:
         """A future to await until a wake-up (``True``) or ``deadline`` (``False``; ``inf``: none).
 
         ``ticket``: the task's place in line (when it entered the contest); it is queued after
-        every waiter with a lower or equal ticket, so that tasks woken together (after a
-        reconnect) re-park in their order, whatever order their tries came back in.
+        every waiter with a lower or equal ticket, so that tasks woken together (their
+        deadlines passed at once) re-park in their order, whatever order their tries came back in.
 
         A caller cancelled while awaiting it must call :meth:`unpark`; a caller that leaves the
         lock's wait loop without the lock wakes the next waiter (``PubSub.left``), which also
@@ -578,7 +578,7 @@ class PubSub:
 
     async def _read(self, connection: AbstractConnection) -> None:
         # An entry confirmed on an earlier connection may have missed a release meanwhile: its
-        # waiters retry once its resubscription is confirmed.
+        # first waiter retries once its resubscription is confirmed.
         stale = {key for key, entry in self._entries.items() if entry.confirmed}
         ping_outstanding = False
         while True:
@@ -612,8 +612,10 @@ class PubSub:
                 if entry is not None and not entry.confirmed:
                     entry.confirm()
                 elif entry is not None and channel in stale:
+                    # One try hands a missed release on (a grant wakes the next as it goes); all
+                    # at once would let the lock go to whichever try landed first, not the head.
                     stale.discard(channel)
-                    entry.wake_all()
+                    entry.wake_one()
 
     def _answered(self) -> None:
         if self._due:

@@ -58,8 +58,8 @@ class ChannelWait:
     barging in, and those that leave without the lock wake the next in line.  An owner that
     already holds the lock re-enters at once: it must not queue behind its own waiters.  A
     queued task parks until the tasks ahead hand on (with no TTL to go by, at most one watchdog
-    lease).  Parked tasks are in the order they entered (a ticket each), also after a reconnect
-    woke them all at once.
+    lease).  Parked tasks are in the order they entered (a ticket each), whatever order tries
+    that were woken together (their deadlines passed at once, say) come back in.
     """
 
     __slots__ = (

@@ -1,8 +1,9 @@
 """FIFO within a client survives a lost subscriber connection.
 
-A reconnect wakes every parked waiter of a resubscribed channel (a release may have been
-missed): they all try at once, and their tries come back in any order.  They must park again
-in the order they first asked, not in the order of their replies.
+A reconnect wakes the first parked waiter of each resubscribed channel (a release may have
+been missed), and a grant wakes the next as it goes.  Waking them all at once (as this client
+once did) let the lock go to whichever try landed first: a run on a loaded machine served
+``[0, 3, 1, 2]`` when the release raced the resubscription.
 """
 
 from __future__ import annotations

@@ -10,6 +10,7 @@ or pending work.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 
 import pytest
@@ -143,10 +144,8 @@ class _SwallowsACancel(RedisConnection):
     async def connect(self) -> None:
         if _SwallowsACancel.connecting is not None:
             _SwallowsACancel.connecting.set()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):  # swallowed: it carries on
                 await asyncio.sleep(0.5)  # the test closes the client meanwhile
-            except asyncio.CancelledError:
-                pass  # swallowed: the connect carries on
         await super().connect()  # type: ignore[no-untyped-call]
 
 
