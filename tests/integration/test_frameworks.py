@@ -1,0 +1,257 @@
+"""The seed scenario served by FastAPI and aiohttp: in process, and for real in a server process.
+
+A crowd of 100 concurrent joins of a group limited to 5: exactly 5 join (201), none fails (no
+5xx), the others are told the group is full (409) or, had the lock stayed busy, 423 Locked.
+"""
+
+from __future__ import annotations
+
+import importlib
+import signal
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+import httpx
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+from fastapi import FastAPI
+from redis.asyncio import Redis
+
+import aiolock
+from aiolock.aiohttp import CLIENT_KEY
+from aiolock.embedded import free_port
+from aiolock.fastapi import held_lock, lock_timeout_handler
+from aiolock.pytest_plugin import ServerInfo
+
+from ._apps import LIMIT, check_crowd, crowd, http_crowd, load_example, python, served
+
+pytestmark = pytest.mark.anyio
+
+fastapi_app = load_example("fastapi_app")
+aiohttp_app = load_example("aiohttp_app")
+
+# At module level: FastAPI resolves the (postponed) annotations in the module's namespace.
+OrderLock = Annotated[aiolock.LockGuard[int], held_lock("orders:{order_id}", wait=0, lease=5)]
+
+
+@pytest.fixture
+async def group(redis: Redis) -> AsyncIterator[str]:
+    """A fresh group id; its members set is deleted afterwards."""
+    group_id = f"test-{uuid.uuid4().hex[:12]}"
+    yield group_id
+    await redis.delete(f"groups:{group_id}:members")
+
+
+@pytest.fixture
+async def fastapi_http(aiolock_server: ServerInfo) -> AsyncIterator[httpx.AsyncClient]:
+    """The example FastAPI app in process, its lifespan running, behind httpx's ASGI transport."""
+    app: FastAPI = fastapi_app.create_app(aiolock_server.url, wait=0.5)
+    async with app.router.lifespan_context(app):
+        client: aiolock.Client = app.state.aiolock_client
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+            yield http
+    assert client.closed
+
+
+@pytest.fixture
+async def aiohttp_http(aiolock_server: ServerInfo) -> AsyncIterator[TestClient[Any, Any]]:
+    """The example aiohttp app in process (its cleanup_ctx running) behind aiohttp's TestClient."""
+    app = aiohttp_app.create_app(aiolock_server.url, wait=0.5)
+    async with TestClient(TestServer(app)) as http:
+        client = app[CLIENT_KEY]
+        yield http
+    assert client.closed
+
+
+# --- in process ---------------------------------------------------------------------------------
+
+
+async def test_fastapi_crowd(fastapi_http: httpx.AsyncClient, redis: Redis, group: str) -> None:
+    async def join(user: str) -> int:
+        reply = await fastapi_http.post(f"/groups/{group}/join", json={"user": user})
+        return reply.status_code
+
+    statuses = await crowd(join)
+    check_crowd(statuses)
+    assert statuses[409] == 100 - LIMIT  # wait=0.5 is ample for 100 joins in one process
+    assert await redis.scard(f"groups:{group}:members") == LIMIT
+    listed = (await fastapi_http.get(f"/groups/{group}")).json()
+    assert len(listed["members"]) == LIMIT
+    again = await fastapi_http.post(f"/groups/{group}/join", json={"user": listed["members"][0]})
+    assert (again.status_code, again.json()["members"]) == (200, LIMIT)
+    full = await fastapi_http.post(f"/groups/{group}/join", json={"user": "late"})
+    assert full.status_code == 409
+    assert full.json() == {"detail": f"group {group!r} is full ({LIMIT} members)"}
+
+
+async def test_aiohttp_crowd(aiohttp_http: TestClient[Any, Any], redis: Redis, group: str) -> None:
+    async def join(user: str) -> int:
+        async with aiohttp_http.post(f"/groups/{group}/join", json={"user": user}) as reply:
+            return reply.status
+
+    statuses = await crowd(join)
+    check_crowd(statuses)
+    assert statuses[409] == 100 - LIMIT
+    assert await redis.scard(f"groups:{group}:members") == LIMIT
+    async with aiohttp_http.get(f"/groups/{group}") as reply:
+        members = (await reply.json())["members"]
+    assert len(members) == LIMIT
+    async with aiohttp_http.post(f"/groups/{group}/join", json={"user": members[0]}) as reply:
+        assert (reply.status, (await reply.json())["members"]) == (200, LIMIT)
+    async with aiohttp_http.post(f"/groups/{group}/join", json={"user": "late"}) as reply:
+        assert reply.status == 409
+        assert await reply.json() == {"detail": f"group {group!r} is full ({LIMIT} members)"}
+    async with aiohttp_http.post(f"/groups/{group}/join", data=b"not json") as reply:
+        assert reply.status == 400
+
+
+async def test_fastapi_busy_lock_answers_423(
+    fastapi_http: httpx.AsyncClient, aiolock_server: ServerInfo, group: str
+) -> None:
+    async with aiolock.Client.from_url(aiolock_server.url) as other:  # the app's key prefix
+        async with other.lock(f"groups:{group}").acquire(wait=1):
+            reply = await fastapi_http.post(f"/groups/{group}/join", json={"user": "alice"})
+    assert reply.status_code == 423
+    assert reply.json() == {
+        "detail": f"could not acquire lock 'groups:{group}' within 0.5s",
+    }
+    reply = await fastapi_http.post(f"/groups/{group}/join", json={"user": "alice"})
+    assert reply.status_code == 201
+
+
+async def test_aiohttp_busy_lock_answers_423(
+    aiohttp_http: TestClient[Any, Any], aiolock_server: ServerInfo, group: str
+) -> None:
+    async with aiolock.Client.from_url(aiolock_server.url) as other:
+        async with other.lock(f"groups:{group}").acquire(wait=1):
+            async with aiohttp_http.post(f"/groups/{group}/join", json={"user": "al"}) as reply:
+                assert reply.status == 423
+                detail = (await reply.json())["detail"]
+    assert detail == f"could not acquire lock 'groups:{group}' within 0.5s"
+    async with aiohttp_http.post(f"/groups/{group}/join", json={"user": "al"}) as reply:
+        assert reply.status == 201
+
+
+# --- the glue on its own ------------------------------------------------------------------------
+
+
+async def test_fastapi_dependency_holds_the_lock_in_the_handlers_task(
+    aiolock_client: aiolock.Client,
+) -> None:
+    app = FastAPI()
+    app.state.aiolock_client = aiolock_client
+    app.add_exception_handler(aiolock.LockTimeoutError, lock_timeout_handler)
+
+    @app.post("/orders/{order_id}")
+    async def pay(order_id: int, guard: OrderLock) -> dict[str, Any]:
+        lock = aiolock_client.lock(f"orders:{order_id}")
+        assert guard.fencing_token > 0
+        return {"held": await lock.is_held(), "count": await lock.hold_count()}
+
+    @app.post("/broken/{order_id}", dependencies=[held_lock("orders:{missing}")])
+    async def broken(order_id: int) -> None: ...
+
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+        reply = await http.post("/orders/7")
+        assert reply.json() == {"held": True, "count": 1}  # the handler's task owns the hold
+        assert not await aiolock_client.lock("orders:7").is_locked()  # released before the reply
+        with pytest.raises(LookupError, match=r"no path parameter \['missing'\]"):
+            await http.post("/broken/7")
+
+
+async def test_aiohttp_decorator_holds_the_lock_in_the_handlers_task(
+    aiolock_client: aiolock.Client,
+) -> None:
+    from aiolock.aiohttp import held_lock as aiohttp_held_lock
+    from aiolock.aiohttp import lock_timeout_middleware
+
+    app = web.Application(middlewares=[lock_timeout_middleware])
+    app[CLIENT_KEY] = aiolock_client
+
+    @aiohttp_held_lock("orders:{order_id}", wait=0, lease=5)
+    async def pay(request: web.Request) -> web.Response:
+        lock = aiolock_client.lock(f"orders:{request.match_info['order_id']}")
+        return web.json_response({"held": await lock.is_held(), "count": await lock.hold_count()})
+
+    app.router.add_post("/orders/{order_id}", pay)
+    async with TestClient(TestServer(app)) as http:
+        async with http.post("/orders/7") as reply:
+            assert await reply.json() == {"held": True, "count": 1}
+        assert not await aiolock_client.lock("orders:7").is_locked()
+        async with aiolock_client.lock("orders:7").acquire(wait=1):  # another task holds it
+            async with http.post("/orders/7") as reply:
+                assert reply.status == 423
+
+
+@pytest.mark.parametrize("extra", ["fastapi", "aiohttp"])
+def test_missing_framework_names_the_extra(extra: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, extra, None)  # import fastapi/aiohttp now fails
+    monkeypatch.delitem(sys.modules, f"aiolock.{extra}")  # restored after the test
+    with pytest.raises(ImportError, match=rf"pip install 'aiolock-redis\[{extra}\]'"):
+        importlib.import_module(f"aiolock.{extra}")
+
+
+@pytest.mark.parametrize("module", ["aiolock.fastapi", "aiolock.aiohttp"])
+def test_glue_checks_arguments_at_once(module: str) -> None:
+    held = importlib.import_module(module).held_lock
+    with pytest.raises(ValueError, match="name_template"):
+        held("")
+    with pytest.raises(ValueError, match="wait"):
+        held("orders:{order_id}", wait=-1)
+    with pytest.raises(ValueError, match="lease"):
+        held("orders:{order_id}", lease=0)
+
+
+# --- served for real ----------------------------------------------------------------------------
+
+
+async def test_fastapi_under_uvicorn_with_two_workers(
+    aiolock_server: ServerInfo, redis: Redis, group: str
+) -> None:
+    port = free_port()
+    argv = python(
+        "-m", "uvicorn", "--app-dir", "examples", "fastapi_app:app",
+        "--host", "127.0.0.1", "--port", str(port), "--workers", "2", "--no-access-log",
+    )  # fmt: skip
+    async with served(
+        argv, port=port, redis_url=aiolock_server.url, stop=signal.SIGINT,
+        ready_path=f"/groups/{group}",
+    ) as run:  # fmt: skip
+        statuses = await http_crowd(run.base_url, group)
+    check_crowd(statuses)
+    assert await redis.scard(f"groups:{group}:members") == LIMIT
+    assert run.process.returncode == 0, run.stderr
+    assert run.stderr.count("Application shutdown complete.") == 2, run.stderr  # both workers
+    # uvicorn's supervisor leaves its listening socket to the interpreter's exit (uvicorn's own
+    # leak, not the app's); every other line must be uvicorn's INFO log.
+    leak = f"unclosed <socket.socket fd=3, family=2, type=1, proto=0, laddr=('127.0.0.1', {port})>"
+    noise = [
+        line
+        for line in run.stderr.splitlines()
+        if not line.startswith("INFO:")
+        and leak not in line
+        and line != "ResourceWarning: Enable tracemalloc to get the object allocation traceback"
+    ]
+    assert not noise, run.stderr
+
+
+async def test_aiohttp_under_its_runner(
+    aiolock_server: ServerInfo, redis: Redis, group: str
+) -> None:
+    port = free_port()
+    argv = python("examples/aiohttp_app.py", "--serve", "--port", str(port))
+    async with served(
+        argv, port=port, redis_url=aiolock_server.url, stop=signal.SIGTERM,
+        ready_path=f"/groups/{group}",
+    ) as run:  # fmt: skip
+        statuses = await http_crowd(run.base_url, group)
+    check_crowd(statuses)
+    assert await redis.scard(f"groups:{group}:members") == LIMIT
+    assert run.process.returncode == 0, run.stderr
+    assert run.stderr == ""  # no warning, no traceback, no unclosed client or connection
+    assert f"Running on http://127.0.0.1:{port}" in run.stdout
