@@ -2,7 +2,8 @@
 
 mkdocstrings renders the docstrings' text as Markdown, so ``:class:`~aiolock.AsyncRLock``` would
 show the role itself.  After rendering, each role becomes its target in code, wrapped in an
-optional cross-reference that mkdocs-autorefs resolves when the target is documented.
+optional cross-reference that mkdocs-autorefs resolves when the target is documented; and the
+``::`` that introduces a reST literal block (rendered as a code block already) becomes ``:``.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import re
 from typing import Any
 
 _ROLE = re.compile(r":(?:class|meth|func|mod|attr|exc|obj|data):<code>(~?)([\w.]+)</code>")
+_LITERAL = re.compile(r"(?:<p>::</p>|::(</p>))(\s*<pre>)")
 
 
 def _replace(match: re.Match[str]) -> str:
@@ -20,4 +22,4 @@ def _replace(match: re.Match[str]) -> str:
 
 
 def on_page_content(html: str, **kwargs: Any) -> str:
-    return _ROLE.sub(_replace, html)
+    return _LITERAL.sub(lambda m: (":" + m[1] if m[1] else "") + m[2], _ROLE.sub(_replace, html))
