@@ -69,8 +69,16 @@ def client_context(url: str, **options: Any) -> Callable[[web.Application], Asyn
 
 
 def get_client(request: web.Request) -> Client:
-    """The :class:`aiolock.Client` that :func:`client_context` made for the request's app."""
-    return request.config_dict[CLIENT_KEY]
+    """The :class:`aiolock.Client` that :func:`client_context` made for the request's app.
+
+    :raises RuntimeError: when the app (or a parent app) has no client under ``CLIENT_KEY``.
+    """
+    client = request.config_dict.get(CLIENT_KEY)
+    if client is None:
+        raise RuntimeError(
+            "no aiolock.Client: append aiolock.aiohttp.client_context(url) to app.cleanup_ctx"
+        )
+    return client
 
 
 def held_lock(
