@@ -237,7 +237,9 @@ class LockKind(Guarded[int]):
 
         If the connection fails, Redis' error propagates, but the release is not lost: it is
         no longer counted as held, and it is completed in the background (the owner's next
-        acquire or release of this lock waits for it).  Do not call ``unlock()`` again for it.
+        acquire or release of this lock waits for it; ``is_held()`` does not).  If the server
+        stays out of reach until the hold's lease has surely run out, the lease ends it
+        instead.  Do not call ``unlock()`` again for it.
         """
         owner, _ = self._owner()
         if await self._release(owner) is None:
