@@ -38,7 +38,7 @@ class FairKeys(LockKeys):
     wake_prefix: str
 
     def script_keys(self) -> tuple[str, ...]:
-        return (self.lock, self.meta, self.queue, self.deadlines, self.wake_prefix)
+        return (self.lock, self.meta, self.queue, self.deadlines, self.wake_prefix, self.fence)
 
 
 class AsyncFairLock(LockKind):
@@ -66,6 +66,7 @@ class AsyncFairLock(LockKind):
         return FairKeys(
             lock=base.lock,
             meta=base.meta,
+            fence=base.fence,
             channel=wake_prefix + services.owners.client_id,
             queue=f"{base.lock}:q",
             deadlines=f"{base.lock}:qd",

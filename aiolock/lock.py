@@ -34,7 +34,7 @@ class ReentrantKind(LockKind):
 
     def _attempt(self, owner: str, request: int, lease_ms: int) -> Call:
         keys = self._keys
-        return _scripts.LOCK_ACQUIRE, (keys.lock, keys.meta), (lease_ms, owner, request)
+        return _scripts.LOCK_ACQUIRE, (keys.lock, keys.meta, keys.fence), (lease_ms, owner, request)
 
     def _release_call(self, owner: str, request: int, undo: int | None) -> Call:
         keys = self._keys

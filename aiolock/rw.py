@@ -55,6 +55,7 @@ class RWKeys(LockKeys):
             self.writers,
             self.read_channel,
             self.write_channel,
+            self.fence,
         )
 
 
@@ -72,6 +73,7 @@ class _Mode(LockKind):
         return RWKeys(
             lock=base.lock,
             meta=base.meta,
+            fence=base.fence,
             channel=read if cls.mode == "r" else write,
             readers=f"{base.lock}:readers",
             writers=f"{base.lock}:writers",

@@ -30,9 +30,11 @@ async def eventually(
 
 
 async def lock_keys(redis: Redis, client: aiolock.Client) -> list[str]:
-    """The lock hashes (not the long-lived meta hashes) under ``client``'s prefix."""
+    """The lock hashes under ``client``'s prefix: not the meta hashes (resend markers that
+    expire a while after their lock) nor the prefix's fencing counter."""
     keys = [key async for key in redis.scan_iter(match=f"{client.key_prefix}:*")]
-    return sorted(str(key) for key in keys if not str(key).endswith(":meta"))
+    fence = f"{client.key_prefix}:fence"
+    return sorted(str(key) for key in keys if not str(key).endswith(":meta") and key != fence)
 
 
 async def evalsha_calls(redis: Redis) -> int:

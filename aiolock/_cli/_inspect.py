@@ -103,8 +103,9 @@ class Report:
 
 def queue_fencing_counter(pipe: Pipeline, keys: LockKeys) -> None:
     """Queue on ``pipe`` the read of the fencing counter of the lock at ``keys``: the last token
-    handed out, or nil before the first.  The one place here that knows where it lives."""
-    pipe.hget(keys.meta, "next")
+    handed out under the key prefix (one counter serves every name), or nil before the first.
+    The one place here that knows where it lives."""
+    pipe.get(keys.fence)
 
 
 async def inspect(client: Client, kind: str, name: str, *, permits: int | None = None) -> Report:

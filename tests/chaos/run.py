@@ -210,10 +210,11 @@ async def leftovers(
     server: EmbeddedServer, clients: dict[str, str], grace: float = 1.0
 ) -> list[str]:
     """Keys and subscriptions that remain once every worker has drained, after ``grace``
-    seconds for in-flight expiries.  Only the meta hashes may stay (they keep the fencing
-    counters); anything else is left behind: a lock hash of any kind, a fair lock's queue
-    (``<prefix>:fair:{name}:q`` and its deadlines ``:qd``: every waiter that gave up must have
-    left it), a subscription (a release channel, or a fair lock's wake-up channel).
+    seconds for in-flight expiries.  Only the meta hashes (resend markers that expire a while
+    after their lock) and the fencing counter may stay; anything else is left behind: a lock
+    hash of any kind, a fair lock's queue (``<prefix>:fair:{name}:q`` and its deadlines
+    ``:qd``: every waiter that gave up must have left it), a subscription (a release channel,
+    or a fair lock's wake-up channel).
 
     ``clients`` names the workers' clients by id, to say whose owners a leftover names."""
 
@@ -228,7 +229,7 @@ async def leftovers(
                 [
                     key
                     async for key in redis.scan_iter(match=f"{PREFIX}:*")
-                    if not key.endswith(b":meta")
+                    if not key.endswith(b":meta") and key != f"{PREFIX}:fence".encode()
                 ]
             )
             channels = await redis.pubsub_channels(f"{PREFIX}:*")

@@ -73,7 +73,10 @@ async def test_a_cancelled_call_reports_its_outcome_to_the_orphan_handler(
     outcomes: list[asyncio.Future[object]] = []
     call = asyncio.ensure_future(
         calls.run(
-            _scripts.LOCK_ACQUIRE, (keys.lock, keys.meta), (30000, owner, 1), orphan=outcomes.append
+            _scripts.LOCK_ACQUIRE,
+            (keys.lock, keys.meta, keys.fence),
+            (30000, owner, 1),
+            orphan=outcomes.append,
         )
     )
     # Taken from the idle list, the connection is written to at once: the call is then waiting
@@ -108,7 +111,10 @@ async def test_a_call_cancelled_in_the_queue_is_not_sent_and_leaves_nothing(
     outcomes: list[asyncio.Future[object]] = []
     call = asyncio.ensure_future(
         calls.run(
-            _scripts.LOCK_ACQUIRE, (keys.lock, keys.meta), (30000, "o", 1), orphan=outcomes.append
+            _scripts.LOCK_ACQUIRE,
+            (keys.lock, keys.meta, keys.fence),
+            (30000, "o", 1),
+            orphan=outcomes.append,
         )
     )
     await eventually(lambda: len(calls._queue) == 1, what="second call queued")

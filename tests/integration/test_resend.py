@@ -27,7 +27,7 @@ async def test_replayed_requests_apply_once(aiolock_client: aiolock.Client, redi
     keys = aiolock_client.lock("replayed")._keys
     calls = aiolock_client._services.calls
     owner = f"{aiolock_client.id}:x:replay"
-    acquire = (keys.lock, keys.meta)
+    acquire = (keys.lock, keys.meta, keys.fence)
     release = (keys.lock, keys.meta, keys.channel)
 
     first = await calls.run(_scripts.LOCK_ACQUIRE, acquire, (30000, owner, 1))
@@ -50,7 +50,7 @@ async def test_undo_releases_exactly_the_named_grant(aiolock_client: aiolock.Cli
     keys = aiolock_client.lock("undo")._keys
     calls = aiolock_client._services.calls
     owner = f"{aiolock_client.id}:x:undo"
-    acquire = (keys.lock, keys.meta)
+    acquire = (keys.lock, keys.meta, keys.fence)
     release = (keys.lock, keys.meta, keys.channel)
     await calls.run(_scripts.LOCK_ACQUIRE, acquire, (30000, owner, 1))
     # Undoing a request that was never applied leaves the hold alone.

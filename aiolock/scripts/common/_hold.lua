@@ -3,10 +3,23 @@
 --
 -- The lock hash: <owner> -> hold count, ':fence' -> the current hold's fencing token, ':req'
 -- -> the last request applied (owner/request id), for resend safety; 'x:<owner>' -> an acquire
--- request of that owner undone before it was applied, which a late copy must not apply.  The
--- meta hash outlives the lock: 'next' -> the fencing token counter, 'released' -> the request
--- that last deleted the lock, 'undone' -> the last acquire undone before it was applied while
--- its owner held nothing.
+-- request of that owner undone before it was applied, which a late copy must not apply.
+-- Fencing tokens come from one counter shared by every lock name (a string key that never
+-- expires), so no key per name outlives its lock.  The meta hash outlives the lock only for a
+-- while (see mark): 'released' -> the request that last deleted the lock, 'undone' -> the last
+-- acquire undone before it was applied while its owner held nothing.
+
+-- How long a marker in the meta hash at least lives: late copies of a call (a resend after a
+-- reconnect, a request a dead connection delivered late) come within seconds.
+local MARK_MS = 60000
+
+-- Record field = value in the meta hash, kept for at least ms (never shortened).
+local function mark(meta, field, value, ms)
+    redis.call('HSET', meta, field, value)
+    if redis.call('PTTL', meta) < ms then
+        redis.call('PEXPIRE', meta, ms)
+    end
+end
 
 -- Whether request is a late copy of an acquire that was undone before it arrived, while the
 -- owner held nothing (the meta hash keeps the last such request of the lock).
@@ -15,8 +28,8 @@ local function undone(meta, request)
 end
 
 -- A fresh hold for owner: a new fencing token.  Returns the grant {token, 1, lease}.
-local function grant(lock, meta, owner, request, lease)
-    local token = redis.call('HINCRBY', meta, 'next', 1)
+local function grant(lock, fence, owner, request, lease)
+    local token = redis.call('INCR', fence)
     redis.call('HSET', lock, owner, 1, ':fence', token, ':req', request)
     redis.call('PEXPIRE', lock, lease)
     return {token, 1, lease}
@@ -61,7 +74,7 @@ local function release_one(lock, meta, owner, request, undo)
     local held = redis.call('HMGET', lock, owner, ':req')
     if not held[1] then
         if undo then
-            redis.call('HSET', meta, 'undone', undo)  -- a late copy of it must not grant
+            mark(meta, 'undone', undo, MARK_MS)  -- a late copy of it must not grant
         elseif redis.call('HGET', meta, 'released') == request then
             return 0, false
         end
@@ -82,7 +95,10 @@ local function release_one(lock, meta, owner, request, undo)
         redis.call('HSET', lock, owner, count, ':req', request)
         return count, false
     end
+    -- A resend of this release that comes after the lease would have ended anyway is answered
+    -- 'not held', as the lease would have answered it: the marker lives as long as the lease.
+    local pttl = redis.call('PTTL', lock)
     redis.call('DEL', lock)
-    redis.call('HSET', meta, 'released', request)
+    mark(meta, 'released', request, math.max(pttl, 1000))
     return 0, true
 end

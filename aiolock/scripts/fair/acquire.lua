@@ -1,10 +1,11 @@
 -- Acquire or re-enter a fair lock, or take (and keep) a place in its queue.
 --
 -- KEYS[1]  the lock hash: <owner> -> hold count, ':fence' -> token, ':req' -> last request
--- KEYS[2]  the meta hash: 'next' -> fencing token counter (never expires)
+-- KEYS[2]  the meta hash: 'undone' -> an acquire undone before it arrived (see _hold.lua)
 -- KEYS[3]  the queue: owner -> ticket (sorted set)
 -- KEYS[4]  the queue deadlines: owner -> server time in ms after which it is dropped
 -- KEYS[5]  the prefix of the per-client wake-up channels (<prefix><client id>)
+-- KEYS[6]  the fencing token counter, shared by every lock name (never expires)
 -- ARGV[1]  lease in milliseconds
 -- ARGV[2]  owner id (<client id>:<task or explicit owner>)
 -- ARGV[3]  request id, unique per call of this owner; a resent call carries the same id
@@ -45,7 +46,7 @@ elseif undone(KEYS[2], request) then
 elseif not first or first == owner then
     redis.call('ZREM', KEYS[3], owner)
     redis.call('ZREM', KEYS[4], owner)
-    return grant(KEYS[1], KEYS[2], owner, request, lease)
+    return grant(KEYS[1], KEYS[6], owner, request, lease)
 elseif dropped > 0 then
     wake_next(now)  -- free, and the waiters ahead of the new head vanished: it is its turn
 end

@@ -1,10 +1,11 @@
 -- A waiter gives up (timeout, cancellation): it leaves the fair lock's queue at once.
 --
 -- KEYS[1]  the lock hash
--- KEYS[2]  the meta hash (unused here: every fair script takes the same five keys)
+-- KEYS[2]  the meta hash (unused here: every fair script takes the same keys)
 -- KEYS[3]  the queue: owner -> ticket
 -- KEYS[4]  the queue deadlines: owner -> server time in ms
 -- KEYS[5]  the prefix of the per-client wake-up channels
+-- KEYS[6]  the fencing token counter (unused here: every fair script takes the same keys)
 -- ARGV[1]  owner id
 --
 -- Returns 1 if the owner was queued, else 0.  If it was next and the lock is free, the waiter

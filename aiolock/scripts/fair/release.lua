@@ -5,6 +5,7 @@
 -- KEYS[3]  the queue: owner -> ticket
 -- KEYS[4]  the queue deadlines: owner -> server time in ms
 -- KEYS[5]  the prefix of the per-client wake-up channels
+-- KEYS[6]  the fencing token counter (unused here: every fair script takes the same keys)
 -- ARGV[1]  owner id
 -- ARGV[2]  request id, unique per call of this owner; a resent call carries the same id
 -- ARGV[3]  optional: undo mode, the id of an acquire request whose outcome the caller never

@@ -1,7 +1,8 @@
 -- Acquire or re-enter a reentrant lock.
 --
 -- KEYS[1]  the lock hash: <owner> -> hold count, ':fence' -> token, ':req' -> last request
--- KEYS[2]  the meta hash: 'next' -> fencing token counter (never expires)
+-- KEYS[2]  the meta hash: 'undone' -> an acquire undone before it arrived (see _hold.lua)
+-- KEYS[3]  the fencing token counter, shared by every lock name (never expires)
 -- ARGV[1]  lease in milliseconds
 -- ARGV[2]  owner id (client UUID + task or explicit token)
 -- ARGV[3]  request id, unique per call of this owner; a resent call carries the same id
@@ -24,7 +25,7 @@ if redis.call('EXISTS', KEYS[1]) == 0 then
     if undone(KEYS[2], request) then
         return 1  -- a late copy of an undone call: its caller is gone
     end
-    return grant(KEYS[1], KEYS[2], ARGV[2], request, lease)
+    return grant(KEYS[1], KEYS[3], ARGV[2], request, lease)
 end
 local again = reenter(KEYS[1], ARGV[2], request, lease)
 if again then

@@ -5,13 +5,14 @@
 --          server ms at which its lease ends; 'r:<owner>' -> a reader's hold count,
 --          't:<owner>' -> its read token; 'q:<owner>' -> the last request applied for that
 --          owner; ':fence' -> the write hold's fencing token
--- KEYS[2]  the meta hash: 'next' -> the token counter (read and write tokens), 'released' ->
---          the request that last deleted the lock
+-- KEYS[2]  the meta hash: 'released' -> the request that last deleted the lock (kept as long
+--          as the lease it had left, so that a resend of that release is recognised)
 -- KEYS[3]  the readers: owner -> its read lease end (server ms); 'owner/request' -> minus the
 --          time until which a resend of that owner's last read release is recognised
 -- KEYS[4]  the waiting writers: owner -> the server ms after which it no longer waits
 -- KEYS[5]  the readers' channel (a write release wakes them all)
 -- KEYS[6]  the writers' channel (a release that frees the lock wakes one writer)
+-- KEYS[7]  the fencing token counter (read and write tokens), shared by every lock name
 --
 -- Every hold has its own lease; the hash lives exactly as long as its longest live hold.
 
@@ -77,8 +78,10 @@ end
 
 -- Nobody holds it any more: delete it and wake the next.
 local function free(request)
+    local pttl = redis.call('PTTL', KEYS[1])
     redis.call('DEL', KEYS[1], KEYS[3])
     redis.call('HSET', KEYS[2], 'released', request)
+    keep(KEYS[2], math.max(pttl, 1000))
     wake_after_write()
 end
 

@@ -1,6 +1,7 @@
 -- Delete a read-write lock whoever holds it (readers and writer), and wake the next.
 --
--- KEYS[1..6]  the lock, meta, readers, waiting writers, readers' and writers' channels
+-- KEYS[1..7]  the lock, meta, readers, waiting writers, readers' and writers' channels,
+--              the fencing counter
 --
 -- Returns 1 if anyone held it, else 0.
 --@include common/_time

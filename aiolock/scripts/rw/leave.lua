@@ -1,6 +1,7 @@
 -- A waiting writer gives up (timeout, cancellation): it stops holding readers back at once.
 --
--- KEYS[1..6]  the lock, meta, readers, waiting writers, readers' and writers' channels
+-- KEYS[1..7]  the lock, meta, readers, waiting writers, readers' and writers' channels,
+--              the fencing counter
 -- ARGV[1]     owner id
 --
 -- Returns 1 if it was registered as waiting, else 0.  If no writer waits any more and nobody

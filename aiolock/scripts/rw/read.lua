@@ -1,6 +1,7 @@
--- Take a read hold of a read-write lock (see _rw.lua for the six KEYS).
+-- Take a read hold of a read-write lock (see _rw.lua for the seven KEYS).
 --
--- KEYS[1..6]  the lock, meta, readers, waiting writers, readers' and writers' channels
+-- KEYS[1..7]  the lock, meta, readers, waiting writers, readers' and writers' channels,
+--              the fencing counter
 -- ARGV[1]  lease in milliseconds (this owner's read holds end no earlier than now + lease)
 -- ARGV[2]  owner id
 -- ARGV[3]  request id, unique per call of this owner; a resent call carries the same id
@@ -37,7 +38,7 @@ end
 
 local token = tonumber(held[4])
 if not token then
-    token = redis.call('HINCRBY', KEYS[2], 'next', 1)
+    token = redis.call('INCR', KEYS[7])
     redis.call('HSET', KEYS[1], 't:' .. owner, token)
 end
 local count = redis.call('HINCRBY', KEYS[1], 'r:' .. owner, 1)

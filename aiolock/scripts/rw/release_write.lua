@@ -1,6 +1,7 @@
--- Release one write hold (see _rw.lua for the six KEYS).
+-- Release one write hold (see _rw.lua for the seven KEYS).
 --
--- KEYS[1..6]  the lock, meta, readers, waiting writers, readers' and writers' channels
+-- KEYS[1..7]  the lock, meta, readers, waiting writers, readers' and writers' channels,
+--              the fencing counter
 -- ARGV[1]  owner id
 -- ARGV[2]  request id; a resent call carries the same id
 -- ARGV[3]  optional: undo mode, as for the read release

@@ -1,6 +1,7 @@
 -- Read a read-write lock's state (changes nothing but dropping what expired).
 --
--- KEYS[1..6]  the lock, meta, readers, waiting writers, readers' and writers' channels
+-- KEYS[1..7]  the lock, meta, readers, waiting writers, readers' and writers' channels,
+--              the fencing counter
 -- ARGV[1]     an owner id
 --
 -- Returns {writer or false, live readers, the owner's read holds, the owner's write holds,

@@ -1,6 +1,7 @@
--- Take the write hold of a read-write lock, or wait for it (see _rw.lua for the six KEYS).
+-- Take the write hold of a read-write lock, or wait for it (see _rw.lua for the seven KEYS).
 --
--- KEYS[1..6]  the lock, meta, readers, waiting writers, readers' and writers' channels
+-- KEYS[1..7]  the lock, meta, readers, waiting writers, readers' and writers' channels,
+--              the fencing counter
 -- ARGV[1]  lease in milliseconds
 -- ARGV[2]  owner id
 -- ARGV[3]  request id, unique per call of this owner; a resent call carries the same id
@@ -47,7 +48,7 @@ if held[1] or live_readers(now) > 0 then
 end
 
 redis.call('ZREM', KEYS[4], owner)
-local token = redis.call('HINCRBY', KEYS[2], 'next', 1)
+local token = redis.call('INCR', KEYS[7])
 redis.call('HSET', KEYS[1], 'w', owner, 'wc', 1, 'we', now + lease, ':fence', token,
     'q:' .. owner, request)
 retime(now)

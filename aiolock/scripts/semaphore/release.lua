@@ -2,7 +2,8 @@
 --
 -- KEYS[1]  the permits: permit id -> lease end (server time, ms)
 -- KEYS[2]  the meta list: the last 32 releases (permit id/request id), so that a resend of a
---          release that landed is recognised (and a second release of a permit is not)
+--          release that landed is recognised (and a second release of a permit is not); it
+--          lives as long as the longest lease the released permits had left
 -- KEYS[3]  the semaphore's channel
 -- ARGV[1]  the permit id
 -- ARGV[2]  request id, unique per call; a resent call carries the same id
@@ -14,11 +15,15 @@
 --@include common/_time
 --@include semaphore/_permits
 local request = ARGV[1] .. '/' .. ARGV[2]
-drop_expired()
-if redis.call('ZREM', KEYS[1], ARGV[1]) == 1 then
+local now = drop_expired()
+local ends = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]))
+if ends then
+    redis.call('ZREM', KEYS[1], ARGV[1])
     redis.call('LPUSH', KEYS[2], request)
     redis.call('LTRIM', KEYS[2], 0, 31)
-    redis.call('PEXPIRE', KEYS[2], 60000)
+    -- Kept as long as the permit's lease had left: a resend that comes later is answered 'not
+    -- held', as the lease would have answered it.
+    keep(KEYS[2], math.max(ends - now, 1000))
     redis.call('PUBLISH', KEYS[3], 'released')
     return 0
 end
