@@ -47,9 +47,17 @@ async def group(redis: Redis) -> AsyncIterator[str]:
 
 
 @pytest.fixture
-async def fastapi_http(aiolock_server: ServerInfo) -> AsyncIterator[httpx.AsyncClient]:
+def lock_wait() -> float:
+    """The apps' ``wait`` for a group's lock: ample for 100 joins (a test may parametrize it)."""
+    return 5.0
+
+
+@pytest.fixture
+async def fastapi_http(
+    aiolock_server: ServerInfo, lock_wait: float
+) -> AsyncIterator[httpx.AsyncClient]:
     """The example FastAPI app in process, its lifespan running, behind httpx's ASGI transport."""
-    app: FastAPI = fastapi_app.create_app(aiolock_server.url, wait=0.5)
+    app: FastAPI = fastapi_app.create_app(aiolock_server.url, wait=lock_wait)
     async with app.router.lifespan_context(app):
         client: aiolock.Client = app.state.aiolock_client
         transport = httpx.ASGITransport(app=app)
@@ -59,9 +67,11 @@ async def fastapi_http(aiolock_server: ServerInfo) -> AsyncIterator[httpx.AsyncC
 
 
 @pytest.fixture
-async def aiohttp_http(aiolock_server: ServerInfo) -> AsyncIterator[TestClient[Any, Any]]:
+async def aiohttp_http(
+    aiolock_server: ServerInfo, lock_wait: float
+) -> AsyncIterator[TestClient[Any, Any]]:
     """The example aiohttp app in process (its cleanup_ctx running) behind aiohttp's TestClient."""
-    app = aiohttp_app.create_app(aiolock_server.url, wait=0.5)
+    app = aiohttp_app.create_app(aiolock_server.url, wait=lock_wait)
     async with TestClient(TestServer(app)) as http:
         client = app[CLIENT_KEY]
         yield http
@@ -78,7 +88,7 @@ async def test_fastapi_crowd(fastapi_http: httpx.AsyncClient, redis: Redis, grou
 
     statuses = await crowd(join)
     check_crowd(statuses)
-    assert statuses[409] == 100 - LIMIT  # wait=0.5 is ample for 100 joins in one process
+    assert statuses[409] == 100 - LIMIT  # nobody waited 5 s for the lock
     assert await redis.scard(f"groups:{group}:members") == LIMIT
     listed = (await fastapi_http.get(f"/groups/{group}")).json()
     assert len(listed["members"]) == LIMIT
@@ -110,6 +120,7 @@ async def test_aiohttp_crowd(aiohttp_http: TestClient[Any, Any], redis: Redis, g
         assert reply.status == 400
 
 
+@pytest.mark.parametrize("lock_wait", [0.3])
 async def test_fastapi_busy_lock_answers_423(
     fastapi_http: httpx.AsyncClient, aiolock_server: ServerInfo, group: str
 ) -> None:
@@ -118,12 +129,13 @@ async def test_fastapi_busy_lock_answers_423(
             reply = await fastapi_http.post(f"/groups/{group}/join", json={"user": "alice"})
     assert reply.status_code == 423
     assert reply.json() == {
-        "detail": f"could not acquire lock 'groups:{group}' within 0.5s",
+        "detail": f"could not acquire lock 'groups:{group}' within 0.3s",
     }
     reply = await fastapi_http.post(f"/groups/{group}/join", json={"user": "alice"})
     assert reply.status_code == 201
 
 
+@pytest.mark.parametrize("lock_wait", [0.3])
 async def test_aiohttp_busy_lock_answers_423(
     aiohttp_http: TestClient[Any, Any], aiolock_server: ServerInfo, group: str
 ) -> None:
@@ -132,7 +144,7 @@ async def test_aiohttp_busy_lock_answers_423(
             async with aiohttp_http.post(f"/groups/{group}/join", json={"user": "al"}) as reply:
                 assert reply.status == 423
                 detail = (await reply.json())["detail"]
-    assert detail == f"could not acquire lock 'groups:{group}' within 0.5s"
+    assert detail == f"could not acquire lock 'groups:{group}' within 0.3s"
     async with aiohttp_http.post(f"/groups/{group}/join", json={"user": "al"}) as reply:
         assert reply.status == 201
 
