@@ -125,7 +125,7 @@ class LockKind(Guarded[int]):
 
     @classmethod
     def _build_keys(cls, services: Services, name: str) -> LockKeys:
-        return LockKeys.build(services.key_prefix, name, cls.kind)
+        return LockKeys.build(services.key_prefix, name, cls.kind, cluster=services.cluster)
 
     def _registry_key(self) -> str:
         """The key of this kind's holds in the client's registries (distinct per mode when

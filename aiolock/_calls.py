@@ -23,9 +23,8 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, Protocol
 
-from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
@@ -33,7 +32,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._scripts import Script
 
-__all__ = ["Calls", "NotSent", "Orphan", "not_sent", "write"]
+__all__ = ["Calls", "ConnectionSource", "NotSent", "Orphan", "not_sent", "write"]
 
 # At most this many connections of its own per client, and never more than the pool allows.
 # The server runs one script at a time: more calls in flight would only queue there.
@@ -47,11 +46,21 @@ class NotSent(Exception):
 Orphan = Callable[["asyncio.Future[Any]"], object]
 
 
-class Calls:
-    """Runs one client's scripts (see the module docstring)."""
+class ConnectionSource(Protocol):
+    """Where a :class:`Calls` gets its connections: a redis-py ``ConnectionPool`` (one server),
+    or one node of a Cluster (see :mod:`aiolock._cluster`)."""
 
-    def __init__(self, redis: Redis) -> None:
-        self._pool = redis.connection_pool
+    @property
+    def max_connections(self) -> int: ...
+
+    def make_connection(self) -> AbstractConnection: ...
+
+
+class Calls:
+    """Runs one server's scripts for a client (see the module docstring)."""
+
+    def __init__(self, pool: ConnectionSource) -> None:
+        self._pool = pool
         self._limit = max(1, min(_MAX_CONNECTIONS, self._pool.max_connections))
         self._connections = 0
         self._idle: list[AbstractConnection] = []
@@ -181,8 +190,7 @@ class Calls:
             self._spawn(self._discard(conn), None)
         if self._connections < self._limit:
             self._connections += 1
-            made: AbstractConnection = self._pool.make_connection()  # type: ignore[no-untyped-call]
-            return made
+            return self._pool.make_connection()
         turn: asyncio.Future[AbstractConnection] = asyncio.get_running_loop().create_future()
         self._queue.append(turn)
         try:

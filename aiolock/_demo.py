@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
 
 from .client import Client
 
@@ -25,7 +25,9 @@ __all__ = ["demo", "join_group", "run", "run_requests"]
 LIMIT = 5
 
 
-async def join_group(client: Client, redis: Redis, group: str, user: str, *, locked: bool) -> str:
+async def join_group(
+    client: Client, redis: Redis | RedisCluster, group: str, user: str, *, locked: bool
+) -> str:
     """One request: ``joined``, ``refused`` (the group is full) or ``timeout`` (no lock in time)."""
     members = f"{group}:members"
 

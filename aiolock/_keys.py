@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
-__all__ = ["LockKeys", "channel_of", "fence_of", "hash_tag"]
+from redis.crc import key_slot
+
+__all__ = ["LockKeys", "channel_of", "fence_of", "hash_tag", "slot_tag"]
 
 # Percent-encoding the three characters below keeps the tag free of braces (so Redis Cluster
 # hashes exactly the tag) and keeps the mapping injective (so two names never share keys).
@@ -16,14 +19,55 @@ def channel_of(lock_key: str) -> str:
     return f"{lock_key}:released"
 
 
-def fence_of(prefix: str) -> str:
-    """The fencing token counter of every lock under ``prefix`` (a string key, never expires).
+def fence_of(prefix: str, lock_key: str | None = None) -> str:
+    """The fencing token counter of the locks under ``prefix`` (a string key, never expires).
 
     One counter for all names keeps the keyspace flat; a token from it is larger than every
-    token handed out before it, so tokens strictly increase per name too.  (On a Cluster, a
-    script may only touch keys of the lock's slot: there it will take one counter per slot.)
+    token handed out before it, so tokens strictly increase per name too.  On a Cluster a
+    script may only touch keys of one slot: there each slot has its counter, named with a hash
+    tag of that slot (``lock_key`` gives the slot).
     """
-    return f"{prefix}:fence"
+    if lock_key is None:
+        return f"{prefix}:fence"
+    return f"{prefix}:fence{{{slot_tag(key_slot(lock_key.encode()))}}}"
+
+
+# A Cluster slot is CRC16/XMODEM of the hash tag, mod 16384.  That CRC is linear over GF(2) for
+# messages of one length, so a tag for any slot is found by solving a small linear system: four
+# characters from '@' to '_' (0x40 | 5 free bits each; no braces) give 20 bits to pick.
+_TAG_BASE = b"@@@@"
+
+
+@functools.cache
+def _tag_basis() -> tuple[int, list[tuple[int, int]]]:
+    """The base tag's slot, and the slot-bit effect of each free bit, reduced to echelon form:
+    ``(pivot bit of the effect, (effect, the tag bits that cause it))``."""
+    base = key_slot(_TAG_BASE)
+    rows: list[tuple[int, int]] = []  # (effect on the slot, free bits), reduced as they come
+    for bit in range(20):
+        flipped = bytearray(_TAG_BASE)
+        flipped[bit // 5] ^= 1 << (bit % 5)
+        effect, cause = key_slot(bytes(flipped)) ^ base, 1 << bit
+        for row_effect, row_cause in rows:
+            if effect ^ row_effect < effect:  # the row's top bit is set in effect: clear it
+                effect, cause = effect ^ row_effect, cause ^ row_cause
+        if effect:
+            rows.append((effect, cause))
+            rows.sort(reverse=True)
+    return base, rows
+
+
+@functools.cache
+def slot_tag(slot: int) -> str:
+    """A short hash tag whose Redis Cluster slot is ``slot`` (computed, not searched)."""
+    base, rows = _tag_basis()
+    want, cause = slot ^ base, 0
+    for row_effect, row_cause in rows:
+        if want ^ row_effect < want:
+            want, cause = want ^ row_effect, cause ^ row_cause
+    if want:  # pragma: no cover - the 20 bits span all 14 slot bits
+        raise ValueError(f"no tag for slot {slot}")
+    return bytes(_TAG_BASE[i] | ((cause >> (5 * i)) & 0x1F) for i in range(len(_TAG_BASE))).decode()
 
 
 def hash_tag(name: str) -> str:
@@ -51,8 +95,12 @@ class LockKeys:
     fence: str
 
     @classmethod
-    def build(cls, prefix: str, name: str, kind: str | None = None) -> LockKeys:
+    def build(
+        cls, prefix: str, name: str, kind: str | None = None, *, cluster: bool = False
+    ) -> LockKeys:
         """The keys of lock ``name``; a ``kind`` other than the plain lock's gets a segment of
-        its own, so that two kinds of one name never share a key."""
+        its own, so that two kinds of one name never share a key.  On a ``cluster`` the fencing
+        counter is the one of the lock's slot."""
         base = f"{prefix}:{hash_tag(name)}" if kind is None else f"{prefix}:{kind}:{hash_tag(name)}"
-        return cls(lock=base, meta=f"{base}:meta", channel=channel_of(base), fence=fence_of(prefix))
+        fence = fence_of(prefix, base if cluster else None)
+        return cls(lock=base, meta=f"{base}:meta", channel=channel_of(base), fence=fence)

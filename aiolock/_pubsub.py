@@ -29,11 +29,10 @@ import logging
 import math
 import zlib
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from redis.asyncio import Redis
 from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
@@ -43,7 +42,14 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._calls import write
 
-__all__ = ["BroadcastEntry", "Entry", "NamedEntry", "PubSub", "PubSubStatistics"]
+__all__ = [
+    "BroadcastEntry",
+    "Entry",
+    "NamedEntry",
+    "PubSub",
+    "PubSubStatistics",
+    "SubscriberSource",
+]
 
 logger = logging.getLogger("aiolock.pubsub")
 
@@ -322,6 +328,16 @@ class NamedEntry(Entry):
         return waiter
 
 
+class SubscriberSource(Protocol):
+    """A redis-py ``ConnectionPool``, or a Cluster node: what a connection is made with."""
+
+    @property
+    def connection_class(self) -> type[AbstractConnection]: ...
+
+    @property
+    def connection_kwargs(self) -> dict[str, Any]: ...
+
+
 @dataclass(frozen=True, slots=True)
 class PubSubStatistics:
     """What the subscriber connection is doing right now."""
@@ -336,14 +352,23 @@ class PubSubStatistics:
 class PubSub:
     """The per-client subscription service (see the module docstring).
 
-    :param redis: the client whose connection settings the subscriber connection copies.
+    :param source: called at each (re)connect, it says where the subscriber connection goes and
+        with which settings: the connection pool of one server, or a node of a Cluster (classic
+        pub/sub reaches every node of a Cluster, so any node serves; a dead one is skipped at
+        the next reconnect).
     :param concurrency: the size of the semaphore pool.
     :param ping_interval: seconds of silence after which the reader PINGs; a second silent
         interval means the connection is dead.
     """
 
-    def __init__(self, redis: Redis, *, concurrency: int, ping_interval: float = 5.0) -> None:
-        self._redis = redis
+    def __init__(
+        self,
+        source: Callable[[], SubscriberSource],
+        *,
+        concurrency: int,
+        ping_interval: float = 5.0,
+    ) -> None:
+        self._source = source
         self._concurrency = concurrency
         self._semaphores: dict[int, asyncio.Semaphore] = {}  # made on first use of a slot
         self._ping_interval = ping_interval
@@ -524,7 +549,7 @@ class PubSub:
             )
 
     def _new_connection(self) -> AbstractConnection:
-        pool = self._redis.connection_pool
+        pool = self._source()
         kwargs = dict(pool.connection_kwargs)
         # RESP2 keeps messages plain arrays; our own retry loop replaces redis-py's.
         kwargs.update(

@@ -12,9 +12,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
 
 from ._calls import Calls
+from ._cluster import ClusterCalls
 from ._holds import Holds
 from ._metrics import Metrics
 from ._owners import Owners
@@ -30,8 +31,8 @@ _State = TypeVar("_State")
 class Services:
     """A client's services and options, as its lock objects see them."""
 
-    redis: Redis
-    calls: Calls
+    redis: Redis | RedisCluster
+    calls: Calls | ClusterCalls
     pubsub: PubSub
     holds: Holds
     watchdog: Watchdog
@@ -40,6 +41,7 @@ class Services:
     watchdog_timeout: float
     fair_wait_timeout: float
     metrics: Metrics | None = None  # None: opentelemetry is not installed (see _metrics)
+    cluster: bool = False  # a Redis Cluster: per-slot fencing counters and renewal batches
     closed: bool = False
     # Per (kind, name) state, shared by every lock object of that kind and name while one
     # exists: thousands of waiters on a few names hold one copy of the keys and counters each.
@@ -50,6 +52,9 @@ class Services:
     @property
     def server(self) -> str:
         """Where the client connects, without credentials (``redis://host:port/db``)."""
+        if isinstance(self.redis, RedisCluster):
+            nodes = self.redis.nodes_manager.startup_nodes.values()
+            return "redis-cluster://" + ",".join(sorted(node.name for node in nodes))
         kwargs = self.redis.connection_pool.connection_kwargs
         if "path" in kwargs:
             return f"unix://{kwargs['path']}"

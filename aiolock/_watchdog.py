@@ -13,9 +13,11 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from redis.crc import key_slot
 from redis.exceptions import RedisError
 
 from ._calls import Calls
+from ._cluster import ClusterCalls
 from ._holds import Hold, Holds
 from ._metrics import lock_extra
 
@@ -30,8 +32,11 @@ _RENEWED = {1: True, 0: False}
 class Watchdog:
     """Renews the watched holds of :class:`~aiolock._holds.Holds` (see the module docstring)."""
 
-    def __init__(self, calls: Calls, holds: Holds, *, lease: float) -> None:
+    def __init__(
+        self, calls: Calls | ClusterCalls, holds: Holds, *, lease: float, per_slot: bool = False
+    ) -> None:
         self._calls = calls
+        self._per_slot = per_slot  # a Cluster: one script call may only touch keys of one slot
         self._holds = holds
         self.lease = lease
         self.period = lease / 3
@@ -69,7 +74,7 @@ class Watchdog:
             if not holds:
                 return
             try:
-                for batch in _batches(holds):
+                for batch in _batches(holds, per_slot=self._per_slot):
                     await self._renew(batch)
                 return
             except (RedisError, OSError) as exc:
@@ -110,13 +115,14 @@ class Watchdog:
         return False
 
 
-def _batches(holds: list[Hold]) -> list[list[Hold]]:
-    """Holds grouped by renew script, at most ``_BATCH`` to a group."""
-    by_script: dict[str, list[Hold]] = {}
+def _batches(holds: list[Hold], *, per_slot: bool) -> list[list[Hold]]:
+    """Holds grouped by renew script (and by Cluster slot), at most ``_BATCH`` to a group."""
+    groups: dict[tuple[str, int], list[Hold]] = {}
     for hold in holds:
-        by_script.setdefault(hold.renew.sha, []).append(hold)
+        slot = key_slot(hold.renew_keys[0].encode()) if per_slot else 0
+        groups.setdefault((hold.renew.sha, slot), []).append(hold)
     return [
         group[start : start + _BATCH]
-        for group in by_script.values()
+        for group in groups.values()
         for start in range(0, len(group), _BATCH)
     ]

@@ -8,15 +8,17 @@ are cheap views onto these; create as many as you like.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
 
 from ._calls import Calls
+from ._cluster import ClusterCalls, NodeConnections
 from ._decorator import P, R, locked
 from ._holds import Hold, Holds
 from ._metrics import metrics
@@ -58,7 +60,8 @@ class ClientStatistics:
 class Client:
     """The entry point: ``aiolock.Client.from_url(url)`` or ``aiolock.Client(redis)``.
 
-    :param redis: an existing ``redis.asyncio.Redis``; the client uses it and never closes it.
+    :param redis: an existing ``redis.asyncio.Redis``, or a ``redis.asyncio.RedisCluster``; the
+        client uses it and never closes it.
     :param key_prefix: the first part of every key and channel (no braces).
     :param watchdog_timeout: the lease, in seconds, of locks taken with ``lease=None``; the
         watchdog renews them every third of it.
@@ -73,27 +76,35 @@ class Client:
 
     def __init__(
         self,
-        redis: Redis,
+        redis: Redis | RedisCluster,
         *,
         key_prefix: str = "aiolock",
         watchdog_timeout: float = 30.0,
         subscribe_concurrency: int = 50,
         fair_wait_timeout: float = 5.0,
     ) -> None:
-        if not isinstance(redis, Redis):
-            raise TypeError(f"redis must be a redis.asyncio.Redis, not {type(redis).__name__}")
+        if not isinstance(redis, Redis | RedisCluster):
+            raise TypeError(
+                f"redis must be a redis.asyncio.Redis or RedisCluster, not {type(redis).__name__}"
+            )
         options = _Options.check(
             key_prefix, watchdog_timeout, subscribe_concurrency, fair_wait_timeout
         )
         self._init(redis, options, owns=False)
 
-    def _init(self, redis: Redis, options: _Options, *, owns: bool) -> None:
+    def _init(self, redis: Redis | RedisCluster, options: _Options, *, owns: bool) -> None:
         self.id = str(uuid.uuid4())
         self.key_prefix = options.key_prefix
         self.watchdog_timeout = options.watchdog_timeout
         self._owns_redis = owns
-        calls = Calls(redis)
-        pubsub = PubSub(redis, concurrency=options.subscribe_concurrency)
+        calls: Calls | ClusterCalls
+        if isinstance(redis, RedisCluster):
+            calls = ClusterCalls(redis)
+            pubsub = PubSub(_any_node(calls), concurrency=options.subscribe_concurrency)
+        else:
+            calls = Calls(redis.connection_pool)
+            pool = redis.connection_pool
+            pubsub = PubSub(lambda: pool, concurrency=options.subscribe_concurrency)
 
         # A hold that ends without a release (its lease ran out, say) publishes nothing: this
         # client's own waiters may be parked behind it without a TTL to go by.  Wake one.
@@ -108,16 +119,22 @@ class Client:
             calls=calls,
             pubsub=pubsub,
             holds=holds,
-            watchdog=Watchdog(calls, holds, lease=options.watchdog_timeout),
+            watchdog=Watchdog(
+                calls,
+                holds,
+                lease=options.watchdog_timeout,
+                per_slot=isinstance(redis, RedisCluster),
+            ),
             owners=Owners(self.id),
             key_prefix=options.key_prefix,
             watchdog_timeout=options.watchdog_timeout,
             fair_wait_timeout=options.fair_wait_timeout,
             metrics=recorder,
+            cluster=isinstance(redis, RedisCluster),
         )
 
     @property
-    def redis(self) -> Redis:
+    def redis(self) -> Redis | RedisCluster:
         """The ``redis.asyncio`` client this client uses (for your own commands and tools)."""
         return self._services.redis
 
@@ -130,11 +147,15 @@ class Client:
         watchdog_timeout: float = 30.0,
         subscribe_concurrency: int = 50,
         fair_wait_timeout: float = 5.0,
+        cluster: bool = False,
         **redis_options: Any,
     ) -> Client:
         """A client with a connection pool of its own, closed by :meth:`aclose`.
 
-        Extra keyword arguments go to ``redis.asyncio.Redis.from_url``.
+        :param cluster: connect to a Redis Cluster (``url`` names any of its nodes).
+
+        Extra keyword arguments go to ``redis.asyncio.Redis.from_url`` (or
+        ``RedisCluster.from_url``).
         """
         if not isinstance(url, str):
             raise TypeError(f"url must be a str, not {type(url).__name__}")
@@ -142,7 +163,14 @@ class Client:
             key_prefix, watchdog_timeout, subscribe_concurrency, fair_wait_timeout
         )
         client = cls.__new__(cls)
-        client._init(Redis.from_url(url, **redis_options), options, owns=True)
+        if not isinstance(cluster, bool):
+            raise TypeError(f"cluster must be a bool, not {type(cluster).__name__}")
+        redis: Redis | RedisCluster = (
+            RedisCluster.from_url(url, **redis_options)
+            if cluster
+            else Redis.from_url(url, **redis_options)
+        )
+        client._init(redis, options, owns=True)
         return client
 
     # -- factories ---------------------------------------------------------------------------
@@ -310,3 +338,15 @@ class _Options:
 def _name_and_owner(name: object, owner: object) -> tuple[str, str | None]:
     """A lock factory's ``name`` and ``owner``, checked before anything else happens."""
     return check_name(name), None if owner is None else check_name(owner, "owner")
+
+
+def _any_node(calls: ClusterCalls) -> Callable[[], NodeConnections]:
+    """The Cluster node for the next subscriber connection: each reconnect takes the next one,
+    so a dead node is skipped (classic pub/sub reaches every node of a Cluster)."""
+    turns = itertools.count()
+
+    def pick() -> NodeConnections:
+        nodes = calls.nodes()
+        return nodes[next(turns) % len(nodes)]
+
+    return pick

@@ -10,19 +10,24 @@ keeps the port and the data directory, so persistence and failover can be tested
         client = aiolock.Client.from_url(server.url)
         ...
         server.restart()
+
+:class:`EmbeddedCluster` starts a Redis Cluster of such servers (primaries, and replicas if
+asked), joined and ready: ``Client.from_url(cluster.url, cluster=True)``.
 """
 
 from __future__ import annotations
 
+import random
 import shutil
 import socket
 import tempfile
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-__all__ = ["EmbeddedServer", "free_port", "redis_server_binary"]
+__all__ = ["EmbeddedCluster", "EmbeddedServer", "free_port", "redis_server_binary"]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -137,3 +142,139 @@ class EmbeddedServer:
     def __repr__(self) -> str:
         state = "running" if self._server._process is not None else "stopped"
         return f"<EmbeddedServer {self.binary} {self.host}:{self.port} [{state}]>"
+
+
+_SLOTS = 16384
+
+
+def _cluster_port(host: str = "127.0.0.1") -> int:
+    """A free port whose cluster bus port (10000 above it) is free too; both below 65536."""
+    rng = random.SystemRandom()
+    while True:
+        port = rng.randrange(20000, 30000)
+        try:
+            for candidate in (port, port + 10000):
+                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                    sock.bind((host, candidate))
+        except OSError:
+            continue
+        return port
+
+
+class EmbeddedCluster:
+    """A Redis Cluster on ``127.0.0.1``: ``primaries`` servers sharing the 16384 slots evenly,
+    each with ``replicas`` replicas; a context manager that starts it, waits until every node
+    agrees the cluster is ready, and stops it.
+
+    :param binary: as for :class:`EmbeddedServer`; every node runs it.
+    :param node_timeout: the cluster's ``cluster-node-timeout`` in ms (how soon a dead primary's
+        replica takes over).
+    """
+
+    def __init__(
+        self,
+        *,
+        primaries: int = 3,
+        replicas: int = 0,
+        binary: str = "valkey",
+        node_timeout: int = 2000,
+    ) -> None:
+        if primaries < 1:
+            raise ValueError(f"primaries must be at least 1, not {primaries}")
+        if replicas < 0:
+            raise ValueError(f"replicas must be at least 0, not {replicas}")
+        config = {
+            "cluster-enabled": "yes",
+            "cluster-config-file": "nodes.conf",
+            "cluster-node-timeout": str(node_timeout),
+            "cluster-require-full-coverage": "no",
+        }
+        nodes = [
+            EmbeddedServer(binary=binary, port=_cluster_port(), config=config)
+            for _ in range(primaries * (1 + replicas))
+        ]
+        self.primaries, self.replicas = nodes[:primaries], nodes[primaries:]
+        self.binary = binary
+
+    @property
+    def nodes(self) -> list[EmbeddedServer]:
+        return [*self.primaries, *self.replicas]
+
+    @property
+    def url(self) -> str:
+        """The first primary's URL: a cluster client finds the others from it."""
+        return self.primaries[0].url
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Start every node, assign the slots, join the nodes, and wait until it is ready."""
+        from redis import Redis
+
+        for node in self.nodes:
+            node.start()
+        first = self.primaries[0]
+        per = _SLOTS // len(self.primaries)
+        for i, node in enumerate(self.primaries):
+            end = _SLOTS - 1 if i == len(self.primaries) - 1 else (i + 1) * per - 1
+            with Redis(host=node.host, port=node.port) as redis:
+                redis.execute_command("CLUSTER", "ADDSLOTSRANGE", i * per, end)
+                if node is not first:
+                    redis.execute_command("CLUSTER", "MEET", first.host, first.port)
+        for node in self.replicas:
+            with Redis(host=node.host, port=node.port) as redis:
+                redis.execute_command("CLUSTER", "MEET", first.host, first.port)
+        deadline = time.monotonic() + timeout
+        self._wait(lambda info, _: int(info["cluster_known_nodes"]) == len(self.nodes), deadline)
+        per_primary = len(self.replicas) // len(self.primaries)
+        for i, node in enumerate(self.replicas):
+            primary = self.primaries[i // per_primary]
+            with Redis(host=primary.host, port=primary.port) as redis:
+                primary_id = redis.execute_command("CLUSTER", "MYID")
+            with Redis(host=node.host, port=node.port) as redis:
+                redis.execute_command("CLUSTER", "REPLICATE", primary_id)
+        self._wait(lambda info, _: info["cluster_state"] == "ok", deadline)
+        for node in self.replicas:
+            with Redis(host=node.host, port=node.port, decode_responses=True) as redis:
+                while redis.info("replication").get("master_link_status") != "up":
+                    if time.monotonic() > deadline:
+                        raise TimeoutError(f"a replica did not sync in time: {self!r}")
+                    time.sleep(0.05)
+
+    def _wait(self, ready: Any, deadline: float) -> None:
+        from redis import Redis
+
+        while True:
+            states = []
+            for node in self.nodes:
+                with Redis(host=node.host, port=node.port, decode_responses=True) as redis:
+                    info = redis.cluster("INFO")
+                    states.append(ready(info, node))
+            if all(states):
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the embedded cluster was not ready in time: {self!r}")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        """Stop every node and remove their data directories."""
+        for node in self.nodes:
+            node.stop()
+
+    def __enter__(self) -> EmbeddedCluster:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        ports = ",".join(str(node.port) for node in self.primaries)
+        return f"<EmbeddedCluster {self.binary} primaries:{ports} replicas:{len(self.replicas)}>"

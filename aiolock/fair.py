@@ -61,7 +61,7 @@ class AsyncFairLock(LockKind):
 
     @classmethod
     def _build_keys(cls, services: Services, name: str) -> LockKeys:
-        base = LockKeys.build(services.key_prefix, name, cls.kind)
+        base = LockKeys.build(services.key_prefix, name, cls.kind, cluster=services.cluster)
         wake_prefix = f"{base.lock}:c:"
         return FairKeys(
             lock=base.lock,

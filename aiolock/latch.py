@@ -40,7 +40,7 @@ class AsyncCountDownLatch:
     def __init__(self, services: Services, name: str) -> None:
         self._services = services
         self.name = name
-        self._keys = LockKeys.build(services.key_prefix, name, "latch")
+        self._keys = LockKeys.build(services.key_prefix, name, "latch", cluster=services.cluster)
         self._waiters = 0  # this object's waiting tasks
 
     async def try_set_count(self, count: int) -> bool:

@@ -81,7 +81,7 @@ class AsyncRLock(ReentrantKind):
     @classmethod
     def _build_keys(cls, services: Services, name: str) -> LockKeys:
         # The first kind: its keys carry no kind segment.
-        return LockKeys.build(services.key_prefix, name)
+        return LockKeys.build(services.key_prefix, name, cluster=services.cluster)
 
     def _channel(self) -> str:
         return self._keys.channel

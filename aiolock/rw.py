@@ -68,7 +68,8 @@ class _Mode(LockKind):
 
     @classmethod
     def _build_keys(cls, services: Services, name: str) -> LockKeys:
-        base = LockKeys.build(services.key_prefix, name, "rw")  # one lock for both modes
+        # One lock for both modes.
+        base = LockKeys.build(services.key_prefix, name, "rw", cluster=services.cluster)
         read, write = f"{base.lock}:read", f"{base.lock}:write"
         return RWKeys(
             lock=base.lock,

@@ -17,8 +17,8 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
-from aiolock.embedded import EmbeddedServer, redis_server_binary
-from aiolock.pytest_plugin import URL_VARIABLE, ServerInfo
+from aiolock.embedded import EmbeddedCluster, EmbeddedServer, redis_server_binary
+from aiolock.pytest_plugin import CLUSTER_URL_VARIABLE, URL_VARIABLE, ServerInfo
 
 # On a failure hypothesis imports libcst (to suggest an @example patch), which warns about
 # mypy_extensions.TypedDict; with filterwarnings=error that turns a test failure into a pytest
@@ -47,6 +47,19 @@ def aiolock_server(request: pytest.FixtureRequest) -> Iterator[ServerInfo]:
     # DEBUG SLEEP stalls the server in the resend and chaos tests.
     with EmbeddedServer(binary=request.param, config={"enable-debug-command": "yes"}) as server:
         yield ServerInfo(server.url, server)
+
+
+@pytest.fixture(scope="session", params=SERVERS)
+def aiolock_cluster(request: pytest.FixtureRequest) -> Iterator[ServerInfo]:
+    """Overrides the plugin's fixture: a 3-primary cluster of each available server binary."""
+    url = os.environ.get(CLUSTER_URL_VARIABLE)
+    if url:
+        if request.param != SERVERS[0]:
+            pytest.skip(f"{CLUSTER_URL_VARIABLE} names one cluster")
+        yield ServerInfo(url)
+        return
+    with EmbeddedCluster(binary=request.param) as cluster:
+        yield ServerInfo(cluster.url, cluster)
 
 
 @pytest.fixture

@@ -1,0 +1,195 @@
+"""Every lock kind on a real Redis Cluster: three primaries started by the suite.
+
+Calls go to the node of each lock's slot (see ``aiolock/_cluster.py``), waiters park on classic
+pub/sub through one subscriber connection, the watchdog renews per slot, and the fencing
+counters are one per slot.  Locks are spread over every node by their names.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+from redis.asyncio import RedisCluster
+from redis.crc import key_slot
+
+import aiolock
+from aiolock.pytest_plugin import ServerInfo
+from tests.helpers import eventually
+
+pytestmark = pytest.mark.anyio
+
+Kind = aiolock.AsyncRLock | aiolock.AsyncFairLock | aiolock.AsyncSpinLock
+
+
+@pytest.fixture
+async def clients(aiolock_cluster: ServerInfo) -> AsyncIterator[Callable[..., aiolock.Client]]:
+    """Clients on the cluster sharing one key prefix; closed, and their keys deleted, after."""
+    prefix = f"aiolock-cluster-{uuid.uuid4().hex[:8]}"
+    made: list[aiolock.Client] = []
+
+    def make(**options: Any) -> aiolock.Client:
+        options.setdefault("key_prefix", prefix)
+        client = aiolock.Client.from_url(aiolock_cluster.url, cluster=True, **options)
+        made.append(client)
+        return client
+
+    yield make
+    for client in made:
+        await client.aclose()
+    async with RedisCluster.from_url(aiolock_cluster.url) as redis:
+        for node in redis.get_primaries():
+            keys = [key async for key in redis.scan_iter(match=f"{prefix}:*", target_nodes=node)]
+            for key in keys:
+                await redis.unlink(key)
+
+
+async def keys_on_cluster(url: str, prefix: str) -> list[str]:
+    async with RedisCluster.from_url(url, decode_responses=True) as redis:
+        found: list[str] = []
+        for node in redis.get_primaries():
+            found += [k async for k in redis.scan_iter(match=f"{prefix}:*", target_nodes=node)]
+        return sorted(found)
+
+
+MAKERS: dict[str, Callable[[aiolock.Client, str], Kind]] = {
+    "lock": lambda client, name: client.lock(name),
+    "fair": lambda client, name: client.fair_lock(name),
+    "spin": lambda client, name: client.spin_lock(name),
+    "write": lambda client, name: client.rw_lock(name).write_lock(),  # type: ignore[dict-item]
+}
+
+
+@pytest.mark.parametrize("kind", sorted(MAKERS))
+async def test_a_release_hands_the_lock_to_a_waiter_of_another_client(
+    clients: Callable[..., aiolock.Client], kind: str
+) -> None:
+    first, second = clients(), clients()
+    names = [f"job:{i}" for i in range(6)]  # spread over the nodes
+    assert len({key_slot(f"{{{name}}}".encode()) // 5462 for name in names}) > 1
+    for name in names:
+        holder = MAKERS[kind](first, name)
+        waiter = MAKERS[kind](second, name)
+        held, release = asyncio.Event(), asyncio.Event()
+        tokens: list[int] = []
+
+        async def hold(
+            holder: Kind = holder, held: asyncio.Event = held, tokens: list[int] = tokens
+        ) -> None:
+            async with holder.acquire(wait=0, lease=30) as guard:
+                tokens.append(guard.fencing_token)
+                held.set()
+                await release.wait()  # noqa: B023
+
+        async def release_when_parked(waiter: Kind = waiter) -> None:
+            await eventually(lambda: waiter.statistics().waiters == 1, what="parked")
+            release.set()  # noqa: B023
+
+        holding = asyncio.create_task(hold())
+        await held.wait()
+        releasing = asyncio.create_task(release_when_parked())
+        # Woken by the release: the holder's lease had 30 s left, the wait is 10 s.
+        async with waiter.acquire(wait=10, lease=5) as guard:
+            assert guard.fencing_token > tokens[0]
+        await asyncio.gather(holding, releasing)
+        assert not await waiter.is_locked()
+
+
+async def test_read_locks_semaphores_and_latches(clients: Callable[..., aiolock.Client]) -> None:
+    one, two, three = clients(), clients(), clients()
+    rw = one.rw_lock("doc:1")
+    async with rw.read_lock().acquire(wait=0), two.rw_lock("doc:1").read_lock().acquire(wait=0):
+        assert not await three.rw_lock("doc:1").write_lock().try_lock(wait=0)
+    async with two.rw_lock("doc:1").write_lock().acquire(wait=1):
+        pass
+    semaphore = one.semaphore("pool:1", 2)
+    first = await semaphore.try_acquire(wait=0, lease=5)
+    second = await two.semaphore("pool:1", 2).try_acquire(wait=0, lease=5)
+    assert first is not None
+    assert second is not None
+    third = asyncio.create_task(two.semaphore("pool:1", 2).try_acquire(wait=10, lease=5))
+    await eventually(lambda: two.semaphore("pool:1", 2).statistics().waiters == 1)
+    await first.release()
+    permit = await asyncio.wait_for(third, 5)
+    assert permit is not None
+    await permit.release()
+    await second.release()
+    latch = one.countdown_latch("parts:1")
+    assert await latch.try_set_count(2)
+    done = asyncio.create_task(two.countdown_latch("parts:1").wait(timeout=10))
+    await latch.count_down()
+    await latch.count_down()
+    assert await asyncio.wait_for(done, 5)
+
+
+async def test_the_watchdog_renews_holds_on_every_slot(
+    clients: Callable[..., aiolock.Client],
+) -> None:
+    """One renewal call may not span slots: the watchdog batches per slot."""
+    client = clients(watchdog_timeout=0.6)
+    locks = [client.lock(f"order:{i}") for i in range(60)]
+    guards = [await lock.acquire(wait=0).__aenter__() for lock in locks]
+    renewals = client.statistics().renewals
+    await eventually(lambda: client.statistics().renewals >= renewals + 2 * len(locks), timeout=5)
+    assert not any(guard.lost for guard in guards)
+    for lock in locks:
+        await lock.unlock()
+
+
+async def test_keys_left_are_at_most_one_per_slot(
+    clients: Callable[..., aiolock.Client], aiolock_cluster: ServerInfo
+) -> None:
+    client = clients()
+    names = [f"orders:{i}" for i in range(1000)]
+    tokens: dict[int, list[int]] = {}
+
+    async def use(name: str) -> None:
+        async with client.lock(name).acquire(wait=0, lease=1) as guard:
+            slot = key_slot(f"{{{name}}}".encode())
+            tokens.setdefault(slot, []).append(guard.fencing_token)
+
+    for start in range(0, len(names), 100):
+        await asyncio.gather(*(use(name) for name in names[start : start + 100]))
+
+    async def only_counters() -> bool:
+        left = await keys_on_cluster(aiolock_cluster.url, client.key_prefix)
+        return all(key.startswith(f"{client.key_prefix}:fence{{") for key in left)
+
+    await eventually(only_counters, timeout=5.0, what="only the fencing counters left")
+    left = await keys_on_cluster(aiolock_cluster.url, client.key_prefix)
+    assert len(left) == len(tokens) <= 1000  # one counter per slot that was used
+    assert len({key_slot(key.encode()) for key in left}) == len(left)
+
+
+async def test_cancellation_leaves_nothing_behind(
+    clients: Callable[..., aiolock.Client], aiolock_cluster: ServerInfo
+) -> None:
+    client = clients()
+    rng = random.Random(20261123)
+    holder = client.lock("contended", owner="holder")
+    for _ in range(60):
+        await holder.lock(lease=5)
+        lock = client.lock("contended")
+
+        async def attempt(lock: aiolock.AsyncRLock = lock) -> None:
+            if await lock.try_lock(wait=5):
+                await lock.unlock()
+
+        task = asyncio.create_task(attempt())
+        for _ in range(rng.randrange(30)):
+            await asyncio.sleep(0)
+        if rng.random() < 0.5:
+            await holder.unlock()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        if await holder.is_held():
+            await holder.unlock()
+        await eventually(lambda: client.statistics().pending == 0, what="settled")
+        assert not await lock.is_locked()
+    assert client.statistics().holds == 0
