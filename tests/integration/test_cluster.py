@@ -15,10 +15,12 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
+from redis import Redis
 from redis.asyncio import RedisCluster
 from redis.crc import key_slot
 
 import aiolock
+from aiolock.embedded import EmbeddedCluster
 from aiolock.pytest_plugin import ServerInfo
 from tests.helpers import eventually
 
@@ -193,3 +195,58 @@ async def test_cancellation_leaves_nothing_behind(
         await eventually(lambda: client.statistics().pending == 0, what="settled")
         assert not await lock.is_locked()
     assert client.statistics().holds == 0
+
+
+def migrate_slot(cluster: EmbeddedCluster, slot: int) -> None:
+    """Move ``slot`` to the next primary, keys and all, as ``redis-cli --cluster reshard`` does."""
+    nodes = [Redis(host=node.host, port=node.port) for node in cluster.primaries]
+    try:
+        ids = [node.execute_command("CLUSTER", "MYID").decode() for node in nodes]
+        ports = [node.port for node in cluster.primaries]
+        ranges = nodes[0].execute_command("CLUSTER", "SLOTS")
+        primary_port = next(int(r[2][1]) for r in ranges if r[0] <= slot <= r[1])
+        source = ports.index(primary_port)
+        target = (source + 1) % len(nodes)
+        nodes[target].execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", ids[source])
+        nodes[source].execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", ids[target])
+        while keys := nodes[source].execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):
+            host, port = cluster.primaries[target].host, ports[target]
+            nodes[source].execute_command("MIGRATE", host, port, "", 0, 5000, "KEYS", *keys)
+        for node in nodes:
+            node.execute_command("CLUSTER", "SETSLOT", slot, "NODE", ids[target])
+        assert nodes[source].execute_command("CLUSTER", "COUNTKEYSINSLOT", slot) == 0
+        assert nodes[target].execute_command("CLUSTER", "COUNTKEYSINSLOT", slot) > 0
+    finally:
+        for node in nodes:
+            node.close()
+
+
+async def test_a_slot_that_moves_keeps_its_hold_and_wakes_its_waiter(
+    clients: Callable[..., aiolock.Client], aiolock_cluster: ServerInfo
+) -> None:
+    """A held lock's slot moves to another primary: the hold stays valid (MIGRATE keeps the
+    TTL), renewals and the release follow it (MOVED), and the parked waiter is woken."""
+    if aiolock_cluster.server is None:
+        pytest.skip("moves a slot of the embedded cluster")
+    holder_client, waiter_client = clients(watchdog_timeout=0.9), clients()
+    holder = holder_client.lock("moving")
+    waiter = waiter_client.lock("moving")
+    slot = key_slot(holder._keys.lock.encode())
+    async with holder.acquire(wait=0) as guard:
+
+        async def wait_for_it() -> bool:
+            if not await waiter.try_lock(wait=20):
+                return False
+            await waiter.unlock()
+            return True
+
+        waiting = asyncio.create_task(wait_for_it())
+        await eventually(lambda: waiter.statistics().waiters == 1, what="parked")
+        await asyncio.to_thread(migrate_slot, aiolock_cluster.server, slot)
+        renewals = holder_client.statistics().renewals
+        await eventually(
+            lambda: holder_client.statistics().renewals > renewals, timeout=5, what="renewed"
+        )
+        assert not guard.lost
+        assert await holder.is_held()
+    assert await asyncio.wait_for(waiting, 10)
