@@ -8,16 +8,32 @@ true, and then tells its own listeners (a guard's ``cancel_on_loss``).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 from ._base import LockKind, LockStatistics
 from ._holds import Hold
 
-__all__ = ["CompositeHold", "CompositeStatistics"]
+__all__ = ["CompositeHold", "CompositeStatistics", "release_all"]
 
 TokenT = TypeVar("TokenT")
+
+# Releases whose caller was cancelled, finishing in the background (a reference keeps them).
+_finishing: set[asyncio.Future[list[Any]]] = set()
+
+
+async def release_all(releases: Sequence[Awaitable[Any]]) -> list[Any]:
+    """Run the parts' releases at once; each one's outcome or exception, in order.
+
+    A cancelled caller does not cancel them: a release task cancelled before its first step
+    would never send its release (a part's release settles a cancellation only once it runs),
+    and the part would stay held until its lease ran out.  They finish in the background.
+    """
+    gathered = asyncio.gather(*releases, return_exceptions=True)
+    _finishing.add(gathered)
+    gathered.add_done_callback(_finishing.discard)
+    return await asyncio.shield(gathered)
 
 
 class CompositeHold(Generic[TokenT]):
@@ -60,13 +76,12 @@ class CompositeHold(Generic[TokenT]):
         for part in self.parts:
             if self._part_lost in part.listeners:
                 part.listeners.remove(self._part_lost)
-        outcomes = await asyncio.gather(
-            *(
+        outcomes = await release_all(
+            [
                 lock._release(part.owner)
                 for lock, part in zip(self.locks, self.parts, strict=True)
                 if not part.lost
-            ),
-            return_exceptions=True,
+            ]
         )
         for outcome in outcomes:
             if isinstance(outcome, BaseException):

@@ -14,7 +14,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from ._base import LockKind
-from ._composite import CompositeHold, CompositeStatistics
+from ._composite import CompositeHold, CompositeStatistics, release_all
 from ._guard import Guarded, Holding
 from ._validate import check_lease, check_wait
 from .errors import LockNotOwnedError, LockTimeoutError
@@ -107,9 +107,8 @@ class MultiLock(Guarded[tuple[int, ...]]):
                 # All at once, errors only gathered: one part's failed release must not keep
                 # the others held (a part's own settlement finishes a release that failed).
                 owners = [lock._owner()[0] for lock in taken]
-                await asyncio.gather(
-                    *(lock._release(owner) for lock, owner in zip(taken, owners, strict=True)),
-                    return_exceptions=True,
+                await release_all(
+                    [lock._release(owner) for lock, owner in zip(taken, owners, strict=True)]
                 )
 
     # -- releasing ---------------------------------------------------------------------------
@@ -122,9 +121,8 @@ class MultiLock(Guarded[tuple[int, ...]]):
             a part whose release failed is completed in the background.
         """
         owners = [lock._owner()[0] for lock in self.locks]
-        outcomes = await asyncio.gather(
-            *(lock._release(owner) for lock, owner in zip(self.locks, owners, strict=True)),
-            return_exceptions=True,
+        outcomes = await release_all(
+            [lock._release(owner) for lock, owner in zip(self.locks, owners, strict=True)]
         )
         for outcome in outcomes:
             if isinstance(outcome, BaseException):

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from redis.exceptions import RedisError
 
-from ._composite import CompositeHold, CompositeStatistics
+from ._composite import CompositeHold, CompositeStatistics, release_all
 from ._guard import Guarded, Holding
 from ._holds import Hold
 from ._validate import check_lease, check_name, check_wait
@@ -110,7 +110,9 @@ class RedLock(Guarded[int]):
         loop = asyncio.get_running_loop()
         deadline = math.inf if wait is None else loop.time() + wait
         while True:
-            holding = await self._attempt(lease)
+            # wait=0 is one attempt however long it takes, as for every kind; any other wait
+            # also bounds the calls in flight.
+            holding = await self._attempt(lease, deadline if wait else math.inf)
             if holding is not None:
                 return holding
             pause = random.uniform(0, _RETRY_DELAY)
@@ -118,7 +120,7 @@ class RedLock(Guarded[int]):
                 return None
             await asyncio.sleep(pause)
 
-    async def _attempt(self, lease: float | None) -> CompositeHold[int] | None:
+    async def _attempt(self, lease: float | None, deadline: float) -> CompositeHold[int] | None:
         """Ask every server at once; keep the grants if a majority came within the validity."""
         loop = asyncio.get_running_loop()
         lease_s = lease if lease is not None else min(c.watchdog_timeout for c in self.clients)
@@ -129,20 +131,19 @@ class RedLock(Guarded[int]):
             asyncio.ensure_future(part._acquire_as(owner, task, lease))
             for part, (owner, task) in zip(self.parts, owners, strict=True)
         ]
+        # A server that does not answer within the lease cannot be part of a valid grant, nor
+        # one that answers after the caller's deadline.
+        timeout = max(min(lease_s - drift, deadline - started), 0.001)
         try:
-            # A server that does not answer within the lease cannot be part of a valid grant;
-            # a cancelled part's call is settled (a late grant undone) by the part itself.
-            done, late = await asyncio.wait(calls, timeout=max(lease_s - drift, 0.001))
+            await asyncio.wait(calls, timeout=timeout)
         except asyncio.CancelledError:
-            for call in calls:
-                call.cancel()
             await self._give_back(calls)
             raise
-        for call in late:
-            call.cancel()
-        granted = [i for i, call in enumerate(calls) if call in done and _granted(call)]
+        # Every call done by now counts, also one that finished after the wait returned.
+        granted = [i for i, call in enumerate(calls) if _granted(call)]
         validity = lease_s - (loop.time() - started) - drift
         if len(granted) >= self.quorum and validity > 0:
+            _cancel_late(calls)
             parts = [_hold(calls[i]) for i in granted]
             locks = [self.parts[i] for i in granted]
             return CompositeHold(locks, parts, self.quorum, max(part.token for part in parts))
@@ -152,10 +153,13 @@ class RedLock(Guarded[int]):
     async def _give_back(self, calls: Sequence[asyncio.Future[Hold | float]]) -> None:
         """Release the parts of a failed attempt wherever they were granted.
 
-        Errors are not raised: a part whose release failed is settled in the background by
-        its own lock, and its lease ends it in any case.
+        The calls still running are cancelled: each part undoes its own grant if it lands
+        late.  The granted ones are released at once, without waiting for those (a caller
+        cancelled meanwhile would leave them held); their releases finish even if the caller
+        is cancelled.  Errors are not raised: a part whose release failed is settled in the
+        background by its own lock, and its lease ends it in any case.
         """
-        await asyncio.wait(calls)
+        _cancel_late(calls)
         granted = [i for i, call in enumerate(calls) if _granted(call)]
         locks = [self.parts[i] for i in granted]
         leftover = CompositeHold(locks, [_hold(calls[i]) for i in granted], 0, 0)
@@ -170,9 +174,8 @@ class RedLock(Guarded[int]):
         :raises LockNotOwnedError: if no server had a hold of the caller.
         """
         owners = [part._owner()[0] for part in self.parts]
-        outcomes = await asyncio.gather(
-            *(part._release(owner) for part, owner in zip(self.parts, owners, strict=True)),
-            return_exceptions=True,
+        outcomes = await release_all(
+            [part._release(owner) for part, owner in zip(self.parts, owners, strict=True)]
         )
         if all(outcome is None or isinstance(outcome, _FAILURES) for outcome in outcomes):
             raise LockNotOwnedError(f"lock {self.name!r} is not held by this owner")
@@ -240,7 +243,23 @@ class RedLock(Guarded[int]):
 
 
 def _granted(call: asyncio.Future[Hold | float]) -> bool:
-    return not call.cancelled() and call.exception() is None and isinstance(call.result(), Hold)
+    """The call is over and granted its part (a call still running has granted nothing yet)."""
+    if not call.done() or call.cancelled():
+        return False
+    return call.exception() is None and isinstance(call.result(), Hold)
+
+
+def _cancel_late(calls: Sequence[asyncio.Future[Hold | float]]) -> None:
+    """Cancel the calls still running; each part settles its own (undoes a late grant)."""
+    for call in calls:
+        if not call.done():
+            call.cancel()
+            call.add_done_callback(_retrieve)
+
+
+def _retrieve(call: asyncio.Future[Hold | float]) -> None:
+    if not call.cancelled():
+        call.exception()  # seen: a failure of a call nobody waits for is not an error
 
 
 def _hold(call: asyncio.Future[Hold | float]) -> Hold:

@@ -144,3 +144,30 @@ def test_bad_arguments() -> None:
         multi.lock(lease=0)
     with pytest.raises(TypeError, match="wait"):
         multi.acquire(wait="1")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("how", ["block", "unlock"])
+async def test_a_cancellation_as_the_release_starts_still_releases_every_part(
+    aiolock_client: aiolock.Client, redis: Redis, how: str
+) -> None:
+    """Regression: the parts' releases ran as tasks that the caller's cancellation cancelled
+    before their first step, so no release was sent and the parts stayed held for the lease."""
+    a, b = aiolock_client.lock("ra", owner="job"), aiolock_client.fair_lock("rb", owner="job")
+    multi = aiolock.MultiLock(a, b)
+    context = multi.acquire()
+    await context.__aenter__()
+    exiting: asyncio.Task[object] = asyncio.create_task(
+        context.__aexit__(None, None, None) if how == "block" else multi.unlock()
+    )
+    # The cancellation runs right after the task's first step, which starts the releases (as
+    # tasks of their own, queued behind it): as when another task's cancel() comes in the
+    # same loop pass.
+    asyncio.get_running_loop().call_soon(exiting.cancel)
+    with pytest.raises(asyncio.CancelledError):
+        await exiting
+
+    async def released() -> bool:
+        return not (await a.is_locked() or await b.is_locked())
+
+    await eventually(released, what="both parts released")
+    await assert_clean(redis, aiolock_client)

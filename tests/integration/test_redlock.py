@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import signal
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
@@ -122,6 +124,76 @@ async def test_a_cancelled_attempt_leaves_nothing(clients: list[aiolock.Client])
         lambda: all(client.statistics().pending == 0 for client in clients), what="settled"
     )
     assert await locked_on(clients, "blocked") == [False] * 5
+
+
+async def test_a_cancellation_as_the_release_starts_still_releases_everywhere(
+    clients: list[aiolock.Client],
+) -> None:
+    """Regression: the parts' releases ran as tasks that the caller's cancellation cancelled
+    before their first step, so no release was sent and the lock stayed held for the lease."""
+    redlock = aiolock.RedLock(clients, "exit", owner="job")
+    context = redlock.acquire()
+    await context.__aenter__()
+    exiting = asyncio.create_task(context.__aexit__(None, None, None))
+    # Runs right after the task's first step, which queues the releases behind it.
+    asyncio.get_running_loop().call_soon(exiting.cancel)
+    with pytest.raises(asyncio.CancelledError):
+        await exiting
+
+    async def released() -> bool:
+        return await locked_on(clients, "exit") == [False] * 5
+
+    await eventually(released, what="released on every server")
+
+
+async def test_a_failed_attempt_cancelled_while_giving_back_leaves_nothing(
+    clients: list[aiolock.Client],
+) -> None:
+    """Attempts that win a minority (two of five) give their grants back, also when the
+    caller is cancelled between or inside them."""
+    for client in clients[2:]:  # a majority held by someone else: two grants, then refusals
+        assert await client.lock("split", owner="other").try_lock(lease=30)
+    attempt = asyncio.create_task(aiolock.RedLock(clients, "split").try_lock(wait=5))
+    await eventually(
+        lambda: any(part.statistics().held for part in aiolock.RedLock(clients, "split").parts),
+        what="a part granted",
+    )
+    attempt.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await attempt
+    await eventually(
+        lambda: all(client.statistics().holds == 0 for client in clients[:2]), what="given back"
+    )
+
+    async def given_back() -> bool:
+        return await locked_on(clients[:2], "split") == [False, False]
+
+    await eventually(given_back, what="nothing left on the first two servers")
+
+
+async def test_a_stalled_majority_cannot_hold_the_caller_past_its_wait(
+    clients: list[aiolock.Client], servers: list[EmbeddedServer]
+) -> None:
+    """Regression: each attempt waited for the servers' replies for up to the lease, whatever
+    the caller's wait (here 5 s for a 0.3 s wait); late grants are undone."""
+    redlock = aiolock.RedLock(clients, "stalled")
+    stopped = [server.pid for server in servers[:3]]
+    for pid in stopped:
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        assert not await redlock.try_lock(wait=0.3, lease=5)
+        assert loop.time() - started < 1.0
+    finally:
+        for pid in stopped:
+            assert pid is not None
+            os.kill(pid, signal.SIGCONT)
+    await eventually(
+        lambda: all(client.statistics().pending == 0 for client in clients), what="settled"
+    )
+    assert await locked_on(clients, "stalled") == [False] * 5
 
 
 def test_bad_arguments() -> None:
