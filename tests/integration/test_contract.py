@@ -2,35 +2,75 @@
 
 Modelled on trio's generic lock tests: one suite, parametrized by kind, against a real server.
 Each kind's own behaviour (FIFO across clients, backoff, ...) is tested in its own module.
+
+The two composites run here too: ``multi`` is a ``MultiLock`` over a plain and a fair lock of
+one name and client; ``redlock`` a ``RedLock`` over three clients of the test server, the test's
+client and two more on key prefixes of their own (three independent lock namespaces stand in
+for three masters; ``test_redlock.py`` runs it over five real servers).  Where a composite
+differs (its token is a tuple or a maximum, its statistics are its parts', a RedLock never
+parks), the tests look through the helpers below at the single locks it is made of.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import pytest
 from redis.asyncio import Redis
 
 import aiolock
-from tests.helpers import assert_clean, eventually
+from aiolock._base import LockKind, LockStatistics
+from aiolock._holds import Hold
+from tests.helpers import assert_clean, evalsha_calls, eventually
 
 pytestmark = pytest.mark.anyio
 
 Kind = Callable[..., Any]
+
+# RedLock's extra "servers" of each client, made on first use and closed by the kind fixture.
+_SERVERS: dict[aiolock.Client, list[aiolock.Client]] = {}
+
+
+def redlock_clients(client: aiolock.Client) -> list[aiolock.Client]:
+    """``client`` and two clients sharing its connections under key prefixes of their own
+    (beside its prefix, not under it: each keeps a fencing counter of its own)."""
+    extra = _SERVERS.get(client)
+    if extra is None:
+        extra = _SERVERS[client] = [
+            aiolock.Client(
+                client.redis,
+                key_prefix=f"{client.key_prefix}-redlock{index}",
+                watchdog_timeout=client.watchdog_timeout,
+            )
+            for index in (1, 2)
+        ]
+    return [client, *extra]
+
+
 KINDS: dict[str, Callable[[aiolock.Client], Kind]] = {
     "lock": lambda client: client.lock,
     "fair": lambda client: client.fair_lock,
     "spin": lambda client: client.spin_lock,
     "write": lambda client: lambda name, **kw: client.rw_lock(name).write_lock(**kw),
     "read": lambda client: lambda name, **kw: client.rw_lock(name).read_lock(**kw),
+    "multi": lambda client: (
+        lambda name, **kw: aiolock.MultiLock(client.lock(name, **kw), client.fair_lock(name, **kw))
+    ),
+    "redlock": lambda client: (
+        lambda name, **kw: aiolock.RedLock(redlock_clients(client), name, **kw)
+    ),
 }
 # Modes that many owners hold at once: the tests of exclusion and hand-off do not apply.
 SHARED = {"read"}
 # Two kinds that are two modes of one lock (a reader and a writer exclude each other).
 SAME_LOCK = {"read", "write"}
+# The single kinds whose locks a composite is made of, on the test's client: it shares their
+# keys by design (a MultiLock is its parts; a RedLock's part on a server is that client's
+# plain lock of the name), so it is not a different lock from them.
+PARTS = {"multi": {"lock", "fair"}, "redlock": {"lock"}}
 
 
 def exclusive_only(kind: str) -> None:
@@ -39,12 +79,64 @@ def exclusive_only(kind: str) -> None:
 
 
 @pytest.fixture(params=sorted(KINDS))
-def kind(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
+async def kind(request: pytest.FixtureRequest) -> AsyncIterator[str]:
+    yield str(request.param)
+    # Torn down before the clients (the tests name it last): the RedLock servers go first.
+    while _SERVERS:
+        base, extra = _SERVERS.popitem()
+        for client in extra:
+            await client.aclose()
+            if base.closed:  # a test's own client (nothing listens there), closed already
+                continue
+            keys = [key async for key in client.redis.scan_iter(match=f"{client.key_prefix}:*")]
+            if keys:
+                await client.redis.unlink(*keys)
 
 
 def factory(client: aiolock.Client, kind: str) -> Kind:
     return KINDS[kind](client)
+
+
+def singles(lock: Any) -> list[LockKind]:
+    """The single locks that ``lock`` is made of: itself, or a composite's parts."""
+    if isinstance(lock, aiolock.MultiLock):
+        return list(lock.locks)
+    if isinstance(lock, aiolock.RedLock):
+        return list(lock.parts)
+    assert isinstance(lock, LockKind)
+    return [lock]
+
+
+def part_statistics(lock: Any) -> Sequence[LockStatistics]:
+    """The statistics of each single lock in ``lock`` (a composite's are its parts')."""
+    stats = lock.statistics()
+    return stats.parts if isinstance(stats, aiolock.CompositeStatistics) else [stats]
+
+
+def granted(lock: Any) -> list[Hold]:
+    """The calling owner's holds of every part of ``lock``, right after an acquire."""
+    return [part._granted() for part in singles(lock)]
+
+
+def token_of(lock: Any) -> object:
+    """The token a guard would show for the caller's hold of ``lock``, right after an acquire."""
+    tokens = [hold.token for hold in granted(lock)]
+    if isinstance(lock, aiolock.MultiLock):
+        return tuple(tokens)
+    return max(tokens)  # a RedLock's (every part is granted: its servers never fail here)
+
+
+def increasing(tokens: Sequence[object]) -> bool:
+    """Strictly increasing; a MultiLock's tuples in every part."""
+    columns = zip(*tokens, strict=True) if isinstance(tokens[0], tuple) else [tokens]
+    return all(list(column) == sorted(set(column)) for column in columns)
+
+
+async def all_clean(redis: Redis, *clients: aiolock.Client) -> None:
+    """``assert_clean`` for each client and the RedLock servers made for it."""
+    for client in clients:
+        for one in [client, *_SERVERS.get(client, [])]:
+            await assert_clean(redis, one)
 
 
 async def test_exclusion_among_tasks_and_clients(
@@ -88,7 +180,7 @@ async def test_reentrancy_and_inspection(
         assert 0 < lease <= aiolock_client.watchdog_timeout
     assert not await lock.is_locked()
     assert await lock.hold_count() == 0
-    await assert_clean(redis, aiolock_client)
+    await all_clean(redis, aiolock_client)
 
 
 async def test_another_owner_waits_and_times_out(
@@ -114,18 +206,35 @@ async def test_another_owner_waits_and_times_out(
     await lock.unlock()
     assert await asyncio.create_task(lock.try_lock(wait=1))  # that task ends holding it
     await lock.force_unlock()
-    await assert_clean(redis, aiolock_client)
+    await all_clean(redis, aiolock_client)
 
 
 async def test_a_release_hands_the_lock_to_a_waiter(
-    aiolock_client: aiolock.Client, make_client: Callable[..., aiolock.Client], kind: str
+    aiolock_client: aiolock.Client,
+    make_client: Callable[..., aiolock.Client],
+    redis: Redis,
+    kind: str,
 ) -> None:
     exclusive_only(kind)
     lock = factory(aiolock_client, kind)("handoff")
     other = factory(make_client(), kind)("handoff")
     await lock.lock()
+    calls = await evalsha_calls(redis)
     waiter = asyncio.create_task(other.try_lock(wait=10))
-    await eventually(lambda: other.statistics().waiters == 1, what="the waiter parked")
+    if kind == "redlock":
+        # A RedLock never parks: it asks every server again after a random pause.  Seen
+        # waiting once it asked them all twice (and was refused: the lock is held).
+        async def retried() -> bool:
+            return await evalsha_calls(redis) >= calls + 2 * len(singles(other))
+
+        await eventually(retried, what="the waiter asked twice")
+    else:
+
+        def parked() -> bool:
+            return sum(stats.waiters for stats in part_statistics(other)) == 1
+
+        await eventually(parked, what="the waiter parked")
+    assert not waiter.done()
     await lock.unlock()
     assert await waiter
     assert other.statistics().held == 1
@@ -141,14 +250,14 @@ async def test_fencing_tokens_increase_across_expiry_and_force(
         async with lock.acquire() as guard:
             tokens.append(guard.fencing_token)
     await lock.lock(lease=0.05)
-    tokens.append(lock._granted().token)
+    tokens.append(token_of(lock))
     await eventually(lambda: lock.statistics().lost, what="the lease ran out")
     await lock.lock()
-    tokens.append(lock._granted().token)
+    tokens.append(token_of(lock))
     assert await lock.force_unlock()
     async with lock.acquire() as guard:
         tokens.append(guard.fencing_token)
-    assert tokens == sorted(set(tokens)), tokens
+    assert increasing(tokens), tokens
 
 
 async def test_a_lease_that_runs_out_is_reported_lost(
@@ -164,14 +273,16 @@ async def test_a_lease_that_runs_out_is_reported_lost(
 
             await eventually(expired, what="the server expired it")
     stats = lock.statistics()
-    assert (stats.held, stats.lost, stats.losses) == (0, True, 1)
-    await assert_clean(redis, aiolock_client)
+    assert (stats.held, stats.lost) == (0, True)
+    assert [part.losses for part in part_statistics(lock)] == [1] * len(singles(lock))
+    await all_clean(redis, aiolock_client)
 
 
 async def test_force_unlock_is_a_loss_that_cancels_on_request(
-    aiolock_client: aiolock.Client, make_client: Callable[..., aiolock.Client], kind: str
+    make_client: Callable[..., aiolock.Client], kind: str
 ) -> None:
-    lock = factory(aiolock_client, kind)("forced")
+    client = make_client(watchdog_timeout=0.6)  # renewals every 0.2 s find the force soon
+    lock = factory(client, kind)("forced")
     outsider = factory(make_client(), kind)("forced")
     reached_end = False
     with pytest.raises(aiolock.LockLostError):
@@ -189,7 +300,10 @@ async def test_the_watchdog_keeps_a_hold_alive(
     client = make_client(watchdog_timeout=0.3)
     lock = factory(client, kind)("kept")
     async with lock.acquire() as guard:
-        await eventually(lambda: lock.statistics().renewals >= 3, what="three renewals")
+        await eventually(
+            lambda: min(stats.renewals for stats in part_statistics(lock)) >= 3,
+            what="three renewals",
+        )
         assert not guard.lost
         assert await lock.is_held()
 
@@ -202,7 +316,7 @@ async def test_explicit_owner_acquires_in_one_task_and_releases_in_another(
     assert await lock.is_held()
     await asyncio.create_task(lock.unlock())
     assert not await lock.is_locked()
-    await assert_clean(redis, aiolock_client)
+    await all_clean(redis, aiolock_client)
 
 
 async def test_random_cancellations_leave_nothing_behind(
@@ -225,8 +339,7 @@ async def test_random_cancellations_leave_nothing_behind(
             task.cancel()
         results = await asyncio.gather(*tasks, return_exceptions=True)
         assert all(r is None or isinstance(r, asyncio.CancelledError) for r in results), results
-    for client in clients:
-        await assert_clean(redis, client)
+    await all_clean(redis, *clients)
 
 
 async def test_lock_objects_of_one_name_share_statistics(
@@ -236,17 +349,24 @@ async def test_lock_objects_of_one_name_share_statistics(
     first = make("counted")
     async with make("counted").acquire():
         assert first.statistics().held == 1
-    assert first.statistics().acquisitions == 1
-    assert repr(first) == f"<{type(first).__name__} 'counted' [unlocked]>"
+    assert [stats.acquisitions for stats in part_statistics(first)] == [1] * len(singles(first))
+    # A composite's repr also counts its parts (MultiLock) or servers (RedLock).
+    size = {"multi": ", parts:2", "redlock": ", servers:3"}.get(kind, "")
+    assert repr(first) == f"<{type(first).__name__} {first.name!r} [unlocked{size}]>"
 
 
 async def test_kinds_of_one_name_are_different_locks(
     aiolock_client: aiolock.Client, kind: str
 ) -> None:
+    def made_of(name: str) -> set[str]:
+        return PARTS.get(name, {name})
+
     others = [
         make(aiolock_client)("same")
         for name, make in KINDS.items()
-        if name != kind and not {name, kind} <= SAME_LOCK
+        if name != kind
+        and not {name, kind} <= SAME_LOCK
+        and not made_of(name) & made_of(kind)  # a composite and a kind it is made of
     ]
     async with factory(aiolock_client, kind)("same").acquire():
 
@@ -297,16 +417,18 @@ async def test_acquiring_again_after_a_loss_the_server_has_not_seen_yet_is_fresh
     acquire re-enters the old hold on the server.  It must not pass for a fresh grant."""
     lock = factory(aiolock_client, kind)("gap")
     assert await lock.try_lock(lease=30)
-    old = lock._granted()
-    aiolock_client._services.holds.lose(old, "taken for lost by the test, still held there")
+    old = granted(lock)
+    for part, hold in zip(singles(lock), old, strict=True):  # a composite: every part
+        part._services.holds.lose(hold, "taken for lost by the test, still held there")
     assert await lock.try_lock()
-    new = lock._granted()
-    assert new.token > old.token  # a fresh grant, not the old token handed out again
-    assert new.count == 1
-    assert await lock.hold_count() == 1  # the old hold is gone from the server
+    new = granted(lock)
+    # Fresh grants, not the old tokens handed out again.
+    assert all(n.token > o.token for n, o in zip(new, old, strict=True)), (new, old)
+    assert [hold.count for hold in new] == [1] * len(new)
+    assert await lock.hold_count() == 1  # the old holds are gone from the server
     await lock.unlock()
     assert not await lock.is_locked()
-    await assert_clean(redis, aiolock_client)
+    await all_clean(redis, aiolock_client)
 
 
 async def test_a_grant_the_client_never_saw_is_not_kept_behind_its_back(
@@ -315,16 +437,20 @@ async def test_a_grant_the_client_never_saw_is_not_kept_behind_its_back(
     """A late copy of an earlier request (applied after its resend was answered "busy")
     grants the owner a hold the client never saw; the owner's next acquire re-enters it."""
     lock = factory(aiolock_client, kind)("phantom")
-    owner, _ = lock._owner()
-    services = aiolock_client._services
-    late = lock._attempt(owner, services.owners.next_request(), 30_000)
-    reply = await services.calls.run(*late)  # the late copy lands: a hold nobody knows of
-    assert isinstance(reply, list)
+    for part in singles(lock):  # a composite: a late copy lands for every part
+        owner, _ = part._owner()
+        services = part._services
+        late = part._attempt(owner, services.owners.next_request(), 30_000)
+        reply = await services.calls.run(*late)  # the late copy lands: a hold nobody knows of
+        assert isinstance(reply, list)
     assert lock.statistics().held == 0
     assert await lock.try_lock()
-    await eventually(lambda: aiolock_client.statistics().pending == 0, what="dropped")
+    clients = [aiolock_client, *_SERVERS.get(aiolock_client, [])]
+    await eventually(
+        lambda: all(client.statistics().pending == 0 for client in clients), what="dropped"
+    )
     assert lock.statistics().held == 1
     assert await lock.hold_count() == 1  # the server agrees: one hold, the one we know of
     await lock.unlock()
     assert not await lock.is_held()
-    await assert_clean(redis, aiolock_client)
+    await all_clean(redis, aiolock_client)
