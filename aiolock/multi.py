@@ -88,28 +88,36 @@ class MultiLock(Guarded[tuple[int, ...]]):
     async def _take(self, wait: float | None, lease: float | None) -> bool:
         loop = asyncio.get_running_loop()
         deadline = math.inf if wait is None else loop.time() + wait
-        taken: list[LockKind] = []
-        try:
-            for index in self._order:
-                lock = self.locks[index]
-                if wait is None:
-                    await lock._wait_for_grant(lease)
-                elif wait == 0:
-                    if not await lock._try_once(lease):
+        while True:
+            taken: list[LockKind] = []
+            try:
+                for index in self._order:
+                    lock = self.locks[index]
+                    if wait is None:
+                        await lock._wait_for_grant(lease)
+                    elif wait == 0:
+                        if not await lock._try_once(lease):
+                            return False
+                    elif not await lock._try_until(max(deadline - loop.time(), 0.0), lease):
                         return False
-                elif not await lock._try_until(max(deadline - loop.time(), 0.0), lease):
-                    return False
-                taken.append(lock)
-            taken.clear()  # all held: nothing to give back
-            return True
-        finally:
-            if taken:
-                # All at once, errors only gathered: one part's failed release must not keep
-                # the others held (a part's own settlement finishes a release that failed).
-                owners = [lock._owner()[0] for lock in taken]
-                await release_all(
-                    [lock._release(owner) for lock, owner in zip(taken, owners, strict=True)]
-                )
+                    taken.append(lock)
+                if all(_still_held(lock) for lock in taken):
+                    taken.clear()  # all held: nothing to give back
+                    return True
+                # A part taken first was lost while a later one was awaited (its lease ran
+                # out, it was forced): give them all back, and take them again while the wait
+                # lasts.
+            finally:
+                if taken:
+                    # All at once, errors only gathered: one part's failed release must not
+                    # keep the others held (a part's own settlement finishes a release that
+                    # failed).
+                    owners = [lock._owner()[0] for lock in taken]
+                    await release_all(
+                        [lock._release(owner) for lock, owner in zip(taken, owners, strict=True)]
+                    )
+            if wait == 0 or loop.time() >= deadline:
+                return False
 
     # -- releasing ---------------------------------------------------------------------------
 
@@ -171,3 +179,9 @@ class MultiLock(Guarded[tuple[int, ...]]):
         stats = self.statistics()
         state = f"held x{stats.held}" if stats.held else "lost" if stats.lost else "unlocked"
         return f"<MultiLock {self.name!r} [{state}, parts:{len(self.locks)}]>"
+
+
+def _still_held(lock: LockKind) -> bool:
+    """The calling owner still holds ``lock`` as far as its client knows (no I/O)."""
+    hold = lock._services.holds.get(lock._hold_key, lock._owner()[0])
+    return hold is not None and not hold.lost

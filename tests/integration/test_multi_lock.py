@@ -171,3 +171,23 @@ async def test_a_cancellation_as_the_release_starts_still_releases_every_part(
 
     await eventually(released, what="both parts released")
     await assert_clean(redis, aiolock_client)
+
+
+@pytest.mark.parametrize("how", ["try_lock", "acquire"])
+async def test_a_part_lost_while_the_next_is_awaited_is_taken_again(
+    aiolock_client: aiolock.Client, make_client: Callable[..., aiolock.Client], how: str
+) -> None:
+    """Regression: the first part's lease ran out while the second was awaited; try_lock
+    returned True with the first part lost (acquire() failed with RuntimeError and left the
+    second part held)."""
+    first, second = aiolock_client.lock("p1"), aiolock_client.lock("p2")  # taken in this order
+    blocker = make_client().lock("p2")
+    assert await blocker.try_lock(lease=0.6)  # never released: it expires
+    multi = aiolock.MultiLock(first, second)
+    if how == "try_lock":
+        assert await multi.try_lock(wait=5, lease=0.2)
+    else:
+        await multi.acquire(wait=5, lease=0.2).__aenter__()
+    assert first.statistics().losses >= 1  # the first hold ran out while waiting
+    assert await multi.is_held()  # both held now, the first one taken again
+    await multi.unlock()
