@@ -15,7 +15,7 @@ from typing import Any, Generic, TypeVar
 from ._base import LockKind, LockStatistics
 from ._holds import Hold
 
-__all__ = ["CompositeHold", "CompositeStatistics", "release_all"]
+__all__ = ["CompositeHold", "CompositeStatistics", "release_all", "start_releases"]
 
 TokenT = TypeVar("TokenT")
 
@@ -23,17 +23,23 @@ TokenT = TypeVar("TokenT")
 _finishing: set[asyncio.Future[list[Any]]] = set()
 
 
-async def release_all(releases: Sequence[Awaitable[Any]]) -> list[Any]:
-    """Run the parts' releases at once; each one's outcome or exception, in order.
+def start_releases(releases: Sequence[Awaitable[Any]]) -> asyncio.Future[list[Any]]:
+    """Start the parts' releases at once; the future of each one's outcome or exception.
 
-    A cancelled caller does not cancel them: a release task cancelled before its first step
-    would never send its release (a part's release settles a cancellation only once it runs),
-    and the part would stay held until its lease ran out.  They finish in the background.
+    Nothing cancels them: a release task cancelled before its first step would never send
+    its release (a part's release settles a cancellation only once it runs), and the part
+    would stay held until its lease ran out.  Not waited for, they finish in the background.
     """
     gathered = asyncio.gather(*releases, return_exceptions=True)
     _finishing.add(gathered)
     gathered.add_done_callback(_finishing.discard)
-    return await asyncio.shield(gathered)
+    return gathered
+
+
+async def release_all(releases: Sequence[Awaitable[Any]]) -> list[Any]:
+    """Run the parts' releases at once (see :func:`start_releases`) and wait for them; each
+    one's outcome or exception, in order.  A cancelled caller leaves them running."""
+    return await asyncio.shield(start_releases(releases))
 
 
 class CompositeHold(Generic[TokenT]):

@@ -14,7 +14,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from ._base import LockKind
-from ._composite import CompositeHold, CompositeStatistics, release_all
+from ._composite import CompositeHold, CompositeStatistics, release_all, start_releases
 from ._guard import Guarded, Holding
 from ._validate import check_lease, check_wait
 from .errors import LockNotOwnedError, LockTimeoutError
@@ -98,7 +98,9 @@ class MultiLock(Guarded[tuple[int, ...]]):
                     elif wait == 0:
                         if not await lock._try_once(lease):
                             return False
-                    elif not await lock._try_until(max(deadline - loop.time(), 0.0), lease):
+                    elif (left := deadline - loop.time()) <= 0:
+                        return False  # (``_try_until(0)`` would be one try of any length)
+                    elif not await lock._try_until(left, lease):
                         return False
                     taken.append(lock)
                 if all(_still_held(lock) for lock in taken):
@@ -111,11 +113,16 @@ class MultiLock(Guarded[tuple[int, ...]]):
                 if taken:
                     # All at once, errors only gathered: one part's failed release must not
                     # keep the others held (a part's own settlement finishes a release that
-                    # failed).
+                    # failed).  The wait bounds them too: past the deadline they finish in the
+                    # background (a stalled server cannot hold the caller).
                     owners = [lock._owner()[0] for lock in taken]
-                    await release_all(
+                    releases = start_releases(
                         [lock._release(owner) for lock, owner in zip(taken, owners, strict=True)]
                     )
+                    if wait:
+                        await asyncio.wait([releases], timeout=max(deadline - loop.time(), 0))
+                    else:
+                        await asyncio.shield(releases)
             if wait == 0 or loop.time() >= deadline:
                 return False
 

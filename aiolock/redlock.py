@@ -11,7 +11,6 @@ and it tries again after a random delay, until the wait runs out.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import random
 from collections.abc import Awaitable, Coroutine, Sequence
@@ -19,7 +18,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from redis.exceptions import RedisError
 
-from ._composite import CompositeHold, CompositeStatistics, release_all
+from ._composite import CompositeHold, CompositeStatistics, release_all, start_releases
 from ._guard import Guarded, Holding
 from ._holds import Hold
 from ._validate import check_lease, check_name, check_wait
@@ -137,7 +136,7 @@ class RedLock(Guarded[int]):
         try:
             await asyncio.wait(calls, timeout=timeout)
         except asyncio.CancelledError:
-            await self._give_back(calls)
+            await self._give_back(calls, deadline)
             raise
         # Every call done by now counts, also one that finished after the wait returned.
         granted = [i for i, call in enumerate(calls) if _granted(call)]
@@ -147,24 +146,28 @@ class RedLock(Guarded[int]):
             parts = [_hold(calls[i]) for i in granted]
             locks = [self.parts[i] for i in granted]
             return CompositeHold(locks, parts, self.quorum, max(part.token for part in parts))
-        await self._give_back(calls)
+        await self._give_back(calls, deadline)
         return None
 
-    async def _give_back(self, calls: Sequence[asyncio.Future[Hold | float]]) -> None:
+    async def _give_back(
+        self, calls: Sequence[asyncio.Future[Hold | float]], deadline: float
+    ) -> None:
         """Release the parts of a failed attempt wherever they were granted.
 
         The calls still running are cancelled: each part undoes its own grant if it lands
         late.  The granted ones are released at once, without waiting for those (a caller
         cancelled meanwhile would leave them held); their releases finish even if the caller
-        is cancelled.  Errors are not raised: a part whose release failed is settled in the
-        background by its own lock, and its lease ends it in any case.
+        is cancelled, or when the caller's ``deadline`` comes first, in the background.
+        Errors are not raised: a part whose release failed is settled in the background by
+        its own lock, and its lease ends it in any case.
         """
         _cancel_late(calls)
-        granted = [i for i, call in enumerate(calls) if _granted(call)]
-        locks = [self.parts[i] for i in granted]
-        leftover = CompositeHold(locks, [_hold(calls[i]) for i in granted], 0, 0)
-        with contextlib.suppress(*_FAILURES):
-            await leftover.release()
+        holds = [(self.parts[i], _hold(call)) for i, call in enumerate(calls) if _granted(call)]
+        releases = start_releases(
+            [part._release(hold.owner) for part, hold in holds if not hold.lost]
+        )
+        now = asyncio.get_running_loop().time()
+        await asyncio.wait([releases], timeout=None if deadline == math.inf else deadline - now)
 
     # -- releasing ---------------------------------------------------------------------------
 

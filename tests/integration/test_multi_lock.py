@@ -9,7 +9,8 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
-from tests.helpers import assert_clean, eventually
+from aiolock.pytest_plugin import ServerInfo
+from tests.helpers import assert_clean, eventually, stall_server
 
 pytestmark = pytest.mark.anyio
 
@@ -75,7 +76,11 @@ async def test_wait_bounds_the_whole_attempt_and_nothing_stays_taken(
     started = loop.time()
     assert not await multi.try_lock(wait=0.3)
     assert loop.time() - started < 1.5
-    assert not await first.is_locked()  # taken, then given back
+
+    async def given_back() -> bool:  # once the wait ran out, in the background
+        return not await first.is_locked()
+
+    await eventually(given_back, what="the first part given back")
     with pytest.raises(aiolock.LockTimeoutError):
         async with multi.acquire(wait=0.1):
             pass
@@ -191,3 +196,29 @@ async def test_a_part_lost_while_the_next_is_awaited_is_taken_again(
     assert first.statistics().losses >= 1  # the first hold ran out while waiting
     assert await multi.is_held()  # both held now, the first one taken again
     await multi.unlock()
+
+
+async def test_a_stalled_release_cannot_hold_the_caller_past_its_wait(
+    aiolock_client: aiolock.Client, aiolock_server: ServerInfo, redis: Redis
+) -> None:
+    """Regression: once the wait ran out, giving back the parts already taken waited for
+    their releases however long the server took (here a 2 s stall for a 0.5 s wait)."""
+    first, second = aiolock_client.lock("s1"), aiolock_client.lock("s2")  # taken in this order
+    await asyncio.create_task(second.lock(lease=30))  # held by a finished task
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    attempt = asyncio.create_task(aiolock.MultiLock(first, second).try_lock(wait=0.5))
+    await eventually(lambda: second.statistics().waiters == 1, what="waiting for the second")
+    stalling = asyncio.Event()
+    stall = asyncio.create_task(stall_server(aiolock_server.url, 2, stalling))
+    await stalling.wait()
+    assert not await attempt  # the second part timed out; the first one's release stalls
+    assert loop.time() - started < 1.2
+    await stall
+
+    async def given_back() -> bool:
+        return not await first.is_locked()
+
+    await eventually(given_back, what="the first part given back after the stall")
+    await second.force_unlock()
+    await assert_clean(redis, aiolock_client)
