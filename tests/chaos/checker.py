@@ -13,6 +13,16 @@ is not enough for them); a read inside a write block is a fresh read hold (its o
 write asked for inside a read block is refused.  For a semaphore, *exclusion* means no more than
 ``permits`` holds at once; permits have no tokens.
 
+A composite's parts are holds of the single locks they were taken on (see
+:data:`~tests.chaos.history.MULTI` and :data:`~tests.chaos.history.REDLOCK`), checked with every
+other hold of those locks: a ``MultiLock``'s part of ``lock("x")`` excludes the plain holds of
+"x" and the parts of other MultiLocks on it, with the fencing and timely-loss rules below.  A
+part's loss is its own (the other parts of a MultiLock that lost one were still held until
+released).  A ``RedLock``'s holds that kept their majority exclude each other (and were told of
+a lost majority in time); its token is the largest of its parts' (*composite*), and a grant
+holds a majority (all parts of a MultiLock).  Tokens are only compared per part: the largest of
+independent counters does not grow from one RedLock grant to the next.
+
 - *exclusion*: no two holds of one resource that did not end lost overlap in time;
 - *timely loss*: a hold that lost its lock knew it (``guard.lost``) by the end of its body if
   another hold got the lock before then: the other grant came after the lease ran out on the
@@ -41,6 +51,7 @@ check exact: a hold that did not end lost covers its whole critical section on t
 from __future__ import annotations
 
 import bisect
+import dataclasses
 from collections import Counter, defaultdict
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
@@ -50,10 +61,13 @@ from .history import (
     GRANTED,
     KINDS,
     LOST,
+    MULTI,
     OK,
     PENDING,
     PERMITS,
     READ,
+    REDLOCK,
+    REDLOCK_SERVERS,
     RW,
     SEMAPHORE,
     TIMEOUT,
@@ -86,15 +100,21 @@ def check_phase(
     """
     origin = min((a.t_start for a in phase.attempts), default=0)
     lag = Lag(phase.lag) if phase.lag else None
+    parts = composite_parts(phase.attempts)
     violations = [
         *_check_finished(phase.attempts),
         *_check_waits(phase.attempts, wait_slack, lag),
-        *_check_reentries(phase.attempts),
+        *_check_reentries([*phase.attempts, *parts]),
+        *_check_composites(phase.attempts),
     ]
-    epochs, straddlers = _split_epochs(holds_of(phase.attempts), phase.amnesia)
+    singles = [attempt for attempt in phase.attempts if attempt.kind != MULTI]
+    epochs, straddlers = _split_epochs([*holds_of(singles), *parts], phase.amnesia)
     for epoch in epochs:
         for (kind, _), holds in _by_resource(epoch).items():
-            if kind == SEMAPHORE:
+            if kind == REDLOCK:  # its tokens are checked per part
+                violations += _check_exclusion(holds, origin)
+                violations += _check_late_losses(holds, origin)
+            elif kind == SEMAPHORE:
                 violations += _check_permits(holds, origin, permits)
                 violations += _check_late_permit_losses(holds, origin, permits)
             elif kind == RW:
@@ -187,6 +207,66 @@ def holds_of(attempts: Iterable[Attempt]) -> list[Attempt]:
             if attempt.granted and _is_fresh(attempt, entry):
                 holds.append(_fresh_nested(attempt, index, entry))
     return holds
+
+
+def composite_parts(attempts: Iterable[Attempt]) -> list[Attempt]:
+    """The parts of the composites' grants, each as a hold of the single lock it was taken on,
+    from the part's own grant (a MultiLock's first part may be taken long before its last) to
+    the composite's body's end: the part's token, count and losses, the composite's outcome."""
+    found = []
+    for attempt in attempts:
+        if attempt.kind not in (MULTI, REDLOCK) or not attempt.granted:
+            continue
+        for index, part in enumerate(attempt.parts):
+            outcome = attempt.outcome
+            if outcome == LOST:  # the composite lost some part; this one if its flag says so
+                outcome = LOST if part.lost else OK
+            found.append(
+                dataclasses.replace(
+                    attempt,
+                    kind=part.kind,
+                    name=part.name,
+                    client=part.client,
+                    mode=f"{attempt.kind}-{attempt.mode}.{index}",
+                    t_grant=attempt.t_grant if part.t_grant is None else part.t_grant,
+                    token=part.token,
+                    count=part.count,
+                    lost=part.lost,
+                    lost_in_body=part.lost_in_body,
+                    outcome=outcome,
+                    nested=[],
+                    parts=[],
+                )
+            )
+    return found
+
+
+def _check_composites(attempts: Iterable[Attempt]) -> list[Violation]:
+    """A composite's grant holds every part (MultiLock) or a majority (RedLock), and a
+    RedLock's token is the largest of its parts'."""
+    found = []
+    for attempt in attempts:
+        if attempt.kind not in (MULTI, REDLOCK) or not attempt.granted:
+            continue
+        needed = 2 if attempt.kind == MULTI else REDLOCK_SERVERS // 2 + 1
+        tokens = [part.token for part in attempt.parts]
+        if len(tokens) < needed:
+            found.append(
+                Violation(
+                    "composite",
+                    f"{attempt.label} {attempt.kind} {attempt.name!r} was granted with "
+                    f"{len(tokens)} part(s), fewer than {needed}",
+                )
+            )
+        elif attempt.kind == REDLOCK and attempt.token != max(tokens):
+            found.append(
+                Violation(
+                    "composite",
+                    f"{attempt.label} redlock {attempt.name!r} got token {attempt.token}, not "
+                    f"the largest of its parts' {tokens}",
+                )
+            )
+    return found
 
 
 def _ended_lost(attempt: Attempt) -> bool:

@@ -15,6 +15,7 @@ from pathlib import Path
 __all__ = [
     "Attempt",
     "FaultEvent",
+    "Part",
     "Phase",
     "Reentry",
     "read_attempts",
@@ -33,9 +34,19 @@ SPIN = "spin"
 READ = "read"
 WRITE = "write"
 SEMAPHORE = "semaphore"
-KINDS = (LOCK, FAIR, SPIN, READ, WRITE, SEMAPHORE)
+# The composites.  A ``MultiLock`` over two single locks (``lock``, ``fair`` or ``spin``, each
+# of its own name and client) is checked as those locks: each part is a hold of its resource,
+# among that kind's other holds.  A ``RedLock`` over three clients (the worker's client and two
+# on key prefixes of their own, on the same server) is a resource of its own, ("redlock",
+# name), whose holds that kept their majority exclude each other; each part is also a hold of
+# the lock it was taken on: the plain lock of the name for the first server (the worker's
+# client), ("redlock1", name) and ("redlock2", name) for the others.
+MULTI = "multi"
+REDLOCK = "redlock"
+KINDS = (LOCK, FAIR, SPIN, READ, WRITE, SEMAPHORE, MULTI, REDLOCK)
 RW = "rw"  # the resource kind of READ and WRITE
 PERMITS = 2  # the chaos run's semaphores: client.semaphore(name, PERMITS)
+REDLOCK_SERVERS = 3
 
 # Attempt.result: how the wait ended.
 GRANTED = "granted"
@@ -78,6 +89,22 @@ class Reentry:
 
 
 @dataclass
+class Part:
+    """One part of a composite's hold (see ``MULTI``/``REDLOCK``): the single lock it is a
+    hold of, its grant (token, hold count, time), and whether it was lost by the end of the body and
+    by the end of the hold (the part's own flag, after its release)."""
+
+    kind: str  # the resource kind: LOCK, FAIR, SPIN, or "redlock1"/"redlock2"
+    name: str
+    client: str
+    token: int
+    count: int
+    lost_in_body: bool = False
+    lost: bool = False
+    t_grant: int | None = None  # when this part was granted (a MultiLock takes them in turn)
+
+
+@dataclass
 class Attempt:
     """One acquisition attempt and, if granted, the hold that followed.
 
@@ -108,6 +135,7 @@ class Attempt:
     t_call: int | None = None  # when the operation's task began the call (after scheduling)
     nested: list[Reentry] = field(default_factory=list)  # mode "nested": in the order made
     owner: str | None = None  # the owner id the hold was taken as (READ/WRITE: who may overlap)
+    parts: list[Part] = field(default_factory=list)  # MULTI/REDLOCK: the parts granted
 
     @property
     def granted(self) -> bool:
@@ -159,7 +187,8 @@ def read_attempts(path: Path) -> Iterator[Attempt]:
         for line in file:
             fields = json.loads(line)
             nested = [Reentry(**entry) for entry in fields.pop("nested", [])]
-            yield Attempt(**fields, nested=nested)
+            parts = [Part(**part) for part in fields.pop("parts", [])]
+            yield Attempt(**fields, nested=nested, parts=parts)
 
 
 def read_lag(path: Path) -> list[tuple[int, int]]:

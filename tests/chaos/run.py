@@ -3,6 +3,7 @@
 ::
 
     python -m tests.chaos.run                 # CI mode: 4 workers x 25 tasks, under a minute
+    python -m tests.chaos.run --profile medium  # 4 x 30 for about three minutes
     python -m tests.chaos.run --long          # 8 x 50 for about ten minutes (8+ cores)
     python -m tests.chaos.run --profile long-2core  # 4 x 40 for ten minutes, on 2 cores
     python -m tests.chaos.run --seed 1234     # replay a schedule printed by an earlier run
@@ -40,7 +41,7 @@ from .checker import Violation, check_phase, format_summary, summarize
 from .faults import DURABLE_KINDS, VOLATILE_KINDS, Fault, Injector, make_schedule
 from .history import Phase, read_attempts, read_lag, write_faults
 from .proxy import FreezableProxy
-from .worker import WorkerConfig
+from .worker import WorkerConfig, redlock_prefixes
 
 ROOT = Path(__file__).resolve().parents[2]
 PREFIX = "chaos"
@@ -69,7 +70,9 @@ LONG = Profile(workers=8, tasks=50, durable=480.0, volatile=120.0)
 # which breaks bounded waits by as much (wait-loop) and delays the fault schedule itself.  At
 # 4 x 40 the same faults and durations load the machine about 40% as much, and a burst fits.
 LONG_2CORE = Profile(workers=4, tasks=40, durable=480.0, volatile=120.0)
-PROFILES = {"ci": CI, "long": LONG, "long-2core": LONG_2CORE}
+# Between the two: a few minutes, every fault kind several times over.
+MEDIUM = Profile(workers=4, tasks=30, durable=120.0, volatile=40.0)
+PROFILES = {"ci": CI, "medium": MEDIUM, "long": LONG, "long-2core": LONG_2CORE}
 
 
 @dataclass(frozen=True)
@@ -211,7 +214,8 @@ async def leftovers(
 ) -> list[str]:
     """Keys and subscriptions that remain once every worker has drained, after ``grace``
     seconds for in-flight expiries.  Only the meta hashes (resend markers that expire a while
-    after their lock) and the fencing counter may stay; anything else is left behind: a lock
+    after their lock) and the fencing counters (one per key prefix: the RedLocks' servers have
+    their own) may stay; anything else is left behind: a lock
     hash of any kind, a fair lock's queue (``<prefix>:fair:{name}:q`` and its deadlines
     ``:qd``: every waiter that gave up must have left it), a subscription (a release channel,
     or a fair lock's wake-up channel).
@@ -222,17 +226,18 @@ async def leftovers(
         client_id, _, rest = _text(owner).partition(":")
         return f"{clients.get(client_id, client_id)} {rest}"
 
+    counters = {f"{prefix}:fence".encode() for prefix in redlock_prefixes(PREFIX)}
     async with Redis(host=server.host, port=server.port) as redis:
         deadline = time.monotonic() + grace
         while True:
             keys = sorted(
                 [
                     key
-                    async for key in redis.scan_iter(match=f"{PREFIX}:*")
-                    if not key.endswith(b":meta") and key != f"{PREFIX}:fence".encode()
+                    async for key in redis.scan_iter(match=f"{PREFIX}*")  # and the RedLocks'
+                    if not key.endswith(b":meta") and key not in counters
                 ]
             )
-            channels = await redis.pubsub_channels(f"{PREFIX}:*")
+            channels = await redis.pubsub_channels(f"{PREFIX}*")
             if (not keys and not channels) or time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.05)
@@ -415,8 +420,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--profile",
         choices=tuple(PROFILES),
         default="ci",
-        help="ci: 4 workers x 25 tasks, under a minute; long: 8 x 50, ~10 minutes; long-2core: "
-        "4 x 40, ~10 minutes, calibrated for 2 cores",
+        help="ci: 4 workers x 25 tasks, under a minute; medium: 4 x 30, ~3 minutes; long: "
+        "8 x 50, ~10 minutes; long-2core: 4 x 40, ~10 minutes, calibrated for 2 cores",
     )
     parser.add_argument("--seed", type=int, help="replay the schedule of this seed")
     parser.add_argument("--server", choices=("valkey", "redis"), default="valkey")

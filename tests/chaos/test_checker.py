@@ -7,7 +7,7 @@ from itertools import count
 import pytest
 
 from .checker import check_phase, format_summary, summarize
-from .history import Attempt, FaultEvent, Phase, Reentry
+from .history import Attempt, FaultEvent, Part, Phase, Reentry
 
 S = 1_000_000_000  # one second in ns
 _seq = count()
@@ -409,9 +409,65 @@ def test_summary() -> None:
         "read": (0, 0),
         "write": (0, 0),
         "semaphore": (0, 0),
+        "multi": (0, 0),
+        "redlock": (0, 0),
     }
     assert dict(summary.nested) == {"calls": 1, "reentrant": 1}
     text = format_summary(summary)
     assert "faults: freeze 1, pause 2" in text
     assert "kinds: lock 3 attempts/1 grants, fair 1 attempts/1 grants" in text
     assert "nested acquisitions: calls 1, reentrant 1" in text
+
+
+def composite(
+    kind: str, start: float, end: float, parts: list[Part], *, outcome: str = "ok"
+) -> Attempt:
+    """A MultiLock's or RedLock's grant (its name, token and losses as the worker records)."""
+    attempt = hold(start, end, 0, kind=kind, outcome=outcome, count=None)
+    attempt.parts = parts
+    attempt.token = None if kind == "multi" else max(part.token for part in parts)
+    attempt.name = "+".join(part.name for part in parts) if kind == "multi" else "x"
+    attempt.lost = kind == "multi" and any(part.lost for part in parts)
+    return attempt
+
+
+def test_a_multilock_part_overlapping_a_plain_hold_is_an_exclusion_violation() -> None:
+    parts = [Part("lock", "a", "steady", 5, 1), Part("fair", "b", "twitchy", 3, 1)]
+    multi = composite("multi", 1.0, 2.0, parts)
+    found = check_phase(Phase("p", attempts=[hold(1.5, 2.5, 6, name="a"), multi]))
+    assert [v.kind for v in found] == ["exclusion"], found
+    assert "'a'" in found[0].detail
+    # The same parts one after the other (tokens in order) are sound.
+    after = composite(
+        "multi", 2.0, 3.0, [Part("lock", "a", "steady", 7, 1), Part("fair", "b", "twitchy", 4, 1)]
+    )
+    assert check_phase(Phase("p", attempts=[hold(0.0, 0.9, 2, name="a"), multi, after])) == []
+
+
+def test_a_multilocks_lost_part_is_not_checked_but_its_other_part_is() -> None:
+    lost = Part("lock", "a", "steady", 5, 1, lost_in_body=True, lost=True)
+    multi = composite("multi", 1.0, 2.0, [lost, Part("spin", "b", "steady", 6, 1)], outcome="lost")
+    others = [hold(1.5, 2.5, 7, name="a"), hold(1.5, 2.5, 8, name="b", kind="spin")]
+    found = check_phase(Phase("p", attempts=[multi, *others]))
+    assert [v.kind for v in found] == ["exclusion"], found
+    assert "spin 'b'" in found[0].detail
+
+
+def test_redlocks_that_kept_their_majority_exclude_each_other() -> None:
+    def parts(*tokens: int) -> list[Part]:
+        kinds = ["lock", "redlock1", "redlock2"]
+        return [Part(kinds[i], "x", "steady", token, 1) for i, token in enumerate(tokens)]
+
+    first = composite("redlock", 1.0, 2.0, parts(3, 9, 4))
+    # The largest token of independent counters may go down: only each part's order counts.
+    second = composite("redlock", 1.5, 2.5, parts(5, 10, 6))
+    found = check_phase(Phase("p", attempts=[first, second]))
+    assert sorted(v.kind for v in found) == ["exclusion"] * 4, found  # the whole and 3 parts
+    # Two parts after it: token 6 < 9, sound (the parts it shares with the first are later).
+    later = composite("redlock", 2.0, 3.0, parts(5, 0, 6)[::2])
+    assert check_phase(Phase("p", attempts=[first, later])) == []
+    later.token = 5
+    found = check_phase(Phase("p", attempts=[first, later]))
+    assert [v.kind for v in found] == ["composite"], found
+    short = composite("redlock", 3.0, 4.0, [Part("lock", "x", "steady", 8, 1)])
+    assert [v.kind for v in check_phase(Phase("p", attempts=[short]))] == ["composite"]

@@ -1,14 +1,20 @@
 """One chaos worker process: many tasks taking random locks, every attempt recorded.
 
 Each operation picks a lock kind (``lock``, ``fair_lock``, ``spin_lock``, the read or the write
-mode of ``rw_lock``, or ``semaphore``), a name, an owner (the task's, or an explicit one) and a
-mode: ``acquire()`` as a block, ``try_lock``/``lock`` then ``unlock``, or "nested": an
-``acquire()`` block that re-enters the lock once or twice inside (``acquire()`` and
+mode of ``rw_lock``, ``semaphore``, ``MultiLock`` or ``RedLock``), a name, an owner (the task's,
+or an explicit one) and a mode: ``acquire()`` as a block, ``try_lock``/``lock`` then ``unlock``,
+or "nested": an ``acquire()`` block that re-enters the lock once or twice inside (``acquire()`` and
 ``try_lock``/``unlock``), each reentry recorded with its token and count.  A read-write lock's
 reentries take either mode: a read inside a write block is a fresh read hold (legal: the writer
 may read), a write inside a read block is refused at once (``LockError``, by design).  A
 semaphore's modes are ``acquire()`` as a block ("acquire") and ``try_acquire`` then
-``permit.release()`` ("try_acquire"; its ``wait=None`` waits forever).
+``permit.release()`` ("try_acquire"; its ``wait=None`` waits forever).  A ``MultiLock`` holds
+two single locks (plain, fair or spin; each of its own name, the second of any of the three
+clients); a ``RedLock`` holds a majority of three "servers": the task's client and two clients
+sharing its connections under key prefixes of their own (so every fault hits them together,
+but for a cut request or a killed connection).  Composites are not re-entered here (mode
+"nested" is "acquire" for them; the contract suite tests their reentrancy); each part granted
+is recorded (:class:`~tests.chaos.history.Part`).
 Three clients share the tasks: steady and twitchy (a 0.25 s socket timeout) resend through
 redis-py's ``Retry``, brittle never resends.  A probe samples the event loop's lag throughout.
 
@@ -46,6 +52,7 @@ import aiolock
 from aiolock import LockError, LockLostError, LockNotOwnedError, LockTimeoutError
 from aiolock._base import LockKind
 from aiolock._holds import Hold
+from aiolock.client import Client
 
 from .history import (
     CANCELLED,
@@ -53,19 +60,23 @@ from .history import (
     GRANTED,
     LOCK,
     LOST,
+    MULTI,
     OK,
     PERMITS,
     READ,
+    REDLOCK,
+    REDLOCK_SERVERS,
     SEMAPHORE,
     SPIN,
     TIMEOUT,
     WRITE,
     Attempt,
+    Part,
     Reentry,
     write_attempts,
 )
 
-__all__ = ["WorkerConfig"]
+__all__ = ["WorkerConfig", "redlock_prefixes"]
 
 
 @dataclass(frozen=True)
@@ -138,14 +149,44 @@ def now() -> int:
 
 # -- one operation ---------------------------------------------------------------------------
 
-# The CI run makes about 3400 grants in all: each weight unit is about 300 of them.
-KIND_WEIGHTS = {LOCK: 3, FAIR: 2, SPIN: 1, READ: 2, WRITE: 2, SEMAPHORE: 2}
+# The CI run makes about 3400 grants in all: each weight unit is about 250 of them.
+KIND_WEIGHTS = {LOCK: 3, FAIR: 2, SPIN: 1, READ: 2, WRITE: 2, SEMAPHORE: 2, MULTI: 1, REDLOCK: 1}
+MULTI_PARTS = (LOCK, FAIR, SPIN)  # the kinds a MultiLock's parts are drawn from
 MODE_WEIGHTS = {"acquire": 5, "try_lock": 3, "lock": 1, "nested": 3}
 CLIENTS = ("steady", "twitchy", "brittle")
 NESTED_OWNER = "nest-"  # the prefix of the explicit owners of half the nested holders
 # A reentry's result when it asked for the write lock while its owner held only reads: the
 # library refuses that at once with LockError, by design (an upgrade could deadlock).
 REFUSED = "refused"
+
+
+# When each hold was granted (monotonic ns), by id(hold): a composite's parts are granted one
+# by one (MultiLock) or at once (RedLock), before the composite's own grant.  Every client's
+# hold registry stamps its grants here (see Worker.__init__).
+GRANT_TIMES: dict[int, int] = {}
+
+
+def stamp_grants(client: Client) -> None:
+    """Record the time of each grant that ``client`` registers, in GRANT_TIMES."""
+    holds = client._services.holds
+    granted = holds.granted
+
+    def stamped(*args: Any, **kwargs: Any) -> Hold:
+        hold = granted(*args, **kwargs)
+        GRANT_TIMES[id(hold)] = now()
+        return hold
+
+    holds.granted = stamped  # type: ignore[method-assign]
+
+
+def redlock_prefixes(key_prefix: str) -> list[str]:
+    """The key prefixes of a RedLock's servers: the worker's own, then one per extra client."""
+    return [key_prefix] + [f"{key_prefix}-redlock{k}" for k in range(1, REDLOCK_SERVERS)]
+
+
+def redlock_part(index: int) -> str:
+    """The resource kind of a RedLock's part on server ``index`` (see history.REDLOCK)."""
+    return LOCK if index == 0 else f"{REDLOCK}{index}"
 
 
 @dataclass(frozen=True)
@@ -163,6 +204,7 @@ class Plan:
     owner: str | None  # an explicit owner, or None for the task's own identity
     hold: float  # seconds the body runs
     reentries: tuple[ReentryPlan, ...] = ()  # mode "nested": made first in the body
+    parts: tuple[tuple[str, str, str], ...] = ()  # MULTI: (kind, name, client) of each lock
 
 
 def make_plan(rng: random.Random, config: WorkerConfig, task: int, seq: int, client: str) -> Plan:
@@ -170,6 +212,12 @@ def make_plan(rng: random.Random, config: WorkerConfig, task: int, seq: int, cli
     mode = rng.choices(tuple(MODE_WEIGHTS), weights=tuple(MODE_WEIGHTS.values()))[0]
     if kind == SEMAPHORE:  # not reentrant: a block, or try_acquire (wait=None: forever)
         mode = "acquire" if mode in ("acquire", "nested") else "try_acquire"
+    if kind in (MULTI, REDLOCK) and mode == "nested":
+        mode = "acquire"
+    parts: tuple[tuple[str, str, str], ...] = ()
+    if kind == MULTI:
+        first, second = rng.sample([(k, n) for k in MULTI_PARTS for n in config.names], 2)
+        parts = ((*first, client), (*second, rng.choice(CLIENTS)))
     lease = None if rng.random() < 0.5 else round(rng.uniform(0.4, 3.0), 2)
     wait: float | None = None
     if mode == "try_lock":
@@ -204,14 +252,14 @@ def make_plan(rng: random.Random, config: WorkerConfig, task: int, seq: int, cli
         task=task,
         seq=seq,
         client=client,
-        name=rng.choice(config.names),
+        name="+".join(name for _, name, _ in parts) if parts else rng.choice(config.names),
         mode=mode,
         wait=wait,
         lease=lease,
         t_start=now(),
         kind=kind,
     )
-    return Plan(attempt, owner, hold, tuple(reentries))
+    return Plan(attempt, owner, hold, tuple(reentries), parts)
 
 
 def _granted(attempt: Attempt | Reentry, token: int | None, lock: LockKind) -> None:
@@ -425,6 +473,85 @@ async def _permit(semaphore: aiolock.AsyncSemaphore, plan: Plan, diagnostics: Di
             attempt.lost = permit.lost
 
 
+Composite = aiolock.MultiLock | aiolock.RedLock
+
+
+async def _composite(lock: Composite, plan: Plan, diagnostics: Diagnostics) -> None:
+    """A ``MultiLock`` or ``RedLock``: ``acquire()`` as a block (the guard reports the loss),
+    or ``try_lock``/``lock`` then ``unlock``; each part granted is recorded with its own
+    token, count and losses (a part's loss is its hold's flag, set by its client)."""
+    attempt = plan.attempt
+    multi = isinstance(lock, aiolock.MultiLock)
+    singles = list(lock.locks) if isinstance(lock, aiolock.MultiLock) else list(lock.parts)
+    needed = len(singles) if isinstance(lock, aiolock.MultiLock) else lock.quorum
+    held: list[tuple[Part, Hold]] = []
+
+    def granted(token: object) -> None:
+        attempt.t_done = attempt.t_grant = now()
+        attempt.result = GRANTED
+        for index, single in enumerate(singles):
+            hold = _hold_of(single)  # right after the grant: no await in between
+            if hold is None:
+                continue
+            if multi:
+                kind, name, client = plan.parts[index]
+            else:
+                kind, name, client = redlock_part(index), attempt.name, attempt.client
+            part = Part(kind, name, client, hold.token, hold.count)
+            part.t_grant = GRANT_TIMES.get(id(hold))
+            held.append((part, hold))
+        attempt.parts = [part for part, _ in held]
+        tokens = [part.token for part in attempt.parts]
+        expected = tuple(tokens) if multi else max(tokens, default=None)
+        if token is not None and token != expected:
+            diagnostics.problems.append(
+                f"{attempt.label}: {attempt.kind} guard token {token} is not {expected} (parts)"
+            )
+        attempt.token = None if multi else max(tokens, default=None)
+
+    def lost() -> bool:
+        return sum(not hold.lost for _, hold in held) < needed
+
+    async def body(lost: Callable[[], bool]) -> None:
+        try:
+            await asyncio.sleep(plan.hold)
+        finally:
+            attempt.t_end = now()
+            attempt.lost_in_body = lost()
+            for part, hold in held:
+                part.lost_in_body = hold.lost
+
+    def ended(lost: bool) -> None:
+        attempt.lost = lost
+        for part, hold in held:
+            part.lost = hold.lost
+
+    if attempt.mode == "acquire":
+        guard: aiolock.LockGuard[Any] | None = None
+        try:
+            async with lock.acquire(wait=attempt.wait, lease=attempt.lease) as guard:
+                granted(guard.fencing_token)
+                await body(lambda: guard is not None and guard.lost)
+        finally:
+            if guard is not None:
+                ended(guard.lost)
+        return
+    if attempt.mode == "lock":
+        await lock.lock(lease=attempt.lease)
+    elif not await lock.try_lock(wait=attempt.wait, lease=attempt.lease):
+        attempt.t_done = now()
+        attempt.result = TIMEOUT
+        return
+    granted(None)
+    try:
+        await body(lost)
+    finally:
+        try:
+            await lock.unlock()
+        finally:
+            ended(lost())
+
+
 def _make_lock(client: aiolock.Client, plan: Plan) -> LockKind:
     name, owner = plan.attempt.name, plan.owner
     match plan.attempt.kind:
@@ -439,13 +566,22 @@ def _make_lock(client: aiolock.Client, plan: Plan) -> LockKind:
     return client.lock(name, owner=owner)
 
 
-async def run_operation(client: aiolock.Client, plan: Plan, diagnostics: Diagnostics) -> None:
+async def run_operation(
+    client: aiolock.Client,
+    plan: Plan,
+    diagnostics: Diagnostics,
+    composite: Callable[[Plan], Composite] | None = None,
+) -> None:
+    """``composite``: makes the plan's ``MultiLock`` or ``RedLock`` (it needs more clients)."""
     attempt = plan.attempt
     attempt.t_call = now()  # the library's own deadline starts here
     guarded = attempt.mode in ("acquire", "nested")
     try:
         if attempt.kind == SEMAPHORE:
             await _permit(client.semaphore(attempt.name, PERMITS), plan, diagnostics)
+        elif attempt.kind in (MULTI, REDLOCK):
+            assert composite is not None
+            await _composite(composite(plan), plan, diagnostics)
         else:
             lock = _make_lock(client, plan)
             attempt.owner, _ = lock._owner()  # this task's, or the explicit one
@@ -585,7 +721,39 @@ class Worker:
                 retry=Retry(NoBackoff(), 0),
             ),
         }
+        # A RedLock's servers for each client: the client, then clients sharing its connections
+        # (so its socket timeout and resends) under key prefixes of their own.
+        self.servers = {
+            kind: [
+                client,
+                *(
+                    aiolock.Client(client.redis, key_prefix=prefix, watchdog_timeout=watchdog)
+                    for prefix in redlock_prefixes(prefix)[1:]
+                ),
+            ]
+            for kind, client in self.clients.items()
+        }
+        for one in self.all_clients().values():
+            stamp_grants(one)
         self.lag = LagProbe()
+
+    def all_clients(self) -> dict[str, Client]:
+        """Every client by label: the three, and the RedLock servers they share connections with."""
+        found = dict(self.clients)
+        for kind, servers in self.servers.items():
+            found |= {f"{kind}-redlock{k}": server for k, server in enumerate(servers) if k}
+        return found
+
+    def composite(self, plan: Plan) -> Composite:
+        attempt = plan.attempt
+        if attempt.kind == REDLOCK:
+            return aiolock.RedLock(self.servers[attempt.client], attempt.name, owner=plan.owner)
+        locks = []
+        for kind, name, client in plan.parts:
+            made = self.clients[client]
+            maker = {LOCK: made.lock, FAIR: made.fair_lock, SPIN: made.spin_lock}[kind]
+            locks.append(maker(name, owner=plan.owner))
+        return aiolock.MultiLock(*locks)
 
     async def task_loop(self, task: int) -> None:
         rng = random.Random(f"{self.config.seed}/{self.config.proc}/{task}")
@@ -598,7 +766,9 @@ class Worker:
             self.history.append(plan.attempt)
             self.current[task] = plan.attempt
             cancel_after = rng.uniform(0, 1.0) if rng.random() < self.config.cancel_rate else None
-            operation = asyncio.create_task(run_operation(client, plan, self.diagnostics))
+            operation = asyncio.create_task(
+                run_operation(client, plan, self.diagnostics, self.composite)
+            )
             try:
                 done, _ = await asyncio.wait([operation], timeout=cancel_after)
                 if not done:
@@ -635,10 +805,12 @@ class Worker:
         probe.cancel()
         await asyncio.wait([probe])
         stats = await self._quiesce()
-        ids = {kind: client._services.owners.client_id for kind, client in self.clients.items()}
+        ids = {
+            kind: client._services.owners.client_id for kind, client in self.all_clients().items()
+        }
         _emit("DRAINED", {"stats": stats, "clients": ids})
         await _expect("close")
-        for client in self.clients.values():
+        for client in reversed(self.all_clients().values()):  # the RedLock servers first
             await client.aclose()
         del tasks, stranded
         gc.collect()
@@ -658,7 +830,8 @@ class Worker:
         """Wait until the clients hold, wait for and subscribe to nothing (or report it)."""
         deadline = time.monotonic() + 10.0
         while True:
-            stats = {kind: client.statistics() for kind, client in self.clients.items()}
+            clients = self.all_clients()
+            stats = {kind: client.statistics() for kind, client in clients.items()}
             busy = {
                 kind: asdict(s)
                 for kind, s in stats.items()
@@ -673,7 +846,7 @@ class Worker:
                         f"{hold.token} x{hold.count}{' watchdog' if hold.watchdog else ''}"
                         for hold in client._services.holds._holds.values()
                     ]
-                    for kind, client in self.clients.items()
+                    for kind, client in clients.items()
                     if kind in busy
                 }
                 self.diagnostics.problems.append(
