@@ -16,6 +16,7 @@ from .client import ClientStatistics as ClientStatistics
 from .errors import LockError as LockError
 from .errors import LockLostError as LockLostError
 from .errors import LockNotOwnedError as LockNotOwnedError
+from .errors import LockSyncError as LockSyncError
 from .errors import LockTimeoutError as LockTimeoutError
 from .fair import AsyncFairLock as AsyncFairLock
 from .latch import AsyncCountDownLatch as AsyncCountDownLatch
@@ -46,6 +47,7 @@ __all__ = [
     "LockError",
     "LockGuard",
     "LockLostError",
+    "LockSyncError",
     "LockNotOwnedError",
     "LockStatistics",
     "LockTimeoutError",

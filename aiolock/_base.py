@@ -43,7 +43,7 @@ from ._scripts import Script
 from ._services import Services
 from ._validate import check_lease, check_wait
 from ._waiting import Waiting
-from .errors import LockNotOwnedError, LockTimeoutError
+from .errors import LockNotOwnedError, LockSyncError, LockTimeoutError
 
 __all__ = ["Call", "LockKind", "LockStatistics", "NameState", "Who", "release_args"]
 
@@ -421,10 +421,14 @@ class LockKind(Guarded[int]):
                 owner, work, lambda: self._undo_if_granted(work, owner, request, lease_s)
             )
 
+        call = self._attempt(owner, request, round(lease_s * 1000))
         try:
-            reply = await services.calls.run(
-                *self._attempt(owner, request, round(lease_s * 1000)), orphan=unknown
-            )
+            if services.sync is None:
+                reply = await services.calls.run(*call, orphan=unknown)
+            else:
+                reply, synced = await services.calls.run_synced(
+                    *call, sync=services.sync, orphan=unknown
+                )
         except ResponseError as error:
             refusal = self._refusal(error)
             if refusal is None:
@@ -434,6 +438,16 @@ class LockKind(Guarded[int]):
             pttl = int(reply)
             return math.inf if pttl < 0 else pttl / 1000
         holds = services.holds
+        if services.sync is not None and synced < services.sync[0]:
+            # Not on enough replicas in time: a failover could forget it.  Undo exactly this
+            # grant (a settlement: the caller may be cancelled meanwhile), then say so.
+            undo = services.owners.next_request()
+            holds.defer(self._keys.lock, owner, self._retry_release(owner, undo, request, lease_s))
+            await holds.settle(self._keys.lock, owner)
+            raise LockSyncError(
+                f"{synced} of the {services.sync[0]} replica(s) asked for confirmed the grant of "
+                f"{self.name!r} within {services.sync[1]}s; it was undone"
+            )
         count = int(reply[1])
         if count > 1 and holds.get(self._hold_key, owner) is None:
             # The server has more holds of this owner than the client knows of: a grant the

@@ -82,13 +82,40 @@ class Calls:
         reply, :class:`NotSent`, or the error that left the outcome unknown.  If the call fails
         after some attempt was written, ``orphan`` receives that error and the caller it too.
         """
+        reply, _ = await self._run(script, keys, args, orphan, None)
+        return reply
+
+    async def run_synced(
+        self,
+        script: Script,
+        keys: tuple[str, ...],
+        args: tuple[Any, ...],
+        *,
+        sync: tuple[int, float],
+        orphan: Orphan | None = None,
+    ) -> tuple[Any, int]:
+        """:meth:`run`, then ``WAIT`` on the same connection (WAIT covers the writes of its own
+        connection) for ``sync = (replicas, seconds)``: the reply, and how many replicas have
+        the script's writes."""
+        return await self._run(script, keys, args, orphan, sync)
+
+    async def _run(
+        self,
+        script: Script,
+        keys: tuple[str, ...],
+        args: tuple[Any, ...],
+        orphan: Orphan | None,
+        sync: tuple[int, float] | None,
+    ) -> tuple[Any, int]:
         try:
-            return await self._call(("EVALSHA", script.sha, len(keys), *keys, *args), orphan)
+            return await self._call(("EVALSHA", script.sha, len(keys), *keys, *args), orphan, sync)
         except NoScriptError:
             # EVAL caches the script, so the next EVALSHA on this server finds it.
-            return await self._call(("EVAL", script.source, len(keys), *keys, *args), orphan)
+            return await self._call(("EVAL", script.source, len(keys), *keys, *args), orphan, sync)
 
-    async def _call(self, command: tuple[Any, ...], orphan: Orphan | None) -> Any:
+    async def _call(
+        self, command: tuple[Any, ...], orphan: Orphan | None, sync: tuple[int, float] | None
+    ) -> tuple[Any, int]:
         try:
             conn = await self._borrow()
         except asyncio.CancelledError:
@@ -98,7 +125,7 @@ class Calls:
         in_flight = False  # this connection owes the reply of the current attempt
         connecting: asyncio.Task[None] | None = None
 
-        async def attempt() -> Any:
+        async def attempt() -> tuple[Any, int]:
             nonlocal sent, in_flight, connecting
             if not conn.is_connected:
                 # redis-py's handshake writes through asyncio.wait_for, which on Python 3.11
@@ -108,11 +135,11 @@ class Calls:
                 connecting = None
             in_flight = True  # set first: a cancel inside write() comes after the bytes left
             sent = True
-            await write(conn, command)
+            await write(conn, command, *([] if sync is None else [("WAIT", *_wait_args(sync))]))
             # Not disconnected on cancellation: the reply is then read in the background.
-            reply = await conn.read_response(disconnect_on_error=False)
+            reply, synced = await _read_replies(conn, sync)
             in_flight = False
-            return reply
+            return reply, synced
 
         async def failed(error: Exception) -> None:
             nonlocal in_flight
@@ -125,7 +152,7 @@ class Calls:
             if in_flight:
                 # The scripts are idempotent per request, so this reply is the call's outcome,
                 # even when it answers a resend.
-                self._spawn(self._finish(conn), orphan)
+                self._spawn(self._finish(conn, sync), orphan)
             else:
                 self._spawn(self._discard(conn, after=connecting), None)
                 _orphaned(
@@ -144,10 +171,10 @@ class Calls:
         self._give_back(conn)
         return reply
 
-    async def _finish(self, conn: AbstractConnection) -> Any:
+    async def _finish(self, conn: AbstractConnection, sync: tuple[int, float] | None) -> Any:
         """Read the reply of a call whose caller was cancelled, then give the connection back."""
         try:
-            reply = await conn.read_response()
+            reply, _ = await _read_replies(conn, sync, disconnect_on_error=True)
         except NoScriptError:
             self._give_back(conn)
             raise NotSent() from None
@@ -235,8 +262,8 @@ class Calls:
             await asyncio.wait(set(self._background))
 
 
-async def write(conn: AbstractConnection, command: tuple[Any, ...]) -> None:
-    """Write one command on ``conn``, synchronously up to the final drain.
+async def write(conn: AbstractConnection, *commands: tuple[Any, ...]) -> None:
+    """Write commands on ``conn`` (pipelined), synchronously up to the final drain.
 
     redis-py's ``send_command`` writes inside ``asyncio.wait_for`` under a ``socket_timeout``:
     on Python 3.11 that is a task of its own, which may swallow a cancellation and which a
@@ -246,11 +273,50 @@ async def write(conn: AbstractConnection, command: tuple[Any, ...]) -> None:
     writer = conn._writer
     if writer is None:
         raise RedisConnectionError("the connection is closed")
-    writer.writelines(conn.pack_command(*command))
+    writer.writelines(
+        conn.pack_commands(commands) if len(commands) > 1 else conn.pack_command(*commands[0])
+    )
     try:
         await writer.drain()
     except OSError as exc:
         raise RedisConnectionError(f"error while writing to the socket: {exc!r}") from exc
+
+
+# WAIT blocks for up to its own timeout, which a socket timeout must not cut short.
+_WAIT_SLACK: Final = 5.0
+
+
+def _wait_args(sync: tuple[int, float]) -> tuple[int, int]:
+    """WAIT's arguments; never a timeout of 0, which would wait forever."""
+    replicas, timeout = sync
+    return replicas, max(1, round(timeout * 1000))
+
+
+async def _read_replies(
+    conn: AbstractConnection, sync: tuple[int, float] | None, *, disconnect_on_error: bool = False
+) -> tuple[Any, int]:
+    """The script's reply, and (when a WAIT followed it) how many replicas have its writes.
+
+    The WAIT's reply is read even when the script's is an error, so the connection stays clean.
+    """
+    try:
+        reply = await conn.read_response(disconnect_on_error=disconnect_on_error)
+    except ResponseError:
+        if sync is not None:
+            await _read_wait(conn, sync, disconnect_on_error)
+        raise
+    return reply, (0 if sync is None else await _read_wait(conn, sync, disconnect_on_error))
+
+
+async def _read_wait(
+    conn: AbstractConnection, sync: tuple[int, float], disconnect_on_error: bool
+) -> int:
+    acked = await conn.read_response(
+        timeout=sync[1] + _WAIT_SLACK, disconnect_on_error=disconnect_on_error
+    )
+    if acked is None:
+        raise RedisTimeoutError("no reply to WAIT")
+    return int(acked)
 
 
 def not_sent() -> asyncio.Future[Any]:

@@ -19,7 +19,8 @@ slot; the watchdog groups its batches by slot (one call may not span slots: CROS
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Final
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, TypeVar
 
 from redis.asyncio import RedisCluster
 from redis.asyncio.cluster import ClusterNode
@@ -31,6 +32,8 @@ from ._calls import Calls, Orphan
 from ._scripts import Script
 
 __all__ = ["ClusterCalls", "NodeConnections"]
+
+_T = TypeVar("_T")
 
 # A slot being migrated answers ASK or TRYAGAIN until the move completes (milliseconds for a
 # lock's few keys); a failover answers CLUSTERDOWN for up to the node timeout.
@@ -69,15 +72,35 @@ class ClusterCalls:
         orphan: Orphan | None = None,
     ) -> Any:
         """:meth:`Calls.run` on the node of ``keys[0]``'s slot, following redirections."""
+        return await self._routed(
+            keys[0], lambda calls: calls.run(script, keys, args, orphan=orphan)
+        )
+
+    async def run_synced(
+        self,
+        script: Script,
+        keys: tuple[str, ...],
+        args: tuple[Any, ...],
+        *,
+        sync: tuple[int, float],
+        orphan: Orphan | None = None,
+    ) -> tuple[Any, int]:
+        """:meth:`Calls.run_synced` on the node of ``keys[0]``'s slot (WAIT counts that
+        primary's replicas), following redirections."""
+        return await self._routed(
+            keys[0], lambda calls: calls.run_synced(script, keys, args, sync=sync, orphan=orphan)
+        )
+
+    async def _routed(self, key: str, call: Callable[[Calls], Awaitable[_T]]) -> _T:
         await self.initialize()
-        slot = key_slot(keys[0].encode())
+        slot = key_slot(key.encode())
         loop = asyncio.get_running_loop()
         deadline = loop.time() + _REDIRECT_DEADLINE
         delay = 0.01
         while True:
             node = self._cluster.nodes_manager.get_node_from_slot(slot)
             try:
-                return await self._calls(node).run(script, keys, args, orphan=orphan)
+                return await call(self._calls(node))
             except (AskError, TryAgainError, ClusterDownError):  # MovedError is an AskError
                 if loop.time() + delay > deadline:
                     raise

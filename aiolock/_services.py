@@ -42,6 +42,7 @@ class Services:
     fair_wait_timeout: float
     metrics: Metrics | None = None  # None: opentelemetry is not installed (see _metrics)
     cluster: bool = False  # a Redis Cluster: per-slot fencing counters and renewal batches
+    sync: tuple[int, float] | None = None  # (replicas, seconds) every grant waits for
     closed: bool = False
     # Per (kind, name) state, shared by every lock object of that kind and name while one
     # exists: thousands of waiters on a few names hold one copy of the keys and counters each.

@@ -69,6 +69,9 @@ class Client:
         SUBSCRIBE/UNSUBSCRIBE work, hashed by channel.
     :param fair_wait_timeout: how long, in seconds, a fair lock's waiter that stopped trying
         (its process died) keeps its place in the queue.
+    :param sync_replicas: make every grant wait (``WAIT``) until that many replicas have it; a
+        grant they do not confirm within ``sync_timeout`` seconds is undone, and the call
+        raises :class:`~aiolock.LockSyncError`.  0 (the default): grants do not wait.
 
     Use it as an async context manager, or call :meth:`aclose` when done.  Closing stops the
     watchdog and the subscriber connection; locks still held then expire by their leases.
@@ -82,13 +85,20 @@ class Client:
         watchdog_timeout: float = 30.0,
         subscribe_concurrency: int = 50,
         fair_wait_timeout: float = 5.0,
+        sync_replicas: int = 0,
+        sync_timeout: float = 1.0,
     ) -> None:
         if not isinstance(redis, Redis | RedisCluster):
             raise TypeError(
                 f"redis must be a redis.asyncio.Redis or RedisCluster, not {type(redis).__name__}"
             )
         options = _Options.check(
-            key_prefix, watchdog_timeout, subscribe_concurrency, fair_wait_timeout
+            key_prefix=key_prefix,
+            watchdog_timeout=watchdog_timeout,
+            concurrency=subscribe_concurrency,
+            fair_wait=fair_wait_timeout,
+            sync_replicas=sync_replicas,
+            sync_timeout=sync_timeout,
         )
         self._init(redis, options, owns=False)
 
@@ -131,6 +141,7 @@ class Client:
             fair_wait_timeout=options.fair_wait_timeout,
             metrics=recorder,
             cluster=isinstance(redis, RedisCluster),
+            sync=(options.sync_replicas, options.sync_timeout) if options.sync_replicas else None,
         )
 
     @property
@@ -147,6 +158,8 @@ class Client:
         watchdog_timeout: float = 30.0,
         subscribe_concurrency: int = 50,
         fair_wait_timeout: float = 5.0,
+        sync_replicas: int = 0,
+        sync_timeout: float = 1.0,
         cluster: bool = False,
         **redis_options: Any,
     ) -> Client:
@@ -160,7 +173,12 @@ class Client:
         if not isinstance(url, str):
             raise TypeError(f"url must be a str, not {type(url).__name__}")
         options = _Options.check(
-            key_prefix, watchdog_timeout, subscribe_concurrency, fair_wait_timeout
+            key_prefix=key_prefix,
+            watchdog_timeout=watchdog_timeout,
+            concurrency=subscribe_concurrency,
+            fair_wait=fair_wait_timeout,
+            sync_replicas=sync_replicas,
+            sync_timeout=sync_timeout,
         )
         client = cls.__new__(cls)
         if not isinstance(cluster, bool):
@@ -314,10 +332,19 @@ class _Options:
     watchdog_timeout: float
     subscribe_concurrency: int
     fair_wait_timeout: float
+    sync_replicas: int
+    sync_timeout: float
 
     @classmethod
     def check(
-        cls, key_prefix: object, watchdog_timeout: object, concurrency: object, fair_wait: object
+        cls,
+        *,
+        key_prefix: object,
+        watchdog_timeout: object,
+        concurrency: object,
+        fair_wait: object,
+        sync_replicas: object,
+        sync_timeout: object,
     ) -> _Options:
         prefix = check_name(key_prefix, "key_prefix")
         if "{" in prefix or "}" in prefix:
@@ -332,7 +359,12 @@ class _Options:
             raise ValueError(f"subscribe_concurrency must be at least 1, got {concurrency}")
         # Fair waiters try again every third of it: below 10 ms they would only spin.
         fair = check_timeout(fair_wait, "fair_wait_timeout", minimum=0.01)
-        return cls(prefix, watchdog, concurrency, fair)
+        if isinstance(sync_replicas, bool) or not isinstance(sync_replicas, int):
+            raise TypeError(f"sync_replicas must be an int, not {type(sync_replicas).__name__}")
+        if sync_replicas < 0:
+            raise ValueError(f"sync_replicas must be at least 0, got {sync_replicas}")
+        sync = check_timeout(sync_timeout, "sync_timeout", minimum=0.001)
+        return cls(prefix, watchdog, concurrency, fair, sync_replicas, sync)
 
 
 def _name_and_owner(name: object, owner: object) -> tuple[str, str | None]:

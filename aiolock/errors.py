@@ -5,7 +5,8 @@ All of them derive from one root, so ``except aiolock.LockError`` catches every 
     LockError(Exception)
     ├── LockTimeoutError(LockError, TimeoutError)   # the wait ran out
     ├── LockNotOwnedError(LockError)                 # release by a caller that does not hold it
-    └── LockLostError(LockError)                     # the lease was lost while the lock was held
+    ├── LockLostError(LockError)                     # the lease was lost while the lock was held
+    └── LockSyncError(LockError)                     # replicas did not confirm a grant in time
 
 Bad arguments raise :class:`TypeError` or :class:`ValueError` before any I/O.  Redis' own
 errors (``redis.exceptions.ConnectionError`` and friends) propagate unchanged.
@@ -13,7 +14,13 @@ errors (``redis.exceptions.ConnectionError`` and friends) propagate unchanged.
 
 from __future__ import annotations
 
-__all__ = ["LockError", "LockLostError", "LockNotOwnedError", "LockTimeoutError"]
+__all__ = [
+    "LockError",
+    "LockLostError",
+    "LockNotOwnedError",
+    "LockSyncError",
+    "LockTimeoutError",
+]
 
 
 class LockError(Exception):
@@ -34,3 +41,9 @@ class LockLostError(LockError):
     Raised when a ``LockGuard`` block is left after the loss, so that a critical section that
     lost its lock is never reported as a success.
     """
+
+
+class LockSyncError(LockError):
+    """Fewer replicas than the client's ``sync_replicas`` confirmed a grant within its
+    ``sync_timeout``: the grant was undone, and the caller does not hold it (a reentrant
+    acquisition keeps the holds it had before)."""

@@ -26,6 +26,7 @@ def test_all_is_pinned() -> None:
         "LockLostError",
         "LockNotOwnedError",
         "LockStatistics",
+        "LockSyncError",
         "LockTimeoutError",
         "MultiLock",
         "Permit",
@@ -42,8 +43,10 @@ def test_error_tree() -> None:
     assert issubclass(errors.LockNotOwnedError, errors.LockError)
     assert issubclass(errors.LockLostError, errors.LockError)
     assert aiolock.LockLostError is errors.LockLostError
+    assert issubclass(errors.LockSyncError, errors.LockError)
+    assert aiolock.LockSyncError is errors.LockSyncError
     assert sorted(errors.__all__) == sorted(
-        ["LockError", "LockTimeoutError", "LockNotOwnedError", "LockLostError"]
+        ["LockError", "LockTimeoutError", "LockNotOwnedError", "LockLostError", "LockSyncError"]
     )
 
 
