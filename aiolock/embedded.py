@@ -205,6 +205,11 @@ class EmbeddedCluster:
         """The first primary's URL: a cluster client finds the others from it."""
         return self.primaries[0].url
 
+    @property
+    def running(self) -> bool:
+        """Whether every node is running."""
+        return all(node.running for node in self.nodes)
+
     def start(self, timeout: float = 30.0) -> None:
         """Start every node, assign the slots, join the nodes, and wait until it is ready."""
         from redis import Redis

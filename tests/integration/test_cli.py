@@ -331,6 +331,8 @@ async def test_unlock_reads_the_answer_from_stdin_of_the_process(
         ["unlock", "x", "--force", "--kind", "semaphore", "--url", "redis://127.0.0.1:1"],
         ["--url", "redis://127.0.0.1:1", "server"],
         ["server", "--port", "70000"],
+        ["server", "--cluster", "3", "--port", "7000"],
+        ["server", "--cluster", "0"],
         ["demo", "--processes", "0"],
     ],
 )
@@ -415,6 +417,21 @@ async def test_server_stops_on_sigterm_too() -> None:
         assert url.startswith("redis://")
         process.send_signal(signal.SIGTERM)
         assert await asyncio.to_thread(process.wait, 30) == 0
+
+
+async def test_server_runs_a_cluster() -> None:
+    with _popen("server", "--cluster", "3") as process:
+        assert process.stdout is not None
+        url = (await asyncio.wait_for(asyncio.to_thread(process.stdout.readline), 60)).strip()
+        assert url.startswith("redis://127.0.0.1:")
+        async with aiolock.Client.from_url(url, cluster=True) as client:
+            for name in ("a", "b", "c", "d"):  # over several nodes
+                async with client.lock(name).acquire(wait=5):
+                    pass
+            assert len(client.redis.get_primaries()) == 3  # type: ignore[union-attr]
+        process.send_signal(signal.SIGINT)
+        code = await asyncio.to_thread(process.wait, 30)
+        assert code == 0, process.stderr.read() if process.stderr else ""
 
 
 def test_demo_with_processes_shows_progress(aiolock_server: ServerInfo) -> None:
