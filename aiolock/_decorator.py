@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import functools
 import inspect
-import re
-import string
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from ._validate import check_lease, check_name, check_wait
+from ._validate import check_lease, check_name, check_wait, template_fields
 
 if TYPE_CHECKING:
     from .lock import AsyncRLock
@@ -18,9 +16,6 @@ __all__ = ["locked"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
-
-# "{order.id}" and "{items[0]}" name the parameters "order" and "items".
-_ROOT = re.compile(r"[.\[]")
 
 
 def locked(
@@ -32,16 +27,13 @@ def locked(
     """The decorator behind :meth:`aiolock.Client.locked` (arguments checked here, at once)."""
     check_name(name_template, "name_template")
     wait_s, lease_s = check_wait(wait), check_lease(lease)
-    fields = [
-        field for _, field, _, _ in string.Formatter().parse(name_template) if field is not None
-    ]
+    fields = template_fields(name_template)
 
     def decorate(function: Callable[P, Awaitable[R]]) -> Callable[P, Coroutine[Any, Any, R]]:
         if not inspect.iscoroutinefunction(function):
             raise TypeError(f"locked() decorates coroutine functions, not {function!r}")
         signature = inspect.signature(function)
-        for field in fields:
-            root = _ROOT.split(field, maxsplit=1)[0]
+        for root, field in fields.items():
             if root not in signature.parameters:
                 raise ValueError(
                     f"name_template {name_template!r}: {{{field}}} names no parameter of "

@@ -3,8 +3,17 @@
 from __future__ import annotations
 
 import math
+import re
+import string
 
-__all__ = ["MAX_SECONDS", "check_lease", "check_name", "check_timeout", "check_wait"]
+__all__ = [
+    "MAX_SECONDS",
+    "check_lease",
+    "check_name",
+    "check_timeout",
+    "check_wait",
+    "template_fields",
+]
 
 # About 31 years.  Far beyond any real lease, and far below what Redis accepts: PEXPIRE fails
 # once now + lease overflows, and it would fail inside the script after the lock was written.
@@ -49,3 +58,17 @@ def check_timeout(value: object, param: str, *, minimum: float) -> float:
     if seconds > MAX_SECONDS:
         raise ValueError(f"{param} must be at most {MAX_SECONDS:.0e} seconds, got {value!r}")
     return seconds
+
+
+# "{order.id}" and "{items[0]}" name the arguments "order" and "items".
+_ROOT = re.compile(r"[.\[]")
+
+
+def template_fields(name_template: str) -> dict[str, str]:
+    """The arguments a lock name template uses: each one's name, to the first placeholder that
+    uses it (``"orders:{order.id}"`` -> ``{"order": "order.id"}``)."""
+    fields: dict[str, str] = {}
+    for _, field, _, _ in string.Formatter().parse(name_template):
+        if field is not None:
+            fields.setdefault(_ROOT.split(field, maxsplit=1)[0], field)
+    return fields

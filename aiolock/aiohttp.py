@@ -18,8 +18,6 @@ for its own state conflicts, and from the 5xx of a failing server.
 from __future__ import annotations
 
 import functools
-import re
-import string
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -31,7 +29,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         "aiolock.aiohttp needs aiohttp: pip install 'aiolock-redis[aiohttp]'"
     ) from exc
 
-from ._validate import check_lease, check_name, check_wait
+from ._validate import check_lease, check_name, check_wait, template_fields
 from .client import Client
 from .errors import LockTimeoutError
 
@@ -49,9 +47,6 @@ CLIENT_KEY = web.AppKey("aiolock_client", Client)
 
 #: The status of a response to a request whose lock could not be had in time: 423 Locked.
 LOCKED_STATUS = 423
-
-# "{order.id}" and "{items[0]}" name the parameters "order" and "items".
-_ROOT = re.compile(r"[.\[]")
 
 
 def client_context(url: str, **options: Any) -> Callable[[web.Application], AsyncIterator[None]]:
@@ -95,11 +90,7 @@ def held_lock(
     """
     check_name(name_template, "name_template")
     wait_s, lease_s = check_wait(wait), check_lease(lease)
-    fields = {
-        _ROOT.split(field, maxsplit=1)[0]
-        for _, field, _, _ in string.Formatter().parse(name_template)
-        if field
-    }
+    fields = template_fields(name_template).keys()
 
     def decorate(handler: Handler) -> Handler:
         @functools.wraps(handler)

@@ -26,8 +26,6 @@ for its own state conflicts, and from the 5xx of a failing server.
 
 from __future__ import annotations
 
-import re
-import string
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -39,15 +37,13 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         "aiolock.fastapi needs FastAPI: pip install 'aiolock-redis[fastapi]'"
     ) from exc
 
-from ._validate import check_lease, check_name, check_wait
+from ._validate import check_lease, check_name, check_wait, template_fields
 from .client import Client
 from .errors import LockTimeoutError
 from .lock import LockGuard
 
 __all__ = ["LOCKED_STATUS", "STATE_KEY", "get_client", "held_lock", "lock_timeout_handler"]
 
-# "{order.id}" and "{items[0]}" name the parameters "order" and "items".
-_ROOT = re.compile(r"[.\[]")
 
 #: The attribute of ``request.state`` (lifespan state) or ``app.state`` that holds the client.
 STATE_KEY = "aiolock_client"
@@ -86,11 +82,7 @@ def held_lock(name_template: str, *, wait: float | None = None, lease: float | N
     """
     check_name(name_template, "name_template")
     wait_s, lease_s = check_wait(wait), check_lease(lease)
-    fields = {
-        _ROOT.split(field, maxsplit=1)[0]
-        for _, field, _, _ in string.Formatter().parse(name_template)
-        if field
-    }
+    fields = template_fields(name_template).keys()
 
     async def hold(request: Request) -> AsyncIterator[LockGuard[int]]:
         missing = fields - request.path_params.keys()
