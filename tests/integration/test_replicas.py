@@ -112,7 +112,8 @@ async def test_a_grant_too_few_replicas_confirm_is_undone(
 async def test_a_stopped_replica_fails_synced_grants(
     clients: Callable[..., aiolock.Client], pair: Pair
 ) -> None:
-    client = clients(sync_replicas=1, sync_timeout=0.2)
+    # Long enough for the first grant on a loaded machine; the failing ones wait it out.
+    client = clients(sync_replicas=1, sync_timeout=2.0)
     held = client.lock("one")
     await held.lock()
     pair.replica.stop()
