@@ -122,8 +122,12 @@ class ClusterCalls:
                 self._ready = True
 
     def nodes(self) -> list[NodeConnections]:
-        """Every node the client knows of (primaries first)."""
-        nodes = sorted(self._cluster.get_nodes(), key=lambda node: node.server_type != "primary")
+        """Every node the client knows of (primaries first); the startup nodes until the
+        topology is known (the subscriber may connect while the first call learns it)."""
+        known = self._cluster.get_nodes() or list(
+            self._cluster.nodes_manager.startup_nodes.values()
+        )
+        nodes = sorted(known, key=lambda node: node.server_type != "primary")
         return [NodeConnections(node) for node in nodes]
 
     def _calls(self, node: ClusterNode) -> Calls:

@@ -20,6 +20,7 @@ from redis.asyncio import RedisCluster
 from redis.crc import key_slot
 
 import aiolock
+from aiolock._cluster import ClusterCalls
 from aiolock.embedded import EmbeddedCluster
 from aiolock.pytest_plugin import ServerInfo
 from tests.helpers import eventually
@@ -250,3 +251,20 @@ async def test_a_slot_that_moves_keeps_its_hold_and_wakes_its_waiter(
         assert not guard.lost
         assert await holder.is_held()
     assert await asyncio.wait_for(waiting, 10)
+
+
+async def test_the_subscriber_has_a_node_before_the_topology_is_known(
+    aiolock_cluster: ServerInfo,
+) -> None:
+    """The reader may connect while the first call is still learning the topology."""
+    redis = RedisCluster.from_url(aiolock_cluster.url)  # not entered: entering initializes it
+    calls = ClusterCalls(redis)
+    try:
+        assert [node.node.name for node in calls.nodes()] == [
+            aiolock_cluster.url.removeprefix("redis://").removesuffix("/0")
+        ]
+        await calls.initialize()
+        assert len(calls.nodes()) == 3
+    finally:
+        await calls.aclose(grace=0)
+        await redis.aclose()
