@@ -1,5 +1,5 @@
 -- The reentrant hold, shared by the lock kinds whose lock is a hash of hold counts (the plain,
--- spin and fair locks); included by their scripts, never run alone.
+-- spin and fair locks); included by their scripts after common/_time, never run alone.
 --
 -- The lock hash: <owner> -> hold count, ':fence' -> the current hold's fencing token, ':req'
 -- -> the last request applied (owner/request id), for resend safety; 'x:<owner>' -> an acquire
@@ -16,9 +16,7 @@ local MARK_MS = 60000
 -- Record field = value in the meta hash, kept for at least ms (never shortened).
 local function mark(meta, field, value, ms)
     redis.call('HSET', meta, field, value)
-    if redis.call('PTTL', meta) < ms then
-        redis.call('PEXPIRE', meta, ms)
-    end
+    keep(meta, ms)
 end
 
 -- Whether request is a late copy of an acquire that was undone before it arrived, while the

@@ -16,8 +16,8 @@
 --
 -- Granted only when the lock is free and the queue is empty or starts with this owner.  A
 -- resend never counts a second hold or takes a second place.
---@include common/_hold
 --@include common/_time
+--@include common/_hold
 --@include fair/_queue
 local owner = ARGV[2]
 local request = owner .. '/' .. ARGV[3]

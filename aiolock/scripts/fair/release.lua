@@ -13,8 +13,8 @@
 --
 -- Returns the holds the owner has left (0: the lock was deleted and the next waiter woken),
 -- or nil when the owner does not hold the lock.  Idempotent per request, as the plain lock's.
---@include common/_hold
 --@include common/_time
+--@include common/_hold
 --@include fair/_queue
 local undo = ARGV[3] and ARGV[1] .. '/' .. ARGV[3]
 local left, deleted = release_one(KEYS[1], KEYS[2], ARGV[1], ARGV[1] .. '/' .. ARGV[2], undo)

@@ -13,6 +13,7 @@
 -- A resend of an already applied request (redis-py retries a call whose reply timed out)
 -- returns the grant again without counting a second hold.  Re-entering never shortens the
 -- lease that is already set.
+--@include common/_time
 --@include common/_hold
 local request = ARGV[2] .. '/' .. ARGV[3]
 local lease = tonumber(ARGV[1])
