@@ -172,20 +172,6 @@ class EmbeddedServer(_Managed):
 _SLOTS = 16384
 
 
-def _cluster_port(host: str = "127.0.0.1") -> int:
-    """A free port whose cluster bus port (10000 above it) is free too; both below 65536."""
-    rng = random.SystemRandom()
-    while True:
-        port = rng.randrange(20000, 30000)
-        try:
-            for candidate in (port, port + 10000):
-                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-                    sock.bind((host, candidate))
-        except OSError:
-            continue
-        return port
-
-
 class EmbeddedCluster(_Managed):
     """A Redis Cluster on ``127.0.0.1``: ``primaries`` servers sharing the 16384 slots evenly,
     each with ``replicas`` replicas; a context manager that starts it, waits until every node
@@ -215,8 +201,8 @@ class EmbeddedCluster(_Managed):
             "cluster-require-full-coverage": "no",
         }
         nodes = [
-            EmbeddedServer(binary=binary, port=_cluster_port(), config=config)
-            for _ in range(primaries * (1 + replicas))
+            EmbeddedServer(binary=binary, port=port, config=config)
+            for port in _low_ports(primaries * (1 + replicas), bus=True)
         ]
         self.primaries, self.replicas = nodes[:primaries], nodes[primaries:]
         self.binary = binary
@@ -294,18 +280,24 @@ class EmbeddedCluster(_Managed):
         return f"<EmbeddedCluster {self.binary} primaries:{ports} replicas:{len(self.replicas)}>"
 
 
-def _low_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+def _low_ports(count: int, host: str = "127.0.0.1", *, bus: bool = False) -> list[int]:
     """``count`` distinct free ports below the kernel's ephemeral range (32768 up), which an
-    outgoing connection cannot take between our choosing them and a server binding them."""
+    outgoing connection cannot take between our choosing them and a server binding them.
+
+    ``bus``: ports of Cluster nodes, whose cluster bus listens 10000 above; that port must be
+    free (and below the ephemeral range) too.
+    """
     rng = random.SystemRandom()
+    offsets = (0, 10000) if bus else (0,)
     ports: list[int] = []
     while len(ports) < count:
-        port = rng.randrange(20000, 32768)
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind((host, port))
-            except OSError:
-                continue
+        port = rng.randrange(20000, 32768 - offsets[-1])
+        try:
+            for offset in offsets:
+                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+                    sock.bind((host, port + offset))
+        except OSError:
+            continue
         if port not in ports:
             ports.append(port)
     return ports
