@@ -9,6 +9,7 @@ server wakes up, and so does the resend.
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -98,13 +99,25 @@ async def test_redis_py_resends_do_not_double_count(
         await flaky.aclose()
 
 
-@pytest.mark.parametrize("kind", ["lock", "fair_lock"])
+# Every kind whose acquire a late copy could apply: the reentrant locks and both read-write modes.
+LATE_KINDS = ["lock", "fair_lock", "read", "write"]
+
+
+def _lock(client: aiolock.Client, kind: str, name: str) -> Any:
+    if kind == "read":
+        return client.rw_lock(name).read_lock()
+    if kind == "write":
+        return client.rw_lock(name).write_lock()
+    return getattr(client, kind)(name)
+
+
+@pytest.mark.parametrize("kind", LATE_KINDS)
 async def test_a_late_copy_of_an_undone_acquire_does_not_apply(
     aiolock_client: aiolock.Client, kind: str
 ) -> None:
     """A reentrant acquire timed out; its undo ran before the request itself reached the server
     (a slow path).  When that late copy arrives, it must not add a hold nobody knows of."""
-    lock = getattr(aiolock_client, kind)("late")
+    lock = _lock(aiolock_client, kind, "late")
     await lock.lock()
     owner, _ = lock._owner()
     services = aiolock_client._services
@@ -118,12 +131,12 @@ async def test_a_late_copy_of_an_undone_acquire_does_not_apply(
     assert not await lock.is_locked()
 
 
-@pytest.mark.parametrize("kind", ["lock", "fair_lock"])
+@pytest.mark.parametrize("kind", LATE_KINDS)
 async def test_a_late_copy_of_an_undone_fresh_acquire_does_not_grant(
     aiolock_client: aiolock.Client, kind: str
 ) -> None:
     """The same, for a fresh acquire: the lock is free when the late copy arrives."""
-    lock = getattr(aiolock_client, kind)("late-fresh")
+    lock = _lock(aiolock_client, kind, "late-fresh")
     owner, _ = lock._owner()
     services = aiolock_client._services
     late = services.owners.next_request()
@@ -136,13 +149,13 @@ async def test_a_late_copy_of_an_undone_fresh_acquire_does_not_grant(
     await lock.unlock()
 
 
-@pytest.mark.parametrize("kind", ["lock", "fair_lock"])
+@pytest.mark.parametrize("kind", LATE_KINDS)
 async def test_a_late_copy_of_an_acquire_answered_by_its_resend_does_not_apply_again(
     aiolock_client: aiolock.Client, kind: str
 ) -> None:
     """A nested acquire was resent and applied; the owner released it; then the first copy,
     delayed on a slow path, arrives.  It must not count a hold a second time."""
-    lock = getattr(aiolock_client, kind)("late-resent")
+    lock = _lock(aiolock_client, kind, "late-resent")
     await lock.lock()
     owner, _ = lock._owner()
     services = aiolock_client._services
@@ -155,3 +168,26 @@ async def test_a_late_copy_of_an_acquire_answered_by_its_resend_does_not_apply_a
     assert await lock.hold_count() == 1
     await lock.unlock()
     assert not await lock.is_locked()
+
+
+@pytest.mark.parametrize("kind", LATE_KINDS)
+async def test_a_late_copy_of_an_undone_nested_acquire_does_not_grant_after_the_lock_is_gone(
+    aiolock_client: aiolock.Client, kind: str
+) -> None:
+    """A nested acquire was undone before it arrived; the owner then released its one hold,
+    which deleted the lock (and the marks the lock hash kept).  The late copy arriving after
+    that must not grant a fresh hold nobody knows of."""
+    lock = _lock(aiolock_client, kind, "late-gone")
+    await lock.lock()
+    owner, _ = lock._owner()
+    services = aiolock_client._services
+    late = services.owners.next_request()
+    undo = lock._release_call(owner, services.owners.next_request(), late)
+    assert await services.calls.run(*undo) == 1  # nothing applied yet: nothing undone
+    await lock.unlock()
+    assert not await lock.is_locked()
+    reply = await services.calls.run(*lock._attempt(owner, late, 30_000))  # the late copy
+    assert not isinstance(reply, list)  # refused, not granted
+    assert not await lock.is_locked()
+    assert await lock.try_lock()  # the owner's own next call is granted as usual
+    await lock.unlock()

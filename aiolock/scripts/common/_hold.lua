@@ -1,29 +1,13 @@
 -- The reentrant hold, shared by the lock kinds whose lock is a hash of hold counts (the plain,
--- spin and fair locks); included by their scripts after common/_time, never run alone.
+-- spin and fair locks); included by their scripts after common/_time and common/_requests,
+-- never run alone.
 --
 -- The lock hash: <owner> -> hold count, ':fence' -> the current hold's fencing token, ':req'
 -- -> the last request applied (owner/request id), for resend safety; 'x:<owner>' -> an acquire
 -- request of that owner undone before it was applied, which a late copy must not apply.
 -- Fencing tokens come from one counter shared by every lock name (a string key that never
--- expires), so no key per name outlives its lock.  The meta hash outlives the lock only for a
--- while (see mark): 'released' -> the request that last deleted the lock, 'undone' -> the last
--- acquire undone before it was applied while its owner held nothing.
-
--- How long a marker in the meta hash at least lives: late copies of a call (a resend after a
--- reconnect, a request a dead connection delivered late) come within seconds.
-local MARK_MS = 60000
-
--- Record field = value in the meta hash, kept for at least ms (never shortened).
-local function mark(meta, field, value, ms)
-    redis.call('HSET', meta, field, value)
-    keep(meta, ms)
-end
-
--- Whether request is a late copy of an acquire that was undone before it arrived, while the
--- owner held nothing (the meta hash keeps the last such request of the lock).
-local function undone(meta, request)
-    return redis.call('HGET', meta, 'undone') == request
-end
+-- expires), so no key per name outlives its lock.  The meta hash (see common/_requests)
+-- outlives the lock only for a while.
 
 -- A fresh hold for owner: a new fencing token.  Returns the grant {token, 1, lease}.
 local function grant(lock, fence, owner, request, lease)
@@ -44,11 +28,7 @@ local function reenter(lock, owner, request, lease)
     if held[4] == request then
         return false
     end
-    -- A holder's request ids only grow: one older than the last applied is a late copy of a
-    -- call that was answered already (by a resend), not a new acquisition.
-    local n = #owner + 2
-    if held[2] and held[2] ~= request and string.sub(held[2], 1, n - 1) == owner .. '/'
-        and tonumber(string.sub(request, n)) < tonumber(string.sub(held[2], n)) then
+    if older(owner, request, held[2]) then
         return false
     end
     local count = tonumber(held[1])
@@ -84,8 +64,9 @@ local function release_one(lock, meta, owner, request, undo)
     end
     if undo and held[2] ~= undo then
         -- That acquire was not applied: nothing to undo, and a late copy of it must not apply
-        -- either (the field goes with the lock).
+        -- either, while the lock lives (the field goes with it) and after.
         redis.call('HSET', lock, 'x:' .. owner, undo)
+        mark(meta, 'undone', undo, MARK_MS)
         return count, false
     end
     count = count - 1

@@ -1,7 +1,7 @@
 -- Acquire or re-enter a fair lock, or take (and keep) a place in its queue.
 --
 -- KEYS[1]  the lock hash: <owner> -> hold count, ':fence' -> token, ':req' -> last request
--- KEYS[2]  the meta hash: 'undone' -> an acquire undone before it arrived (see _hold.lua)
+-- KEYS[2]  the meta hash: 'undone' -> an acquire undone before it arrived (see common/_requests.lua)
 -- KEYS[3]  the queue: owner -> ticket (sorted set)
 -- KEYS[4]  the queue deadlines: owner -> server time in ms after which it is dropped
 -- KEYS[5]  the prefix of the per-client wake-up channels (<prefix><client id>)
@@ -17,6 +17,7 @@
 -- Granted only when the lock is free and the queue is empty or starts with this owner.  A
 -- resend never counts a second hold or takes a second place.
 --@include common/_time
+--@include common/_requests
 --@include common/_hold
 --@include fair/_queue
 local owner = ARGV[2]

@@ -14,6 +14,7 @@
 -- Returns the holds the owner has left (0: the lock was deleted and the next waiter woken),
 -- or nil when the owner does not hold the lock.  Idempotent per request, as the plain lock's.
 --@include common/_time
+--@include common/_requests
 --@include common/_hold
 --@include fair/_queue
 local undo = ARGV[3] and ARGV[1] .. '/' .. ARGV[3]

@@ -1,7 +1,7 @@
 -- Acquire or re-enter a reentrant lock.
 --
 -- KEYS[1]  the lock hash: <owner> -> hold count, ':fence' -> token, ':req' -> last request
--- KEYS[2]  the meta hash: 'undone' -> an acquire undone before it arrived (see _hold.lua)
+-- KEYS[2]  the meta hash: 'undone' -> an acquire undone before it arrived (see common/_requests.lua)
 -- KEYS[3]  the fencing token counter, shared by every lock name (never expires)
 -- ARGV[1]  lease in milliseconds
 -- ARGV[2]  owner id (client UUID + task or explicit token)
@@ -14,6 +14,7 @@
 -- returns the grant again without counting a second hold.  Re-entering never shortens the
 -- lease that is already set.
 --@include common/_time
+--@include common/_requests
 --@include common/_hold
 local request = ARGV[2] .. '/' .. ARGV[3]
 local lease = tonumber(ARGV[1])

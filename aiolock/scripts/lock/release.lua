@@ -14,6 +14,7 @@
 --
 -- Idempotent: a resend of an applied request returns the same answer without releasing twice.
 --@include common/_time
+--@include common/_requests
 --@include common/_hold
 local undo = ARGV[3] and ARGV[1] .. '/' .. ARGV[3]
 local left, deleted = release_one(KEYS[1], KEYS[2], ARGV[1], ARGV[1] .. '/' .. ARGV[2], undo)

@@ -1,12 +1,14 @@
--- The read-write lock's state, included by its scripts after common/_time (not run alone).
--- Every script takes the same keys:
+-- The read-write lock's state, included by its scripts after common/_time and common/_requests
+-- (not run alone).  Every script takes the same keys:
 --
 -- KEYS[1]  the lock hash: 'w' -> the writer's owner id, 'wc' -> its hold count, 'we' -> the
 --          server ms at which its lease ends; 'r:<owner>' -> a reader's hold count,
 --          't:<owner>' -> its read token; 'q:<owner>' -> the last request applied for that
---          owner; ':fence' -> the write hold's fencing token
+--          owner, 'x:<owner>' -> its last acquire undone before it arrived (both there while
+--          the owner holds the lock); ':fence' -> the write hold's fencing token
 -- KEYS[2]  the meta hash: 'released' -> the request that last deleted the lock (kept as long
---          as the lease it had left, so that a resend of that release is recognised)
+--          as the lease it had left, so that a resend of that release is recognised),
+--          'undone' -> the last acquire undone before it arrived (see common/_requests)
 -- KEYS[3]  the readers: owner -> its read lease end (server ms); 'owner/request' -> minus the
 --          time until which a resend of that owner's last read release is recognised
 -- KEYS[4]  the waiting writers: owner -> the server ms after which it no longer waits
@@ -16,6 +18,30 @@
 --
 -- Every hold has its own lease; the hash lives exactly as long as its longest live hold.
 
+-- Whether request is a late copy the owner must not get (see common/_requests): an acquire
+-- its client undid before it arrived ('x:<owner>' while the owner holds the lock, the meta
+-- hash's marker after), or one older than last, the owner's last request applied.
+local function late_copy(owner, request, last, burnt)
+    if burnt == request or older(owner, request, last) then
+        return true
+    end
+    return not last and undone(KEYS[2], request)
+end
+
+-- An acquire that owner's client undid was not applied: a late copy of it must not apply
+-- either, while the owner holds the lock (holding) and after.
+local function burn(owner, undo, holding)
+    if holding then
+        redis.call('HSET', KEYS[1], 'x:' .. owner, undo)
+    end
+    mark(KEYS[2], 'undone', undo, MARK_MS)
+end
+
+-- The owner holds nothing any more: drop what the lock kept for it.
+local function forget(owner)
+    redis.call('HDEL', KEYS[1], 'q:' .. owner, 'x:' .. owner)
+end
+
 -- Drop the holds whose lease ended, old resend marks, and writers that stopped waiting.
 local function expire(now)
     local gone = redis.call('ZRANGEBYSCORE', KEYS[3], 0, now)
@@ -23,14 +49,14 @@ local function expire(now)
     if writer and tonumber(write_ends) <= now then
         redis.call('HDEL', KEYS[1], 'w', 'wc', 'we', ':fence')
         if not redis.call('HGET', KEYS[1], 'r:' .. writer) then
-            redis.call('HDEL', KEYS[1], 'q:' .. writer)
+            forget(writer)
         end
         writer = nil
     end
     for _, owner in ipairs(gone) do
         redis.call('HDEL', KEYS[1], 'r:' .. owner, 't:' .. owner)
         if owner ~= writer then
-            redis.call('HDEL', KEYS[1], 'q:' .. owner)
+            forget(owner)
         end
     end
     redis.call('ZREMRANGEBYSCORE', KEYS[3], '(' .. -now, now)
@@ -80,8 +106,7 @@ end
 local function free(request)
     local pttl = redis.call('PTTL', KEYS[1])
     redis.call('DEL', KEYS[1], KEYS[3])
-    redis.call('HSET', KEYS[2], 'released', request)
-    keep(KEYS[2], math.max(pttl, 1000))
+    mark(KEYS[2], 'released', request, math.max(pttl, 1000))
     wake_after_write()
 end
 

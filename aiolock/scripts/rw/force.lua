@@ -5,6 +5,7 @@
 --
 -- Returns 1 if anyone held it, else 0.
 --@include common/_time
+--@include common/_requests
 --@include rw/_rw
 local now = now_ms()
 expire(now)

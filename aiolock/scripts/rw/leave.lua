@@ -7,6 +7,7 @@
 -- Returns 1 if it was registered as waiting, else 0.  If no writer waits any more and nobody
 -- writes, the readers it held back are woken.  Idempotent.
 --@include common/_time
+--@include common/_requests
 --@include rw/_rw
 local removed = redis.call('ZREM', KEYS[4], ARGV[1])
 if removed == 1 and waiting_writers() == 0 and not redis.call('HGET', KEYS[1], 'w') then

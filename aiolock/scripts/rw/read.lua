@@ -12,6 +12,7 @@
 -- again.  Readers of other owners wait while a writer holds the lock or waits for it (writers
 -- are not starved); an owner that reads or writes already is granted at once.
 --@include common/_time
+--@include common/_requests
 --@include rw/_rw
 local lease = tonumber(ARGV[1])
 if not lease or lease < 1 or lease > 1e12 then
@@ -22,10 +23,14 @@ local request = owner .. '/' .. ARGV[3]
 local now = now_ms()
 expire(now)
 
-local held = redis.call('HMGET', KEYS[1], 'w', 'r:' .. owner, 'q:' .. owner, 't:' .. owner)
+local held = redis.call('HMGET', KEYS[1], 'w', 'r:' .. owner, 'q:' .. owner, 't:' .. owner,
+    'x:' .. owner)
 if held[3] == request and held[2] then  -- a resend
     local ends = tonumber(redis.call('ZSCORE', KEYS[3], owner))
     return {tonumber(held[4]), tonumber(held[2]), ends - now}
+end
+if late_copy(owner, request, held[3], held[5]) then
+    return 1  -- its caller is gone
 end
 if held[1] and held[1] ~= owner then
     return math.max(write_left(now), 1)

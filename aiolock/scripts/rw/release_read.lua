@@ -10,17 +10,22 @@
 -- Returns the owner's read holds left, or nil when it held none.  The release that frees the
 -- lock deletes it and wakes a writer.
 --@include common/_time
+--@include common/_requests
 --@include rw/_rw
 local owner = ARGV[1]
 local request = owner .. '/' .. ARGV[2]
 local now = now_ms()
 expire(now)
 
+local undo = ARGV[3] and owner .. '/' .. ARGV[3]
 local held = redis.call('HMGET', KEYS[1], 'r:' .. owner, 'q:' .. owner, 'w')
 if not held[1] then
     if redis.call('HGET', KEYS[2], 'released') == request
         or redis.call('ZSCORE', KEYS[3], request) then
         return 0  -- a resend of a release that landed
+    end
+    if undo then
+        burn(owner, undo, held[3] == owner)  -- that acquire was not applied
     end
     return nil
 end
@@ -28,8 +33,9 @@ local count = tonumber(held[1])
 if held[2] == request then
     return count
 end
-if ARGV[3] and held[2] ~= owner .. '/' .. ARGV[3] then
-    return count  -- that acquire was not applied: nothing to undo
+if undo and held[2] ~= undo then
+    burn(owner, undo, true)  -- that acquire was not applied: nothing to undo
+    return count
 end
 count = count - 1
 if count > 0 then
@@ -44,8 +50,8 @@ elseif live_readers(now) == 0 then
     free(request)
     return 0
 else
-    redis.call('HDEL', KEYS[1], 'q:' .. owner)
-    redis.call('ZADD', KEYS[3], -(now + 60000), request)  -- so that a resend is recognised
+    forget(owner)
+    redis.call('ZADD', KEYS[3], -(now + MARK_MS), request)  -- so that a resend is recognised
 end
 retime(now)
 return 0

@@ -10,16 +10,21 @@
 -- keeps the owner's read holds (a downgrade); if nobody reads, the lock is deleted.  Either
 -- way a waiting writer is woken, and every waiting reader unless a writer is registered.
 --@include common/_time
+--@include common/_requests
 --@include rw/_rw
 local owner = ARGV[1]
 local request = owner .. '/' .. ARGV[2]
 local now = now_ms()
 expire(now)
 
-local held = redis.call('HMGET', KEYS[1], 'w', 'wc', 'q:' .. owner)
+local undo = ARGV[3] and owner .. '/' .. ARGV[3]
+local held = redis.call('HMGET', KEYS[1], 'w', 'wc', 'q:' .. owner, 'r:' .. owner)
 if held[1] ~= owner then
     if redis.call('HGET', KEYS[2], 'released') == request or held[3] == request then
         return 0  -- a resend of a release that landed
+    end
+    if undo then
+        burn(owner, undo, held[4] ~= false)  -- that acquire was not applied
     end
     return nil
 end
@@ -27,7 +32,8 @@ local count = tonumber(held[2])
 if held[3] == request then
     return count
 end
-if ARGV[3] and held[3] ~= owner .. '/' .. ARGV[3] then
+if undo and held[3] ~= undo then
+    burn(owner, undo, true)  -- that acquire was not applied: nothing to undo
     return count
 end
 count = count - 1

@@ -6,6 +6,7 @@
 --
 -- Returns one entry per hold: 1 when renewed, 0 when the owner no longer holds it (write).
 --@include common/_time
+--@include common/_requests
 --@include rw/_rw
 local lease = tonumber(ARGV[1])
 if not lease or lease < 1 or lease > 1e12 then

@@ -7,6 +7,7 @@
 -- Returns {writer or false, live readers, the owner's read holds, the owner's write holds,
 -- ms until the write hold ends (0: none), ms until the last read hold ends (0: none)}.
 --@include common/_time
+--@include common/_requests
 --@include rw/_rw
 local now = now_ms()
 expire(now)

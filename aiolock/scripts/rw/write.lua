@@ -12,6 +12,7 @@
 -- ARGV[4] has passed since its last try).  An owner that reads and does not write gets an
 -- error: an upgrade could deadlock.
 --@include common/_time
+--@include common/_requests
 --@include rw/_rw
 local lease = tonumber(ARGV[1])
 local wait = tonumber(ARGV[4])
@@ -23,7 +24,11 @@ local request = owner .. '/' .. ARGV[3]
 local now = now_ms()
 expire(now)
 
-local held = redis.call('HMGET', KEYS[1], 'w', 'wc', 'r:' .. owner, 'q:' .. owner, ':fence', 'we')
+local held = redis.call('HMGET', KEYS[1], 'w', 'wc', 'r:' .. owner, 'q:' .. owner, ':fence', 'we',
+    'x:' .. owner)
+if held[4] ~= request and late_copy(owner, request, held[4], held[7]) then
+    return 1  -- its caller is gone
+end
 if held[1] == owner then
     local count, ends = tonumber(held[2]), tonumber(held[6])
     if held[4] ~= request then

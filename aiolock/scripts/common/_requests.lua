@@ -1,0 +1,35 @@
+-- Request ids and late copies, included after common/_time by the scripts that grant holds
+-- (never run alone).
+--
+-- A request is '<owner>/<n>': n grows with every call of the owner's client, and an owner's
+-- calls on one lock are sequential (its client waits for the settlement of an earlier call
+-- before the next).  A late copy of a call (a resend after a reconnect, or a request a dead
+-- connection delivered late) must not apply again, and an acquire its client undid before it
+-- arrived must not apply at all.  The meta hash keeps markers for that while the lock is gone:
+-- 'released' -> the request that last deleted the lock, 'undone' -> the last acquire undone
+-- before it was applied.
+
+-- How long a marker in the meta hash at least lives: late copies of a call (a resend after a
+-- reconnect, a request a dead connection delivered late) come within seconds.
+local MARK_MS = 60000
+
+-- Record field = value in the meta hash, kept for at least ms (never shortened).
+local function mark(meta, field, value, ms)
+    redis.call('HSET', meta, field, value)
+    keep(meta, ms)
+end
+
+-- Whether request is a late copy of an acquire that was undone before it arrived (the meta
+-- hash keeps the last such request of the lock).
+local function undone(meta, request)
+    return redis.call('HGET', meta, 'undone') == request
+end
+
+-- Whether request is older than last, the owner's last request applied: a late copy of a call
+-- that was answered already (by a resend), not a new one.
+local function older(owner, request, last)
+    local n = #owner + 2
+    return last ~= nil and last ~= false and last ~= request
+        and string.sub(last, 1, n - 1) == owner .. '/'
+        and tonumber(string.sub(request, n)) < tonumber(string.sub(last, n))
+end
