@@ -617,7 +617,10 @@ class LockKind(Guarded[int]):
             try:
                 reply = await services.calls.run(*self._release_call(owner, request, undo))
             except _FAILURES as exc:
-                if services.closed or loop.time() + delay > give_up:
+                # The last try is at the horizon, not a backoff step before it: a settlement
+                # that ends early would let the owner's next call meet the hold it was undoing.
+                now = loop.time()
+                if services.closed or now >= give_up:
                     logger.warning(
                         "gave up releasing %r in the background: %r",
                         self.name,
@@ -625,7 +628,7 @@ class LockKind(Guarded[int]):
                         extra=lock_extra(self.kind, self.name, owner),
                     )
                     return
-                await asyncio.sleep(delay)
+                await asyncio.sleep(min(delay, give_up - now))
                 delay = min(delay * 2, 1.0)
                 continue
             services.holds.released(self._hold_key, owner, _remaining(reply))
