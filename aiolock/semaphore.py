@@ -44,7 +44,7 @@ class _Permits(LockKind):
     def _attempt(self, owner: str, request: int, lease_ms: int) -> Call:
         return (
             _scripts.SEMAPHORE_ACQUIRE,
-            (self._keys.lock,),
+            (self._keys.lock, self._keys.meta),
             (lease_ms, owner, request, self.limit),
         )
 

@@ -191,3 +191,29 @@ async def test_a_late_copy_of_an_undone_nested_acquire_does_not_grant_after_the_
     assert not await lock.is_locked()
     assert await lock.try_lock()  # the owner's own next call is granted as usual
     await lock.unlock()
+
+
+@pytest.mark.parametrize("released", [False, True], ids=["undone", "released"])
+async def test_a_late_copy_of_a_semaphore_acquire_grants_no_permit(
+    aiolock_client: aiolock.Client, released: bool
+) -> None:
+    """A permit's acquire whose acquisition has ended (undone before the request arrived, or
+    granted and released since) arrives late: it must not take a permit nobody holds."""
+    semaphore = aiolock_client.semaphore("late-permits", 1)
+    permits = semaphore._permits
+    services = aiolock_client._services
+    permit = "late-permit"  # a permit id: one acquisition's own owner
+    late = services.owners.next_request()
+    acquire = permits._attempt(permit, late, 30_000)
+    if released:
+        assert isinstance(await services.calls.run(*acquire), list)  # granted
+        release = permits._release_call(permit, services.owners.next_request(), None)
+        assert await services.calls.run(*release) == 0
+    else:
+        undo = permits._release_call(permit, services.owners.next_request(), late)
+        assert await services.calls.run(*undo) is None  # nothing held: nothing undone
+    reply = await services.calls.run(*acquire)  # the late copy
+    assert not isinstance(reply, list)  # refused, not granted
+    assert await semaphore.available() == 1
+    async with semaphore.acquire(wait=1):  # the permit is free for everybody
+        assert await semaphore.available() == 0

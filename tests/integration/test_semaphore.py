@@ -153,7 +153,7 @@ async def test_resent_calls_apply_once(aiolock_client: aiolock.Client) -> None:
     sem = aiolock_client.semaphore("resent", 1)
     keys = sem._permits._keys
     calls = aiolock_client._services.calls
-    acquire = (keys.lock,)
+    acquire = (keys.lock, keys.meta)
     release = (keys.lock, keys.meta, keys.channel)
     first = await calls.run(_scripts.SEMAPHORE_ACQUIRE, acquire, (30000, "p1", 1, 1))
     again = await calls.run(_scripts.SEMAPHORE_ACQUIRE, acquire, (30000, "p1", 1, 1))

@@ -1,13 +1,15 @@
 -- Take a permit of a semaphore, if fewer than the caller's limit are held.
 --
 -- KEYS[1]  the permits: permit id -> lease end (server time, ms)
+-- KEYS[2]  the meta list of the last releases (see release.lua)
 -- ARGV[1]  lease in milliseconds
 -- ARGV[2]  the permit id (unique per acquisition; the owner of the permit)
 -- ARGV[3]  request id (unused: the permit id makes the call idempotent)
 -- ARGV[4]  the most permits that may be held at once (the caller's limit)
 --
 -- Returns {0, 1, lease left} when granted (a resend returns the same grant), else the ms until
--- the earliest permit's lease ends (a permit may come back without a release).
+-- the earliest permit's lease ends (a permit may come back without a release).  A late copy
+-- of the call, once that permit was released or its acquire undone, grants nothing.
 --@include common/_time
 --@include semaphore/_permits
 local lease = tonumber(ARGV[1])
@@ -19,6 +21,9 @@ local now = drop_expired()
 local ends = redis.call('ZSCORE', KEYS[1], ARGV[2])
 if ends then
     return {0, 1, tonumber(ends) - now}
+end
+if redis.call('LPOS', KEYS[2], ARGV[2]) then
+    return 1  -- a late copy of an acquisition that ended (released or undone): its caller is gone
 end
 if redis.call('ZCARD', KEYS[1]) < limit then
     redis.call('ZADD', KEYS[1], now + lease, ARGV[2])
