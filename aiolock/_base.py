@@ -177,6 +177,12 @@ class LockKind(Guarded[int]):
         """The exception to raise for an attempt the script refused, if the kind has one."""
         return None
 
+    async def _refused_for_unknown_holds(self, owner: str) -> bool:
+        """Whether a refusal was caused by holds of the owner (a task) that the client did not
+        know of, which are now released: the attempt is then made again.  Kinds whose scripts
+        refuse because of the owner's own holds override it."""
+        return False
+
     # -- acquiring ---------------------------------------------------------------------------
 
     async def try_lock(self, wait: float | None = 0, lease: float | None = None) -> bool:
@@ -433,6 +439,8 @@ class LockKind(Guarded[int]):
             refusal = self._refusal(error)
             if refusal is None:
                 raise
+            if task is not None and await self._refused_for_unknown_holds(owner):
+                return None
             raise refusal from None
         if not isinstance(reply, list):
             pttl = int(reply)
@@ -538,6 +546,25 @@ class LockKind(Guarded[int]):
             extra=lock_extra(self.kind, self.name, owner),
         )
         self._services.holds.defer(self._keys.lock, owner, self._drop_holds(owner, extra))
+
+    async def _drop_all(self, owner: str) -> bool:
+        """Release every hold of ``owner`` on the server (holds its client did not know of);
+        ``True`` once none is left, ``False`` if a release failed."""
+        services = self._services
+        while True:
+            request = services.owners.next_request()
+            try:
+                reply = await services.calls.run(*self._release_call(owner, request, None))
+            except _FAILURES as exc:
+                logger.warning(
+                    "could not release %r in the background: %r",
+                    self.name,
+                    exc,
+                    extra=lock_extra(self.kind, self.name, owner),
+                )
+                return False
+            if not _remaining(reply):
+                return True
 
     async def _drop_holds(self, owner: str, count: int) -> None:
         for _ in range(count):
