@@ -13,7 +13,8 @@ Two phases, each on a server of its own started here (never the shared test serv
 exclusion and fencing through every kind of fault; *volatile* (no persistence: restarts lose
 every lock) checks that holds which lived through such a restart are reported lost.  Each
 worker reaches the server through a :class:`~tests.chaos.proxy.FreezableProxy` of its own.
-The exit status is 1 when the checker found a violation.
+The exit status is 1 when the checker found a violation; a wait that overran only while its
+worker's event loop was blocked ("wait-loop": the machine's share) is shown, not counted.
 """
 
 from __future__ import annotations
@@ -62,6 +63,9 @@ class Profile:
 
 
 CI = Profile(workers=4, tasks=25, durable=24.0, volatile=10.0)
+# The violation kind that is the machine's share (see main).
+MACHINE = "wait-loop"
+
 LONG = Profile(workers=8, tasks=50, durable=480.0, volatile=120.0)
 # The long run for a 2-core machine.  With 8 x 50 the run's own processes use about 1.1 cores
 # on average (workers 0.7, the proxies, all in this process's one event loop, 0.35, the server
@@ -403,6 +407,15 @@ async def run(args: argparse.Namespace) -> int:
             (Path(tmp) / "violations.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
     print("== summary")
     print(format_summary(summarize(results)))
+    # A wait that overran only by the time its worker's event loop was blocked (GC, a loaded
+    # machine) is the machine's share: no deadline can fire in a blocked loop.  Shown, but it
+    # does not fail the run; every other violation does.
+    machine = [violation for violation in violations if violation.kind == MACHINE]
+    violations = [violation for violation in violations if violation.kind != MACHINE]
+    if machine:
+        print(f"machine: {len(machine)} waits overran by no more than their loop was blocked")
+        for violation in machine[: args.show]:
+            print(f"  {violation}")
     kinds = Counter(violation.kind for violation in violations)
     if not violations:
         print("OK: no violations")
