@@ -51,6 +51,10 @@ logger = logging.getLogger("aiolock.lock")
 
 _FAILURES: Final = (RedisError, OSError)
 
+# How long past the lease end the client knows of a background release keeps trying: the
+# server counts a lease from when it applied the call, which a stall may have delayed.
+_SETTLE_MARGIN: Final = 1.0
+
 Call = tuple[Script, tuple[str, ...], tuple[Any, ...]]
 """A script call, ready to run: the script, its KEYS and its ARGV."""
 
@@ -450,7 +454,8 @@ class LockKind(Guarded[int]):
             # Not on enough replicas in time: a failover could forget it.  Undo exactly this
             # grant (a settlement: the caller may be cancelled meanwhile), then say so.
             undo = services.owners.next_request()
-            holds.defer(self._keys.lock, owner, self._retry_release(owner, undo, request, lease_s))
+            until = asyncio.get_running_loop().time() + lease_s
+            holds.defer(self._keys.lock, owner, self._retry_release(owner, undo, request, until))
             await holds.settle(self._keys.lock, owner)
             raise LockSyncError(
                 f"{synced} of the {services.sync[0]} replica(s) asked for confirmed the grant of "
@@ -510,9 +515,13 @@ class LockKind(Guarded[int]):
 
         def unknown(work: asyncio.Future[Any]) -> None:
             # Not kept as held from now on: the watchdog would renew a hold that may be gone,
-            # and the next acquire would silently re-enter it.
+            # and the next acquire would silently re-enter it.  How long the hold may live is
+            # read first: untracked, its lease is no longer known.
+            until = self._lease_end(owner)
             self._untrack_one(owner)
-            self._settle_later(owner, work, lambda: self._release_outcome(work, owner, request))
+            self._settle_later(
+                owner, work, lambda: self._release_outcome(work, owner, request, until)
+            )
 
         try:
             await services.holds.settle(self._keys.lock, owner)
@@ -531,18 +540,22 @@ class LockKind(Guarded[int]):
     def _check_count(self, owner: str, believed: int | None, remaining: int | None) -> None:
         """A release left more holds on the server than the client knew of: drop the extra.
 
-        A bug signal (a grant whose settlement failed): logged, and the holds nobody knows of
+        Left by a background release that gave up (logged as a warning), else a bug signal
+        (logged as an error).  Either way the holds nobody knows of
         are released in the background, so that neither the watchdog nor a later acquire ever
         treats them as the owner's.
         """
         if remaining is None or remaining <= (believed or 0):
             return
         extra = remaining - (believed or 0)
-        logger.error(
-            "lock %r: the server has %d hold(s) of this owner that the client did not know of; "
-            "releasing them",
+        abandoned = self._services.holds.was_abandoned(self._keys.lock, owner)
+        logger.log(
+            logging.WARNING if abandoned else logging.ERROR,
+            "lock %r: the server has %d hold(s) of this owner that the client did not know "
+            "of%s; releasing them",
             self.name,
             extra,
+            " (left by a release that gave up)" if abandoned else "",
             extra=lock_extra(self.kind, self.name, owner),
         )
         self._services.holds.defer(self._keys.lock, owner, self._drop_holds(owner, extra))
@@ -569,7 +582,8 @@ class LockKind(Guarded[int]):
     async def _drop_holds(self, owner: str, count: int) -> None:
         for _ in range(count):
             request = self._services.owners.next_request()
-            await self._retry_release(owner, request, None, self._services.watchdog_timeout)
+            until = asyncio.get_running_loop().time() + self._services.watchdog_timeout
+            await self._retry_release(owner, request, None, until)
 
     def _settle_later(
         self,
@@ -590,12 +604,15 @@ class LockKind(Guarded[int]):
 
         self._services.holds.defer(self._keys.lock, owner, when_done())
 
-    async def _release_outcome(self, work: asyncio.Future[Any], owner: str, request: int) -> None:
-        """Settle a release with an unknown outcome: record it, or resend it until it lands."""
+    async def _release_outcome(
+        self, work: asyncio.Future[Any], owner: str, request: int, until: float
+    ) -> None:
+        """Settle a release with an unknown outcome: record it, or resend it until it lands
+        (or the hold surely ended: ``until``, loop time)."""
         if work.exception() is None:
             self._services.holds.released(self._hold_key, owner, _remaining(work.result()))
             return
-        await self._retry_release(owner, request, None, self._horizon(owner))
+        await self._retry_release(owner, request, None, until)
 
     async def _undo_if_granted(
         self, work: asyncio.Future[Any], owner: str, acquire_request: int, lease: float
@@ -607,8 +624,8 @@ class LockKind(Guarded[int]):
             return  # the lock was busy: nothing was granted
         # Granted, or failed with an unknown outcome: undo exactly that request, if it landed.
         request = self._services.owners.next_request()
-        horizon = max(lease, self._horizon(owner))
-        await self._retry_release(owner, request, acquire_request, horizon)
+        until = max(asyncio.get_running_loop().time() + lease, self._lease_end(owner))
+        await self._retry_release(owner, request, acquire_request, until)
 
     def _untrack_one(self, owner: str) -> None:
         """Stop counting one hold whose release has an unknown outcome."""
@@ -620,25 +637,26 @@ class LockKind(Guarded[int]):
             else:
                 holds.forget(hold)
 
-    def _horizon(self, owner: str) -> float:
-        """How long a settlement keeps resending: until any hold it may concern has expired."""
+    def _lease_end(self, owner: str) -> float:
+        """Until when (loop time) a settlement keeps resending: the owner's hold's lease end as
+        the client knows it, and no earlier than a watchdog lease from now."""
         hold = self._services.holds.get(self._hold_key, owner)
-        horizon = self._services.watchdog_timeout
-        if hold is not None:
-            horizon = max(horizon, hold.expires_at - asyncio.get_running_loop().time())
-        return horizon
+        until = asyncio.get_running_loop().time() + self._services.watchdog_timeout
+        return until if hold is None else max(until, hold.expires_at)
 
     async def _retry_release(
-        self, owner: str, request: int, undo: int | None, horizon: float
+        self, owner: str, request: int, undo: int | None, until: float
     ) -> None:
         """Send one (idempotent) release until it lands, the lease surely ran out, or close.
 
         Giving up is safe only because every hold it may concern has a lease: the server ends
-        it by itself within ``horizon``.
+        it by itself, by ``until`` (loop time) as the client counts.  The server may count from
+        later (a call it applied late, after a stall), hence the margin; a hold that outlives
+        even that is recorded as abandoned, so that meeting it later is not taken for a bug.
         """
         services = self._services
         loop = asyncio.get_running_loop()
-        give_up = loop.time() + horizon
+        give_up = until + _SETTLE_MARGIN
         delay = 0.02
         while True:
             try:
@@ -654,6 +672,7 @@ class LockKind(Guarded[int]):
                         exc,
                         extra=lock_extra(self.kind, self.name, owner),
                     )
+                    services.holds.abandoned(self._keys.lock, owner)
                     return
                 await asyncio.sleep(min(delay, give_up - now))
                 delay = min(delay * 2, 1.0)

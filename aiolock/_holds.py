@@ -34,6 +34,10 @@ CLOCK_MARGIN = 0.002
 
 logger = logging.getLogger("aiolock.lock")
 
+# How long after a background release gave up a hold it left may still be met: leases in use
+# are seconds to minutes; past this, meeting one is a bug signal again.
+ABANDONED_FOR = 600.0
+
 
 @dataclass(eq=False)
 class NameCounters:
@@ -99,6 +103,9 @@ class Holds:
         # The token of each (key, owner)'s last hold lost, until its next grant: a grant that
         # re-enters that very hold is stale (see LockKind._attempt_once).
         self._lost_tokens: dict[tuple[str, str], int] = {}
+        # When a background release of each (lock, owner) last gave up (loop time, oldest
+        # first): a hold it left may still be met for a while, and that is no bug.
+        self._abandoned: dict[tuple[str, str], float] = {}
         self.changed = asyncio.Event()  # set when a watchdog hold is added
 
     def __len__(self) -> int:
@@ -283,6 +290,24 @@ class Holds:
             if self._pending.get((key, owner)) is task:
                 del self._pending[(key, owner)]
 
+    def abandoned(self, key: str, owner: str) -> None:
+        """A background release of the owner's hold on ``key`` gave up: the hold may linger."""
+        now = asyncio.get_running_loop().time()
+        abandoned = self._abandoned
+        while abandoned:  # forget the old ones, so that owners that never return cost nothing
+            first = next(iter(abandoned))
+            if abandoned[first] > now - ABANDONED_FOR:
+                break
+            del abandoned[first]
+        abandoned.pop((key, owner), None)
+        abandoned[(key, owner)] = now
+
+    def was_abandoned(self, key: str, owner: str) -> bool:
+        """Whether a background release of the owner's hold on ``key`` gave up lately (the
+        record is used up)."""
+        when = self._abandoned.pop((key, owner), None)
+        return when is not None and when > asyncio.get_running_loop().time() - ABANDONED_FOR
+
     def pending(self) -> list[asyncio.Task[None]]:
         return list(self._pending.values())
 
@@ -290,3 +315,4 @@ class Holds:
         for hold in list(self._holds.values()):
             self.forget(hold)
         self._lost_tokens.clear()
+        self._abandoned.clear()

@@ -221,12 +221,16 @@ class AsyncWriteLock(_Mode):
         reader = AsyncReadLock(services, self.name, self._explicit_owner)
         if services.holds.get(reader._hold_key, owner) is not None:
             return False  # the owner reads, knowingly: an upgrade, refused
-        # A bug signal: read holds whose settlement failed (or a late copy of a read acquire
-        # that nothing could recognise).  Never taken as the owner's: released, then retried.
-        logger.error(
+        # Read holds a background release gave up on (it said so), else a bug signal (a late
+        # copy of a read acquire that nothing could recognise).  Never taken as the owner's:
+        # released, then the write is tried again.
+        abandoned = services.holds.was_abandoned(self._keys.lock, owner)
+        logger.log(
+            logging.WARNING if abandoned else logging.ERROR,
             "rw lock %r: the server has read hold(s) of this owner that the client did not "
-            "know of; releasing them",
+            "know of%s; releasing them",
             self.name,
+            " (left by a release that gave up)" if abandoned else "",
             extra=lock_extra(self.kind, self.name, owner),
         )
         dropped: list[bool] = []

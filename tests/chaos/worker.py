@@ -131,7 +131,10 @@ class _Counting(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         self._diagnostics.library_logs[f"{record.name} {record.levelname}"] += 1
         if record.levelno >= logging.ERROR:
-            self._diagnostics.problems.append(f"log {record.name}: {record.getMessage()}")
+            # The owner ties the record to the attempts in the history (their "owner").
+            owner = getattr(record, "aiolock_owner", None)
+            at = f" (owner {owner}, at {now()} ns)" if owner else ""
+            self._diagnostics.problems.append(f"log {record.name}: {record.getMessage()}{at}")
 
 
 class _Problems(logging.Handler):
