@@ -2,7 +2,11 @@
 
 They live in ``scripts/<kind>/<operation>.lua``, each opening with its KEYS, ARGV and returns.
 They publish with classic ``PUBLISH``; on a Cluster whose nodes have sharded pub/sub the
-router runs their :func:`sharded` variant instead, which publishes with ``SPUBLISH``.
+router runs their :func:`sharded` variant instead, which publishes with ``SPUBLISH``.  A variant
+(a second source, with its own SHA) rather than an ARGV flag: the command is fixed per client,
+so no call carries it and no script branches on it, the scripts keep one text to read, and the
+choice lives in the one place that knows the topology (:mod:`aiolock._cluster`).  Their channels
+share the hash tag of their keys, so a SPUBLISH goes to the slot the script runs in.
 """
 
 from __future__ import annotations
