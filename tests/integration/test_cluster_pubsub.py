@@ -1,23 +1,25 @@
 """Sharded pub/sub on a Redis Cluster: waiters SSUBSCRIBE on the node of their lock's slot.
 
 Both server binaries of the suite (Valkey 9, Redis 7) have sharded pub/sub, so every cluster
-test runs sharded.  Here: a channel lives on its slot's node only; a client keeps one subscriber
-connection per node that has its waiters; a slot that moves under parked waiters (the node drops
-them with an unrequested ``sunsubscribe``) and a primary killed under them (its replica takes
-over) move their subscriptions to the new owner, where the next release wakes them; and a
-Cluster without sharded pub/sub falls back to one classic subscriber.
+test runs sharded.  Here: every kind's channel lives on its slot's node only (one server keeps
+classic pub/sub); a client keeps one subscriber connection per node that has its waiters; a
+slot that moves under parked waiters (the node drops them with an unrequested ``sunsubscribe``)
+and a primary killed under them (its replica takes over) move their subscriptions to the new
+owner, where the next release wakes them; and a Cluster without sharded pub/sub falls back to
+one classic subscriber.
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
 from redis import Redis
 from redis.asyncio import ConnectionPool, RedisCluster
+from redis.asyncio import Redis as AsyncRedis
 from redis.crc import key_slot
 from redis.exceptions import ResponseError
 
@@ -81,33 +83,75 @@ def primary_ports(url: str) -> list[int]:
         return sorted({int(r[2][1]) for r in redis.execute_command("CLUSTER", "SLOTS")})
 
 
-async def parked(lock: Any, waiters: int = 1) -> None:
-    await eventually(lambda: lock.statistics().waiters == waiters, what="parked")
+WAITERS: dict[str, Callable[[aiolock.Client, str], Any]] = {
+    "lock": lambda client, name: client.lock(name),
+    "fair": lambda client, name: client.fair_lock(name),
+    "write": lambda client, name: client.rw_lock(name).write_lock(),
+}
+
+Blocked = tuple[Callable[[], Awaitable[object]], Awaitable[bool]]
 
 
-async def test_a_waiter_subscribes_on_its_slots_node_only(
-    clients: Make, aiolock_cluster: ServerInfo
+async def blocked(kind: str, holder: aiolock.Client, waiter: aiolock.Client, name: str) -> Blocked:
+    """Block ``name`` of ``kind`` through ``holder``: how to unblock it, and a wait by
+    ``waiter`` (true once it got through; the holder's lease outlasts the wait)."""
+    if kind == "semaphore":
+        permit = await holder.semaphore(name, 1).try_acquire(wait=0, lease=30)
+        assert permit is not None
+
+        async def take_permit() -> bool:
+            got = await waiter.semaphore(name, 1).try_acquire(wait=10, lease=5)
+            if got is None:
+                return False
+            await got.release()
+            return True
+
+        return permit.release, take_permit()
+    if kind == "latch":
+        assert await holder.countdown_latch(name).try_set_count(1)
+        return holder.countdown_latch(name).count_down, waiter.countdown_latch(name).wait(10)
+    rw = kind in ("read", "write")
+    held = holder.rw_lock(name).write_lock() if rw else WAITERS[kind](holder, name)
+    await held.lock(lease=30)
+    wanted = waiter.rw_lock(name).read_lock() if kind == "read" else WAITERS[kind](waiter, name)
+    return held.unlock, _take_and_release(wanted, wait=10)
+
+
+@pytest.mark.parametrize("kind", ["fair", "latch", "lock", "read", "semaphore", "write"])
+async def test_every_kind_waits_on_its_slots_node_only(
+    clients: Make, aiolock_cluster: ServerInfo, kind: str
 ) -> None:
     holder_client, waiter_client = clients(), clients()
     ports = primary_ports(aiolock_cluster.url)
-    for name in ("job:1", "job:2", "job:3", "job:4"):
-        holder, waiter = holder_client.lock(name), waiter_client.lock(name, owner="waiter")
-        await holder.lock(lease=30)
-        waiting = asyncio.create_task(waiter.try_lock(wait=10, lease=5))
-        await parked(waiter)
-        channel = waiter._keys.channel
-        owner = owner_port(aiolock_cluster.url, channel.encode())
-
-        def on_owner_only(channel: str = channel, owner: int = owner) -> bool:
-            counts = subscribers(ports, channel)
-            return counts == {port: int(port == owner) for port in ports}
-
-        await eventually(on_owner_only, what="subscribed on the slot's node")
-        assert subscribers(ports, channel, sharded=False) == dict.fromkeys(ports, 0)
-        await holder.unlock()  # SPUBLISH: the parked waiter hears it on the slot's node
-        assert await asyncio.wait_for(waiting, 10)
-        await waiter.unlock()
+    unblock, wait = await blocked(kind, holder_client, waiter_client, f"job-{kind}")
+    waiting = asyncio.ensure_future(wait)
+    pubsub = waiter_client._services.pubsub
+    await eventually(
+        lambda: [e.confirmed for e in pubsub._entries.values()] == [True], what="subscribed"
+    )
+    [channel] = [key.decode() for key in pubsub._entries]
+    owner = owner_port(aiolock_cluster.url, channel.encode())
+    assert subscribers(ports, channel) == {port: int(port == owner) for port in ports}
+    assert subscribers(ports, channel, sharded=False) == dict.fromkeys(ports, 0)
+    await unblock()  # SPUBLISH: the waiter hears it on the slot's node
+    assert await asyncio.wait_for(waiting, 15)
     assert waiter_client._services.calls.sharded  # type: ignore[union-attr]
+
+
+async def test_one_server_keeps_classic_pubsub(
+    aiolock_client: aiolock.Client, make_client: Make, redis: AsyncRedis
+) -> None:
+    """Sharded pub/sub is for Clusters: on one server, waiters SUBSCRIBE as always."""
+    holder = make_client().lock("classic", owner="holder")
+    await holder.lock(lease=30)
+    waiting = asyncio.ensure_future(_take_and_release(aiolock_client.lock("classic"), wait=10))
+    pubsub = aiolock_client._services.pubsub
+    await eventually(lambda: any(e.confirmed for e in pubsub._entries.values()), what="parked")
+    channel = holder._keys.channel
+    assert await redis.execute_command("PUBSUB", "NUMSUB", channel) == [channel, 1]
+    assert await redis.execute_command("PUBSUB", "SHARDNUMSUB", channel) == [channel, 0]
+    await holder.unlock()
+    assert await asyncio.wait_for(waiting, 10)
 
 
 def names_on(url: str, client: aiolock.Client, ports: list[int], count: int) -> list[str]:
@@ -150,13 +194,6 @@ async def test_one_subscriber_connection_per_node_with_waiters(
     await eventually(lambda: pubsub.statistics().subscribers == 0, what="idle connections closed")
     stats = pubsub.statistics()
     assert (stats.channels, stats.reconnects) == (0, 0)
-
-
-WAITERS: dict[str, Callable[[aiolock.Client, str], Any]] = {
-    "lock": lambda client, name: client.lock(name),
-    "fair": lambda client, name: client.fair_lock(name),
-    "write": lambda client, name: client.rw_lock(name).write_lock(),
-}
 
 
 @pytest.mark.parametrize("kind", sorted(WAITERS))
