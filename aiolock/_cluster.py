@@ -14,11 +14,18 @@ idempotent anyway.
 
 Every script touches the keys of one lock, which share a hash tag, so the first key names the
 slot; the watchdog groups its batches by slot (one call may not span slots: CROSSSLOT).
+
+Pub/sub: when the nodes have sharded pub/sub (``SPUBLISH``, Redis and Valkey 7+; asked once,
+with the topology), the scripts run in their :func:`~aiolock._scripts.sharded` variant and
+:class:`ClusterTopology` puts each channel on a subscriber of its slot's node.  Otherwise the
+scripts PUBLISH, which the Cluster bus broadcasts to every node, and one subscriber on any node
+hears every channel.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, TypeVar
 
@@ -29,9 +36,10 @@ from redis.crc import key_slot
 from redis.exceptions import AskError, ClusterDownError, TryAgainError
 
 from ._calls import Calls, Orphan
-from ._scripts import Script
+from ._pubsub import Home
+from ._scripts import Script, sharded
 
-__all__ = ["ClusterCalls", "NodeConnections"]
+__all__ = ["ClusterCalls", "ClusterTopology", "NodeConnections"]
 
 _T = TypeVar("_T")
 
@@ -62,6 +70,7 @@ class ClusterCalls:
         self._nodes: dict[str, Calls] = {}
         self._refreshing: asyncio.Lock | None = None
         self._ready = False
+        self.sharded = False  # the nodes have sharded pub/sub (known once initialized)
 
     async def run(
         self,
@@ -73,7 +82,7 @@ class ClusterCalls:
     ) -> Any:
         """:meth:`Calls.run` on the node of ``keys[0]``'s slot, following redirections."""
         return await self._routed(
-            keys[0], lambda calls: calls.run(script, keys, args, orphan=orphan)
+            keys[0], lambda calls: calls.run(self._variant(script), keys, args, orphan=orphan)
         )
 
     async def run_synced(
@@ -88,8 +97,14 @@ class ClusterCalls:
         """:meth:`Calls.run_synced` on the node of ``keys[0]``'s slot (WAIT counts that
         primary's replicas), following redirections."""
         return await self._routed(
-            keys[0], lambda calls: calls.run_synced(script, keys, args, sync=sync, orphan=orphan)
+            keys[0],
+            lambda calls: calls.run_synced(
+                self._variant(script), keys, args, sync=sync, orphan=orphan
+            ),
         )
+
+    def _variant(self, script: Script) -> Script:
+        return sharded(script) if self.sharded else script
 
     async def _routed(self, key: str, call: Callable[[Calls], Awaitable[_T]]) -> _T:
         await self.initialize()
@@ -104,7 +119,7 @@ class ClusterCalls:
             except (AskError, TryAgainError, ClusterDownError):  # MovedError is an AskError
                 if loop.time() + delay > deadline:
                     raise
-                await self._refresh()
+                await self.refresh()
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 0.5)
 
@@ -119,6 +134,7 @@ class ClusterCalls:
         async with self._lock():
             if not self._ready:
                 await self._cluster.initialize()
+                self.sharded = await _has_sharded_pubsub(self._cluster.get_primaries()[0])
                 self._ready = True
 
     def nodes(self) -> list[NodeConnections]:
@@ -136,7 +152,12 @@ class ClusterCalls:
             calls = self._nodes[node.name] = Calls(NodeConnections(node))
         return calls
 
-    async def _refresh(self) -> None:
+    def node_of(self, key: bytes) -> ClusterNode:
+        """The primary that serves ``key``'s slot, as far as the client knows."""
+        node: ClusterNode = self._cluster.nodes_manager.get_node_from_slot(key_slot(key))
+        return node
+
+    async def refresh(self) -> None:
         """Read the topology again (a slot moved, or a replica took over): one at a time."""
         lock = self._lock()
         if lock.locked():
@@ -153,3 +174,51 @@ class ClusterCalls:
     async def aclose(self, grace: float) -> None:
         """Close every node's connections (see :meth:`Calls.aclose`)."""
         await asyncio.gather(*(calls.aclose(grace) for calls in self._nodes.values()))
+
+
+async def _has_sharded_pubsub(node: ClusterNode) -> bool:
+    """Whether ``node`` knows SPUBLISH (``COMMAND INFO`` answers ``[nil]`` for an unknown
+    command; read raw: redis-py's parser of that reply fails on a nil)."""
+    connection = NodeConnections(node).make_connection()
+    try:
+        await connection.connect()  # type: ignore[no-untyped-call]
+        await connection.send_command("COMMAND", "INFO", "SPUBLISH")
+        reply = await connection.read_response()
+    finally:
+        await connection.disconnect()
+    return isinstance(reply, list) and bool(reply) and reply[0] is not None
+
+
+class ClusterTopology:
+    """Which subscriber carries a channel on a Cluster (see :class:`aiolock._pubsub.Topology`).
+
+    Sharded: the one of the node that serves the channel's slot.  Classic: one subscriber on
+    any node; each reconnect takes the next node, so a dead one is skipped.
+    """
+
+    def __init__(self, calls: ClusterCalls) -> None:
+        self._calls = calls
+        self._turns = itertools.count()
+        self._any = Home("", self._any_node)
+
+    @property
+    def sharded(self) -> bool:
+        return self._calls.sharded
+
+    async def ready(self) -> None:
+        await self._calls.initialize()
+
+    async def refresh(self) -> None:
+        await self._calls.initialize()
+        await self._calls.refresh()
+
+    def home(self, channel: bytes) -> Home:
+        if not self._calls.sharded:
+            return self._any
+        node = self._calls.node_of(channel)
+        connections = NodeConnections(node)
+        return Home(node.name, lambda: connections)
+
+    def _any_node(self) -> NodeConnections:
+        nodes = self._calls.nodes()
+        return nodes[next(self._turns) % len(nodes)]

@@ -1,4 +1,4 @@
-"""Waiting without polling: one subscriber connection per client, shared by every waiting task.
+"""Waiting without polling: a client's subscriptions, shared by every waiting task.
 
 The pieces, as in Redisson's ``PublishSubscribeService`` and ``RedissonLockEntry``:
 
@@ -9,16 +9,17 @@ The pieces, as in Redisson's ``PublishSubscribeService`` and ``RedissonLockEntry
   its entry and schedules the SUBSCRIBE, the last one out schedules the UNSUBSCRIBE; both run in
   the background, so joining never waits.  A pool of ``asyncio.Semaphore(1)``, picked by hashing
   the channel, serialises that work per channel and bounds how much of it runs at once.
-- One reader task owns the connection: it alone connects, reads and reconnects (redis-py
-  connections tolerate exactly one reader).  Other tasks only *write* SUBSCRIBE/UNSUBSCRIBE, and
-  only while the connection is up; after a reconnect the reader resubscribes every cached channel
-  itself.  The reader PINGs an idle connection, so a TCP path that silently stopped forwarding is
-  noticed and replaced.  Every command names one channel and the replies due are kept in order,
-  so an error reply (a SUBSCRIBE refused by an ACL) is pinned on its channel: that entry's
-  waiters raise it, and the connection and the other channels carry on.
-
-A later Cluster mode keeps this interface and runs one reader per node (SSUBSCRIBE): entries,
-refcounts and the semaphore pool do not change.
+- :class:`~aiolock._subscriber.Subscriber`: one connection and its one reader task.  One
+  server has one; a Cluster has one per node that has waiters when its nodes have sharded
+  pub/sub (SSUBSCRIBE, Redis and Valkey 7+: a message is handled by its slot's node only),
+  else one classic subscriber on any node (PUBLISH reaches every node).  A :class:`Topology`
+  says which subscriber carries a channel.  Entries, refcounts and the semaphore pool are the
+  same whatever the topology.
+- A channel that moves (its slot migrated, or failed over to a replica; the node says so with
+  MOVED or an unrequested ``sunsubscribe``) is subscribed again where the refreshed topology
+  puts it; its first waiter tries at once and again at the new confirmation, since a release
+  may have been published where nobody of ours listened.  A node that cannot be reached has its
+  channels moved as soon as the topology names another owner.
 """
 
 from __future__ import annotations
@@ -29,31 +30,27 @@ import logging
 import math
 import zlib
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
-from redis.asyncio.connection import AbstractConnection
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError, ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
+from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
-from ._calls import write
+from ._subscriber import Subscriber, SubscriberSource, cancel
 
 __all__ = [
     "BroadcastEntry",
     "Entry",
+    "Home",
     "NamedEntry",
+    "OneServer",
     "PubSub",
     "PubSubStatistics",
     "SubscriberSource",
+    "Topology",
 ]
 
 logger = logging.getLogger("aiolock.pubsub")
-
-_CONNECTION_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError, EOFError)
 
 
 class Contention(Protocol):
@@ -328,62 +325,90 @@ class NamedEntry(Entry):
         return waiter
 
 
-class SubscriberSource(Protocol):
-    """A redis-py ``ConnectionPool``, or a Cluster node: what a connection is made with."""
+class Home(NamedTuple):
+    """Where the subscriber of a channel connects: ``name`` tells subscribers apart."""
+
+    name: str
+    source: Callable[[], SubscriberSource]
+
+
+class Topology(Protocol):
+    """Which subscriber carries a channel: one server's, or a Cluster node's."""
 
     @property
-    def connection_class(self) -> type[AbstractConnection]: ...
+    def sharded(self) -> bool:
+        """Sharded pub/sub (SSUBSCRIBE on the channel's node), known once :meth:`ready`."""
+        ...
 
-    @property
-    def connection_kwargs(self) -> dict[str, Any]: ...
+    async def ready(self) -> None:
+        """Learn the topology, once."""
+        ...
+
+    async def refresh(self) -> None:
+        """Learn it again (a node said a channel is not its own)."""
+        ...
+
+    def home(self, channel: bytes) -> Home:
+        """Where ``channel`` is subscribed (after :meth:`ready`)."""
+        ...
+
+
+class OneServer:
+    """The topology of one server: every channel on one subscriber connection to it."""
+
+    sharded = False
+
+    def __init__(self, source: SubscriberSource) -> None:
+        self._home = Home("", lambda: source)
+
+    async def ready(self) -> None:
+        pass
+
+    async def refresh(self) -> None:
+        pass
+
+    def home(self, channel: bytes) -> Home:
+        return self._home
 
 
 @dataclass(frozen=True, slots=True)
 class PubSubStatistics:
-    """What the subscriber connection is doing right now."""
+    """What the subscriptions are doing right now.
+
+    ``connected``: some subscriber connection is up, and every one that carries channels is;
+    ``subscribers``: the connections up.
+    """
 
     connected: bool
     channels: int
     waiters: int
     reconnects: int
     messages: int
+    subscribers: int = 0
 
 
 class PubSub:
     """The per-client subscription service (see the module docstring).
 
-    :param source: called at each (re)connect, it says where the subscriber connection goes and
-        with which settings: the connection pool of one server, or a node of a Cluster (classic
-        pub/sub reaches every node of a Cluster, so any node serves; a dead one is skipped at
-        the next reconnect).
+    :param topology: which subscriber carries a channel (:class:`OneServer`, or a Cluster's).
     :param concurrency: the size of the semaphore pool.
-    :param ping_interval: seconds of silence after which the reader PINGs; a second silent
-        interval means the connection is dead.
+    :param ping_interval: seconds of silence after which a reader PINGs; a second silent
+        interval means its connection is dead.
     """
 
-    def __init__(
-        self,
-        source: Callable[[], SubscriberSource],
-        *,
-        concurrency: int,
-        ping_interval: float = 5.0,
-    ) -> None:
-        self._source = source
+    def __init__(self, topology: Topology, *, concurrency: int, ping_interval: float = 5.0) -> None:
+        self._topology = topology
         self._concurrency = concurrency
         self._semaphores: dict[int, asyncio.Semaphore] = {}  # made on first use of a slot
         self._ping_interval = ping_interval
         self._entries: dict[bytes, Entry] = {}
-        self._confirmations: dict[bytes, deque[asyncio.Future[None]]] = {}
-        self._connection: AbstractConnection | None = None
-        # The replies still due on the connection, oldest first: (kind, channel).  An error
-        # reply names no channel; this tells which command the server refused.
-        self._due: deque[tuple[bytes, bytes | None]] = deque()
-        self._reader: asyncio.Task[None] | None = None
-        self._demand = asyncio.Event()
+        self._subscribers: dict[str, Subscriber] = {}  # by Home.name, made on first use
+        # The subscriber that carries each cached channel.  Invariant: a cached channel is
+        # here, or a ``_subscribe`` of it is scheduled (it moved, or no node was found yet).
+        self._homes: dict[bytes, Subscriber] = {}
+        self._moves: dict[bytes, int] = {}  # moves of a channel since its last confirmation
         self._background: set[asyncio.Task[None]] = set()
         self._closed = False
-        self._reconnects = 0
-        self._messages = 0
 
     # -- the public surface used by the wait loop ------------------------------------------
 
@@ -396,7 +421,7 @@ class PubSub:
         the background; until the server confirms it, ``entry.confirmed`` is false.  The
         confirmation wakes one parked waiter, who must try the lock (a release may have been
         published before the subscription existed).  If the connection fails first, the entry
-        stays: the reader subscribes every cached channel when it reconnects.  If the server
+        stays: the reader subscribes every channel it carries when it reconnects.  If the server
         refuses the SUBSCRIBE, the entry's waiters are woken to raise its error
         (:meth:`Entry.raise_refusal`).  Every call must be balanced by :meth:`release`.
         """
@@ -445,12 +470,16 @@ class PubSub:
             entry.wake_one()
 
     def statistics(self) -> PubSubStatistics:
+        subscribers = self._subscribers.values()
+        up = sum(subscriber.connected for subscriber in subscribers)
         return PubSubStatistics(
-            connected=self._connection is not None and self._connection.is_connected,
+            connected=up > 0
+            and all(subscriber.connected for subscriber in subscribers if subscriber.entries),
             channels=len(self._entries),
             waiters=sum(entry.refs for entry in self._entries.values()),
-            reconnects=self._reconnects,
-            messages=self._messages,
+            reconnects=sum(subscriber.reconnects for subscriber in subscribers),
+            messages=sum(subscriber.messages for subscriber in subscribers),
+            subscribers=up,
         )
 
     async def drain(self) -> None:
@@ -459,18 +488,41 @@ class PubSub:
             await asyncio.gather(*self._background, return_exceptions=True)
 
     async def aclose(self) -> None:
-        """Stop the reader, close the connection, and wake every waiter so it can leave."""
+        """Stop the readers, close the connections, and wake every waiter so it can leave."""
         self._closed = True
         for entry in self._entries.values():
             entry.wake_all()
-        self._fail_confirmations(RuntimeError("the aiolock client is closed"))
-        await _cancel(self._background | ({self._reader} if self._reader else set()))
-        if self._background:  # a connect the reader left: its connection is dropped when done
-            await asyncio.wait(set(self._background), timeout=1.0)
-            await _cancel(set(self._background))
-        if self._connection is not None:
-            await self._connection.disconnect()
-            self._connection = None
+        closed = RuntimeError("the aiolock client is closed")
+        for subscriber in self._subscribers.values():
+            subscriber.fail_confirmations(closed)
+        await cancel(self._background)
+        await asyncio.gather(*(subscriber.aclose() for subscriber in self._subscribers.values()))
+
+    # -- the Listener of every subscriber ----------------------------------------------------
+
+    def moved(self, subscriber: Subscriber, entry: Entry) -> None:
+        """A node does not serve ``entry``'s channel (any more): subscribe it where the
+        refreshed topology puts it."""
+        key = entry.channel
+        if self._closed or self._entries.get(key) is not entry:
+            return
+        self._homes.pop(key, None)
+        moves = self._moves[key] = self._moves.get(key, 0) + 1
+        self._spawn(self._subscribe(entry, moves))
+
+    def refused(self, entry: Entry, error: ResponseError) -> None:
+        key = entry.channel
+        if self._entries.get(key) is entry:
+            del self._entries[key]
+            self._homes.pop(key, None)
+            self._moves.pop(key, None)
+        entry.refuse(error)
+
+    def lost(self, subscriber: Subscriber) -> None:
+        """A subscriber cannot connect: once the topology names other owners for its
+        channels (a replica took over), they move there."""
+        if self._topology.sharded and subscriber.entries and not self._closed:
+            self._spawn(self._rehome(subscriber))
 
     # -- subscribe / unsubscribe work, under the channel's semaphore ---------------------------
 
@@ -481,32 +533,69 @@ class PubSub:
             semaphore = self._semaphores[slot] = asyncio.Semaphore(1)
         return semaphore
 
-    async def _subscribe(self, entry: Entry) -> None:
-        """SUBSCRIBE a new entry, holding its semaphore until the server answers."""
+    def _subscriber(self, home: Home) -> Subscriber:
+        subscriber = self._subscribers.get(home.name)
+        if subscriber is None:
+            subscriber = self._subscribers[home.name] = Subscriber(
+                home.source,
+                self,
+                sharded=self._topology.sharded,
+                ping_interval=self._ping_interval,
+            )
+        return subscriber
+
+    async def _subscribe(self, entry: Entry, moves: int = 0) -> None:
+        """SUBSCRIBE an entry where the topology puts it, holding its semaphore until the
+        server answers; ``moves``: how often it moved unconfirmed (the topology is then read
+        again first, and after a second move in a row only after a pause: it may be settling).
+        """
         key = entry.channel
-        confirmation: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if moves > 1:
+            await asyncio.sleep(min(0.01 * 2 ** min(moves, 7), 1.0))
+        unrouted = False
         try:
             async with self._semaphore(key):
+                if self._entries.get(key) is not entry:
+                    return  # left, or refused, while this call waited
                 # Sent even if every waiter has left meanwhile: while the entry is cached a new
                 # waiter may join it, and its UNSUBSCRIBE comes after this (the semaphore is
                 # first come, first served).
-                self._confirmations.setdefault(key, deque()).append(confirmation)
-                self._start_reader()
-                # While the connection is down the reader subscribes every cached entry after it
-                # reconnects, which confirms this one too.
-                await self._send("SUBSCRIBE", key)
-                await confirmation
+                try:
+                    await (self._topology.refresh() if moves else self._topology.ready())
+                    subscriber = self._subscriber(self._topology.home(key))
+                except (RedisError, RedisClusterException, OSError) as exc:
+                    logger.warning("no node found for channel %r yet: %r", key, exc)
+                    unrouted = True
+                else:
+                    self._homes[key] = subscriber
+                    await subscriber.subscribe(entry)
+                    self._moves.pop(key, None)
         except (RedisError, OSError, RuntimeError) as exc:
-            # Refused: the reader has failed the entry's waiters already (``_refused``).  The
+            # Refused or moved: the subscriber has told us (``refused``, ``moved``).  The
             # connection failed, or the client is closing: the entry stays, and the reader
-            # subscribes every cached channel once it has reconnected, which confirms it.
+            # subscribes it once it has reconnected, which confirms it.
             logger.debug("SUBSCRIBE %r not confirmed here: %r", key, exc)
-        finally:
-            waiting = self._confirmations.get(key)
-            if waiting is not None and confirmation in waiting:
-                waiting.remove(confirmation)
-                if not waiting:
-                    del self._confirmations[key]
+        if unrouted and not self._closed:
+            self._spawn(self._subscribe(entry, max(moves, 1) + 1))
+
+    async def _rehome(self, subscriber: Subscriber) -> None:
+        """Move the channels of a subscriber that cannot connect to the owners the refreshed
+        topology names (the others stay: its reader keeps trying)."""
+        try:
+            await self._topology.refresh()
+            homes = {key: self._topology.home(key) for key in subscriber.entries}
+        except (RedisError, RedisClusterException, OSError) as exc:
+            logger.debug("topology not refreshed: %r", exc)  # the next failed connect retries
+            return
+        for key, home in homes.items():
+            entry = subscriber.entries.get(key)
+            if entry is not None and self._entries.get(key) is entry:
+                if self._subscriber(home) is subscriber:
+                    continue
+                subscriber.drop(entry)
+                self._homes.pop(key, None)
+                entry.wake_one()  # a release may have been published where nobody listened
+                self._spawn(self._subscribe(entry))
 
     async def _unsubscribe(self, entry: Entry) -> None:
         key = entry.channel
@@ -514,204 +603,17 @@ class PubSub:
             if self._entries.get(key) is not entry or entry.refs > 0:
                 return  # taken up again, or refused, while this call waited for the semaphore
             del self._entries[key]
-            await self._send("UNSUBSCRIBE", key)
-
-    async def _send(self, command: str, key: bytes) -> None:
-        """Write a command if the connection is up; never connect (that is the reader's job)."""
-        connection = self._connection
-        if connection is None or not connection.is_connected:
-            return
-        try:
-            # Never a health check (it would read a reply: a second reader of the connection).
-            await self._write(connection, command, key)
-        except _CONNECTION_ERRORS as exc:
-            logger.debug("pub/sub write failed (the reader reconnects): %r", exc)
-
-    def _write(
-        self, connection: AbstractConnection, command: str, key: bytes | None
-    ) -> Coroutine[Any, Any, None]:
-        """Write ``command`` (one channel per command: a refusal then names its channel)."""
-        self._due.append((command.lower().encode(), key))
-        return write(connection, (command,) if key is None else (command, key))
+            self._moves.pop(key, None)
+            home = self._homes.pop(key, None)
+            if home is not None:
+                await home.unsubscribe(entry)
 
     def _spawn(self, coro: Any) -> None:
         task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
-    # -- the reader ------------------------------------------------------------------------
-
-    def _start_reader(self) -> None:
-        self._demand.set()
-        if self._reader is None or self._reader.done():
-            self._reader = asyncio.get_running_loop().create_task(
-                self._run(), name="aiolock-pubsub-reader"
-            )
-
-    def _new_connection(self) -> AbstractConnection:
-        pool = self._source()
-        kwargs = dict(pool.connection_kwargs)
-        # RESP2 keeps messages plain arrays; our own retry loop replaces redis-py's.
-        kwargs.update(
-            protocol=2,
-            decode_responses=False,
-            retry=Retry(NoBackoff(), 0),
-            health_check_interval=0,
-        )
-        connection: AbstractConnection = pool.connection_class(**kwargs)
-        return connection
-
-    async def _run(self) -> None:
-        delay = 0.0
-        while not self._closed:
-            if not self._entries:
-                self._demand.clear()
-                await self._demand.wait()
-                continue
-            connection = self._new_connection()
-            # In a task of its own: redis-py's handshake writes through asyncio.wait_for, which
-            # on Python 3.11 may swallow our cancellation, and the reader would then read on
-            # after the client closed, with ``aclose`` waiting for it.
-            connecting = asyncio.ensure_future(connection.connect())  # type: ignore[no-untyped-call]
-            try:
-                await asyncio.shield(connecting)
-            except asyncio.CancelledError:
-                self._spawn(_drop_when_connected(connection, connecting))
-                raise
-            except (*_CONNECTION_ERRORS, RedisError) as exc:
-                await connection.disconnect()
-                logger.warning("pub/sub connection failed: %r", exc)
-                self._fail_confirmations(exc)
-                delay = min(max(delay * 2, 0.05), 1.0)
-                await asyncio.sleep(delay)
-                continue
-            delay = 0.0
-            if self._closed:  # closed while connecting
-                await connection.disconnect(nowait=True)
-                return
-            self._connection, self._due = connection, deque()
-            try:
-                for key in list(self._entries):
-                    await self._write(connection, "SUBSCRIBE", key)
-                await self._read(connection)
-            except _CONNECTION_ERRORS as exc:
-                logger.warning("pub/sub connection lost, reconnecting: %r", exc)
-            finally:
-                self._connection = None
-                await connection.disconnect(nowait=True)
-            self._reconnects += 1
-
-    async def _read(self, connection: AbstractConnection) -> None:
-        # An entry confirmed on an earlier connection may have missed a release meanwhile: its
-        # first waiter retries once its resubscription is confirmed.
-        stale = {key for key, entry in self._entries.items() if entry.confirmed}
-        ping_outstanding = False
-        while True:
-            try:
-                reply = await connection.read_response(timeout=self._ping_interval)
-            except ResponseError as error:
-                ping_outstanding = False
-                self._refused(error)
-                continue
-            if reply is None:  # a silent interval
-                if ping_outstanding:
-                    raise RedisConnectionError("no reply to PING on the pub/sub connection")
-                await self._write(connection, "PING", None)
-                ping_outstanding = True
-                continue
-            ping_outstanding = False
-            if not isinstance(reply, list) or len(reply) < 2:
-                self._answered()
-                continue  # +PONG when subscribed to nothing
-            kind, channel = reply[0], reply[1]
-            if kind != b"message":
-                self._answered()
-            if kind == b"message":
-                self._messages += 1
-                entry = self._entries.get(channel)
-                if entry is not None:
-                    entry.deliver(reply[2])
-            elif kind == b"subscribe":
-                self._confirmed(channel)
-                entry = self._entries.get(channel)
-                if entry is not None and not entry.confirmed:
-                    entry.confirm()
-                elif entry is not None and channel in stale:
-                    # One try hands a missed release on (a grant wakes the next as it goes); all
-                    # at once would let the lock go to whichever try landed first, not the head.
-                    stale.discard(channel)
-                    entry.wake_one()
-
-    def _answered(self) -> None:
-        if self._due:
-            self._due.popleft()
-
-    def _refused(self, error: ResponseError) -> None:
-        """The server answered the oldest command still due with an error."""
-        kind, key = self._due.popleft() if self._due else (b"a command", None)
-        if kind != b"subscribe" or key is None:
-            logger.warning(
-                "the server refused %s on the pub/sub connection: %s", kind.decode(), error
-            )
-            return
-        logger.warning("the server refused SUBSCRIBE %r: %s", key, error)
-        # Waiting on it would only ever end by timeout: its waiters get the error instead, and
-        # the next task to wait on that lock tries again with an entry of its own.
-        entry = self._entries.pop(key, None)
-        if entry is not None:
-            entry.refuse(error)
-        for confirmation in self._confirmations.pop(key, ()):
-            if not confirmation.done():
-                confirmation.set_exception(error)
-
-    def _confirmed(self, channel: bytes) -> None:
-        waiting = self._confirmations.get(channel)
-        # A future already done (failed, or cancelled while the client closes) is skipped: the
-        # confirmation belongs to the next one, if any.
-        while waiting:
-            confirmation = waiting.popleft()
-            if not confirmation.done():
-                confirmation.set_result(None)
-                break
-        if not waiting:
-            self._confirmations.pop(channel, None)
-
-    def _fail_confirmations(self, exc: BaseException) -> None:
-        for waiting in self._confirmations.values():
-            for confirmation in waiting:
-                if not confirmation.done():
-                    confirmation.set_exception(exc)
-        self._confirmations.clear()
-
     def __repr__(self) -> str:
         stats = self.statistics()
         state = "connected" if stats.connected else "disconnected"
         return f"<PubSub [{state}, channels:{stats.channels}, waiters:{stats.waiters}]>"
-
-
-async def _drop_when_connected(
-    connection: AbstractConnection, connecting: asyncio.Future[None]
-) -> None:
-    """Close a connection once its connect (whose caller has gone) has ended."""
-    try:
-        await asyncio.wait([connecting])
-    finally:
-        if connecting.done() and not connecting.cancelled():
-            connecting.exception()  # retrieved: nobody else will
-        await connection.disconnect(nowait=True)
-
-
-async def _cancel(tasks: set[asyncio.Task[None]]) -> None:
-    """Cancel ``tasks`` and wait for them to end.
-
-    The request is repeated every second for a task that is still running: code beneath us
-    (``asyncio.wait_for`` on Python 3.11) may have swallowed one, and closing must not hang.
-    """
-    pending = {task for task in tasks if not task.done()}
-    while pending:
-        for task in pending:
-            task.cancel()
-        _, pending = await asyncio.wait(pending, timeout=1.0)
-    for task in tasks:
-        if not task.cancelled():
-            task.exception()  # retrieved: a failure here is of no use to anybody now

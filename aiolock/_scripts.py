@@ -1,10 +1,17 @@
 """The Lua scripts, loaded once from package files (``_calls`` runs them by SHA).
 
 They live in ``scripts/<kind>/<operation>.lua``, each opening with its KEYS, ARGV and returns.
+They publish with classic ``PUBLISH``; on a Cluster whose nodes have sharded pub/sub the
+router runs their :func:`sharded` variant instead, which publishes with ``SPUBLISH``.  A variant
+(a second source, with its own SHA) rather than an ARGV flag: the command is fixed per client,
+so no call carries it and no script branches on it, the scripts keep one text to read, and the
+choice lives in the one place that knows the topology (:mod:`aiolock._cluster`).  Their channels
+share the hash tag of their keys, so a SPUBLISH goes to the slot the script runs in.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from dataclasses import dataclass
 from importlib import resources
@@ -34,6 +41,7 @@ __all__ = [
     "SEMAPHORE_RELEASE",
     "SEMAPHORE_RENEW",
     "Script",
+    "sharded",
 ]
 
 
@@ -59,6 +67,18 @@ class Script:
 
 
 _INCLUDE = "--@include "
+_PUBLISH = "redis.call('PUBLISH', "
+
+
+@functools.cache
+def sharded(script: Script) -> Script:
+    """``script`` with every ``PUBLISH`` made a ``SPUBLISH``: the message reaches only the
+    node that serves the channel's slot (the lock's own slot: channels share its hash tag),
+    instead of being broadcast over the whole Cluster bus."""
+    if _PUBLISH not in script.source:
+        return script
+    source = script.source.replace(_PUBLISH, "redis.call('SPUBLISH', ")
+    return Script(script.name, source, hashlib.sha1(source.encode()).hexdigest())
 
 
 LOCK_ACQUIRE = Script.load("lock", "acquire")

@@ -8,7 +8,6 @@ are cheap views onto these; create as many as you like.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
@@ -18,12 +17,12 @@ from typing import Any
 from redis.asyncio import Redis, RedisCluster
 
 from ._calls import Calls
-from ._cluster import ClusterCalls, NodeConnections
+from ._cluster import ClusterCalls, ClusterTopology
 from ._decorator import P, R, locked
 from ._holds import Hold, Holds
 from ._metrics import metrics
 from ._owners import Owners
-from ._pubsub import PubSub
+from ._pubsub import OneServer, PubSub, Topology
 from ._services import Services
 from ._validate import check_name, check_timeout
 from ._watchdog import Watchdog
@@ -44,7 +43,8 @@ class ClientStatistics:
     :ivar holds: locks its owners hold now.
     :ivar waiters: its tasks waiting for a lock now.
     :ivar subscriptions: channels its subscriber connection is subscribed to.
-    :ivar pubsub_connected: whether the subscriber connection is up.
+    :ivar pubsub_connected: whether the subscriber connections are up (on a Cluster with sharded
+        pub/sub, one per node that has waiters).
     :ivar renewals: successful watchdog renewals so far.
     :ivar pending: background settlements in flight (releases finishing after a cancellation).
     """
@@ -108,13 +108,14 @@ class Client:
         self.watchdog_timeout = options.watchdog_timeout
         self._owns_redis = owns
         calls: Calls | ClusterCalls
+        topology: Topology
         if isinstance(redis, RedisCluster):
             calls = ClusterCalls(redis)
-            pubsub = PubSub(_any_node(calls), concurrency=options.subscribe_concurrency)
+            topology = ClusterTopology(calls)
         else:
             calls = Calls(redis.connection_pool)
-            pool = redis.connection_pool
-            pubsub = PubSub(lambda: pool, concurrency=options.subscribe_concurrency)
+            topology = OneServer(redis.connection_pool)
+        pubsub = PubSub(topology, concurrency=options.subscribe_concurrency)
 
         # A hold that ends without a release (its lease ran out, say) publishes nothing: this
         # client's own waiters may be parked behind it without a TTL to go by.  Wake one.
@@ -370,15 +371,3 @@ class _Options:
 def _name_and_owner(name: object, owner: object) -> tuple[str, str | None]:
     """A lock factory's ``name`` and ``owner``, checked before anything else happens."""
     return check_name(name), None if owner is None else check_name(owner, "owner")
-
-
-def _any_node(calls: ClusterCalls) -> Callable[[], NodeConnections]:
-    """The Cluster node for the next subscriber connection: each reconnect takes the next one,
-    so a dead node is skipped (classic pub/sub reaches every node of a Cluster)."""
-    turns = itertools.count()
-
-    def pick() -> NodeConnections:
-        nodes = calls.nodes()
-        return nodes[next(turns) % len(nodes)]
-
-    return pick

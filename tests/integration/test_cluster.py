@@ -1,8 +1,8 @@
 """Every lock kind on a real Redis Cluster: three primaries started by the suite.
 
-Calls go to the node of each lock's slot (see ``aiolock/_cluster.py``), waiters park on classic
-pub/sub through one subscriber connection, the watchdog renews per slot, and the fencing
-counters are one per slot.  Locks are spread over every node by their names.
+Calls go to the node of each lock's slot (see ``aiolock/_cluster.py``), waiters park on sharded
+pub/sub (a subscriber per node, see ``test_cluster_pubsub.py``), the watchdog renews per slot,
+and the fencing counters are one per slot.  Locks are spread over every node by their names.
 """
 
 from __future__ import annotations
