@@ -19,7 +19,7 @@ from redis.exceptions import ResponseError
 import aiolock
 from aiolock import _scripts
 from aiolock.pytest_plugin import ServerInfo
-from tests.helpers import evalsha_calls, stall_server
+from tests.helpers import evalsha_calls, eventually, stall_server
 
 pytestmark = pytest.mark.anyio
 
@@ -217,3 +217,33 @@ async def test_a_late_copy_of_a_semaphore_acquire_grants_no_permit(
     assert await semaphore.available() == 1
     async with semaphore.acquire(wait=1):  # the permit is free for everybody
         assert await semaphore.available() == 0
+
+
+@pytest.mark.parametrize("kind", [*LATE_KINDS, "semaphore"])
+async def test_a_resend_after_a_stall_answers_with_a_lease_from_now(
+    aiolock_client: aiolock.Client, redis: Redis, kind: str
+) -> None:
+    """A resend of an acquire that was applied a while ago (its reply lost in a stall) answers
+    with a lease that runs from the resend, as the first copy's did from then: the client
+    counts the hold's lease from its send time, and a reply with a lease about to end would
+    have it taken for lost at once while the server still holds it."""
+    if kind == "semaphore":
+        lock = aiolock_client.semaphore("resent-lease", 1)._permits
+        owner = "resent-permit"
+    else:
+        lock = _lock(aiolock_client, kind, "resent-lease")
+        owner, _ = lock._owner()
+    services = aiolock_client._services
+    acquire = lock._attempt(owner, services.owners.next_request(), 1_000)
+    first = await services.calls.run(*acquire)
+    assert isinstance(first, list)
+
+    async def aged() -> bool:  # the server's clock moved on since the first copy
+        return 0 < await redis.pttl(lock._keys.lock) < 1_000
+
+    await eventually(aged)
+    again = await services.calls.run(*acquire)  # the resend
+    assert again[:2] == first[:2]  # the same grant, not a second hold
+    assert again[2] == 1_000  # its lease runs from now
+    release = lock._release_call(owner, services.owners.next_request(), None)
+    assert await services.calls.run(*release) == 0

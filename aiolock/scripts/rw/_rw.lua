@@ -63,6 +63,16 @@ local function expire(now)
     redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', now)
 end
 
+-- The owner's read holds end no earlier than now + lease (never shortened); returns when.
+local function lengthen(owner, now, lease)
+    local ends = tonumber(redis.call('ZSCORE', KEYS[3], owner))
+    if not ends or ends < now + lease then
+        ends = now + lease
+        redis.call('ZADD', KEYS[3], ends, owner)
+    end
+    return ends
+end
+
 local function live_readers(now)
     return redis.call('ZCOUNT', KEYS[3], '(' .. now, '+inf')
 end

@@ -25,8 +25,11 @@ expire(now)
 
 local held = redis.call('HMGET', KEYS[1], 'w', 'r:' .. owner, 'q:' .. owner, 't:' .. owner,
     'x:' .. owner)
-if held[3] == request and held[2] then  -- a resend
-    local ends = tonumber(redis.call('ZSCORE', KEYS[3], owner))
+if held[3] == request and held[2] then
+    -- A resend counts nothing, but its lease runs from now as the first copy's did: a resend
+    -- that comes after a stall must not answer with a hold about to end.
+    local ends = lengthen(owner, now, lease)
+    retime(now)
     return {tonumber(held[4]), tonumber(held[2]), ends - now}
 end
 if late_copy(owner, request, held[3], held[5]) then
@@ -48,10 +51,6 @@ if not token then
 end
 local count = redis.call('HINCRBY', KEYS[1], 'r:' .. owner, 1)
 redis.call('HSET', KEYS[1], 'q:' .. owner, request)
-local ends = tonumber(redis.call('ZSCORE', KEYS[3], owner))
-if not ends or ends < now + lease then
-    ends = now + lease
-    redis.call('ZADD', KEYS[3], ends, owner)
-end
+local ends = lengthen(owner, now, lease)
 retime(now)
 return {token, count, ends - now}

@@ -31,15 +31,17 @@ if held[4] ~= request and late_copy(owner, request, held[4], held[7]) then
 end
 if held[1] == owner then
     local count, ends = tonumber(held[2]), tonumber(held[6])
-    if held[4] ~= request then
+    if held[4] ~= request then  -- else a resend: it counts nothing
         count = count + 1
         redis.call('HSET', KEYS[1], 'wc', count, 'q:' .. owner, request)
-        if ends < now + lease then  -- re-entering never shortens the lease
-            ends = now + lease
-            redis.call('HSET', KEYS[1], 'we', ends)
-        end
-        retime(now)
     end
+    -- The lease runs from now, never shortened (also for a resend that comes after a stall:
+    -- it must not answer with a hold about to end).
+    if ends < now + lease then
+        ends = now + lease
+        redis.call('HSET', KEYS[1], 'we', ends)
+    end
+    retime(now)
     return {tonumber(held[5]), count, ends - now}
 end
 if held[3] then

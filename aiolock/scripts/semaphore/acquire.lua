@@ -18,9 +18,16 @@ if not lease or lease < 1 or lease > 1e12 then
     return redis.error_reply('ERR aiolock: lease must be 1 to 1e12 milliseconds')
 end
 local now = drop_expired()
-local ends = redis.call('ZSCORE', KEYS[1], ARGV[2])
+local ends = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[2]))
 if ends then
-    return {0, 1, tonumber(ends) - now}
+    -- A resend: its lease runs from now as the first copy's did (after a stall it must not
+    -- answer with a permit about to end).
+    if ends < now + lease then
+        ends = now + lease
+        redis.call('ZADD', KEYS[1], ends, ARGV[2])
+        keep(KEYS[1], lease)
+    end
+    return {0, 1, ends - now}
 end
 if redis.call('LPOS', KEYS[2], ARGV[2]) then
     return 1  -- a late copy of an acquisition that ended (released or undone): its caller is gone
