@@ -221,16 +221,23 @@ class AsyncWriteLock(_Mode):
         reader = AsyncReadLock(services, self.name, self._explicit_owner)
         if services.holds.get(reader._hold_key, owner) is not None:
             return False  # the owner reads, knowingly: an upgrade, refused
-        # Read holds a background release gave up on (it said so), else a bug signal (a late
-        # copy of a read acquire that nothing could recognise).  Never taken as the owner's:
-        # released, then the write is tried again.
-        abandoned = services.holds.was_abandoned(self._keys.lock, owner)
+        # Read holds the client took for lost (its deadlines run a little ahead of the
+        # server's) or a background release gave up on, else a bug signal (a late copy of a
+        # read acquire that nothing could recognise).  Never taken as the owner's: released,
+        # then the write is tried again.
+        holds = services.holds
+        if holds.lost_token(reader._hold_key, owner) is not None:
+            why = " (a hold it took for lost)"
+        elif holds.was_abandoned(self._keys.lock, owner):
+            why = " (left by a release that gave up)"
+        else:
+            why = ""
         logger.log(
-            logging.WARNING if abandoned else logging.ERROR,
+            logging.WARNING if why else logging.ERROR,
             "rw lock %r: the server has read hold(s) of this owner that the client did not "
             "know of%s; releasing them",
             self.name,
-            " (left by a release that gave up)" if abandoned else "",
+            why,
             extra=lock_extra(self.kind, self.name, owner),
         )
         dropped: list[bool] = []
