@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -56,7 +57,9 @@ class KeepAlive:
     While any of them is parked, every third of ``fair_wait_timeout`` one call (``keep.lua``)
     moves all their deadlines on; an owner the server no longer has in the queue (dropped while
     its client stalled, say) is woken to try again.  The same call drops vanished waiters at
-    the head of the queue while the lock is free, and wakes the first live one.  Shared by the
+    the head of the queue while the lock is free and wakes the first live one; if that one's
+    deadline is nearer than the next call, the next call comes at its deadline (it may have
+    vanished too).  Shared by the
     waiting calls of the name (through the client's name cache); a failed call is logged and
     the next one comes a third of the timeout later (the places last the whole timeout).
     """
@@ -81,9 +84,10 @@ class KeepAlive:
             self._timer.cancel()
             self._timer = None
 
-    def _arm(self) -> None:
+    def _arm(self, due: float = math.inf) -> None:
         loop = asyncio.get_running_loop()
-        self._timer = loop.call_later(self._services.fair_wait_timeout / 3, self._fire)
+        delay = min(self._services.fair_wait_timeout / 3, due)
+        self._timer = loop.call_later(delay, self._fire)
 
     def _fire(self) -> None:
         self._timer = None
@@ -94,8 +98,12 @@ class KeepAlive:
         services = self._services
         wait_ms = round(services.fair_wait_timeout * 1000)
         missing: list[bytes | str] = []
+        due = math.inf
         try:
-            missing = await services.calls.run(_scripts.FAIR_KEEP, self._keys, (wait_ms, *owners))
+            call = (_scripts.FAIR_KEEP, self._keys, (wait_ms, *owners))
+            missing, due_ms = await services.calls.run(*call)
+            if due_ms:
+                due = int(due_ms) / 1000  # the lock is free, its queue's head may be gone
         except (RedisError, OSError, RuntimeError) as exc:  # RuntimeError: the client closed
             if not services.closed:
                 logger.warning(
@@ -108,7 +116,7 @@ class KeepAlive:
             if wait is not None:
                 wait.wake()
         if self._waiters and not services.closed:
-            self._arm()
+            self._arm(due)
 
 
 class AsyncFairLock(LockKind):

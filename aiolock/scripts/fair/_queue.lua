@@ -40,9 +40,11 @@ local function wake(owner)
     redis.call('PUBLISH', KEYS[5] .. client, owner)
 end
 
--- Wake the first live waiter of the queue, if any (the lock has just become free).
+-- Wake the waiter at the head of the queue, if any (the lock has just become free).  Its
+-- deadline is not checked here: if it vanished, the keep-alive of a client waiting behind it
+-- drops it once its deadline passes (keep.lua), and that client asks again at that time.
 local function wake_next()
-    local next_owner = live_head(nil, nil)
+    local next_owner = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
     if next_owner then
         wake(next_owner)
     end

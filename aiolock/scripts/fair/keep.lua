@@ -9,13 +9,15 @@
 -- ARGV[1]  the fair wait timeout in milliseconds
 -- ARGV[2..] the owners of this client waiting for the lock
 --
--- Returns the owners among them that are not in the queue (dropped, or not queued yet): they
--- must try again to take a place.
+-- Returns {the owners among them that are not in the queue (dropped, or not queued yet: they
+-- must try again to take a place), ms until the head's deadline (0: none to wait for)}.
 --
 -- Each client runs it every third of the wait timeout while it has waiters, instead of each
 -- waiter re-trying: it moves their deadlines on, keeps the queue's keys alive, and, while the
--- lock is free, drops vanished waiters at the head and wakes the first live one (a head that
--- died after its hand-off message, or a message lost, would otherwise stall the queue).
+-- lock is free, drops vanished waiters at the head and wakes the first live one (releases
+-- wake the head unchecked: one that vanished, or a lost message, would otherwise stall the
+-- queue).  A free lock whose head is still within its deadline: the client calls again when
+-- it runs out, so a vanished head delays the queue by at most the wait timeout.
 --@include common/_time
 --@include fair/_queue
 local wait = tonumber(ARGV[1])
@@ -47,10 +49,12 @@ if pttl ~= -2 and pttl < wait then
     redis.call('PEXPIRE', KEYS[3], 2 * wait)
     redis.call('PEXPIRE', KEYS[4], 2 * wait)
 end
+local due = 0
 if redis.call('EXISTS', KEYS[1]) == 0 then
-    local head = live_head(nil, now)
+    local head, deadline = live_head(nil, now)
     if head then
         wake(head)
+        due = math.max(deadline - now + 1, 1)
     end
 end
-return missing
+return {missing, due}
