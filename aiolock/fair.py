@@ -22,12 +22,13 @@ import asyncio
 import logging
 import math
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from redis.exceptions import RedisError
 
 from . import _scripts
 from ._base import Call, LockKind, release_args
+from ._holds import Hold
 from ._keys import LockKeys
 from ._services import Services
 from ._waiting import NamedWait, Waiting
@@ -35,6 +36,9 @@ from ._waiting import NamedWait, Waiting
 __all__ = ["AsyncFairLock", "KeepAlive"]
 
 logger = logging.getLogger("aiolock.lock")
+
+_TRIES_IN_FLIGHT = 4
+"""Tries of one fair lock name a client has in flight at once (see KeepAlive.tries)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,11 +68,15 @@ class KeepAlive:
     the next one comes a third of the timeout later (the places last the whole timeout).
     """
 
-    __slots__ = ("__weakref__", "_keys", "_services", "_task", "_timer", "_waiters")
+    __slots__ = ("__weakref__", "_keys", "_services", "_task", "_timer", "_waiters", "tries")
 
     def __init__(self, services: Services, keys: tuple[str, ...]) -> None:
         self._services = services
         self._keys = keys
+        # Bounds the tries of this name in flight from this client.  Thousands of waiters
+        # arriving at once each queue with a try; one waiting here costs a future, one waiting
+        # for a connection inside the call costs its whole chain of call frames.
+        self.tries = asyncio.Semaphore(_TRIES_IN_FLIGHT)
         self._waiters: dict[str, NamedWait] = {}  # the parked owners, and how to wake them
         self._timer: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[None] | None = None  # a keep-alive call in flight
@@ -167,12 +175,20 @@ class AsyncFairLock(LockKind):
     def _force_call(self) -> Call:
         return _scripts.FAIR_FORCE, self._script_keys(), ()
 
-    def _waiting(self, owner: str) -> Waiting:
+    def _keeper(self) -> KeepAlive:
         services = self._services
-        keeper = services.name_state(
+        return services.name_state(
             "fair-keep", self.name, lambda: KeepAlive(services, self._script_keys())
         )
-        return NamedWait(services, self._keys.channel, self._counters, owner, keeper)
+
+    def _waiting(self, owner: str) -> Waiting:
+        return NamedWait(self._services, self._keys.channel, self._counters, owner, self._keeper())
+
+    async def _try_acquire(
+        self, owner: str, task: asyncio.Task[Any] | None, lease: float | None, started: float
+    ) -> Hold | float:
+        async with self._keeper().tries:
+            return await super()._try_acquire(owner, task, lease, started)
 
     def _leave_call(self, owner: str) -> Call:
         return _scripts.FAIR_LEAVE, self._script_keys(), (owner,)
