@@ -155,7 +155,7 @@ class NamedWait:
     its place is kept by ``keeper``, which wakes it (:meth:`wake`) if it lost it.
     """
 
-    __slots__ = ("_channel", "_counters", "_entry", "_keeper", "_name", "_owner", "_services")
+    __slots__ = ("_channel", "_counters", "_entry", "_keeper", "_owner", "_services")
 
     def __init__(
         self,
@@ -169,7 +169,6 @@ class NamedWait:
         self._channel = channel
         self._counters = counters
         self._owner = owner
-        self._name = owner.encode()
         self._keeper = keeper
         counters.contenders += 1
         entry = services.pubsub.join_existing(channel)
@@ -179,7 +178,7 @@ class NamedWait:
 
     def _enter(self, entry: Entry) -> None:
         assert isinstance(entry, NamedEntry)
-        entry.enter(self._name)
+        entry.enter(self._owner)
         self._counters.waiters += 1
 
     def first_pause(self) -> float | None:
@@ -195,12 +194,14 @@ class NamedWait:
         assert isinstance(entry, NamedEntry)
         if self._keeper is not None:
             self._keeper.enter(self._owner, self)
-        return entry.park_named(self._name, asyncio.get_running_loop().time() + pause)
+        return entry.park_named(self._owner, asyncio.get_running_loop().time() + pause)
 
     def wake(self) -> None:
         """Try again now (or at the next park): the owner's place in the queue was lost."""
-        if self._entry is not None:
-            self._entry.deliver(self._name)
+        entry = self._entry
+        if entry is not None:
+            assert isinstance(entry, NamedEntry)
+            entry.wake_named(self._owner)
 
     def unpark(self, waiter: asyncio.Future[Any]) -> None:
         if self._entry is not None:
@@ -217,7 +218,7 @@ class NamedWait:
         entry = self._entry
         if entry is not None:
             assert isinstance(entry, NamedEntry)
-            entry.leave(self._name)
+            entry.leave(self._owner)
             self._services.pubsub.release(entry)
             self._counters.waiters -= 1
         self._counters.contenders -= 1

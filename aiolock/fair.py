@@ -187,7 +187,8 @@ class AsyncFairLock(LockKind):
     async def _try_acquire(
         self, owner: str, task: asyncio.Task[Any] | None, lease: float | None, started: float
     ) -> Hold | float:
-        async with self._keeper().tries:
+        keeper = self._keeper()  # kept alive by this frame: its semaphore is the name's
+        async with keeper.tries:
             return await super()._try_acquire(owner, task, lease, started)
 
     def _leave_call(self, owner: str) -> Call:

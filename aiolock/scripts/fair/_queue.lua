@@ -10,28 +10,23 @@
 -- declared key (the next waiter is only known here), but it starts with KEYS[5], which carries
 -- the lock's hash tag: it lives in the lock's Cluster slot.  Needs common/_time first.
 
--- The first live waiter of the queue, dropping at most 100 vanished ones ahead of it: returns
--- the owner (or nil), its deadline (nil if it is me), how many were dropped, and the server
--- time if it had to read it.  me: the owner asking, which is alive (it needs no check); now:
--- the time if the caller read it already, else nil (TIME is read only when a head is checked).
-local function live_head(me, now)
-    local dropped = 0
+-- The first live waiter of the queue, dropping at most 100 vanished ones ahead of it (their
+-- deadline passed, as of now): returns the owner and its deadline, or nil.
+local function live_head(now)
     for _ = 1, 100 do
         local first = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
-        if not first or first == me then
-            return first, nil, dropped, now
+        if not first then
+            return nil, nil
         end
-        now = now or now_ms()
         local deadline = tonumber(redis.call('ZSCORE', KEYS[4], first))
         if deadline and deadline > now then
-            return first, deadline, dropped, now
+            return first, deadline
         end
         redis.call('ZREM', KEYS[3], first)
         redis.call('ZREM', KEYS[4], first)
-        dropped = dropped + 1
     end
     local first = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
-    return first, first and (tonumber(redis.call('ZSCORE', KEYS[4], first)) or now), dropped, now
+    return first, first and (tonumber(redis.call('ZSCORE', KEYS[4], first)) or now)
 end
 
 -- Wake owner: one message, to its client only.

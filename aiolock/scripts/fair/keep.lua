@@ -51,7 +51,7 @@ if pttl ~= -2 and pttl < wait then
 end
 local due = 0
 if redis.call('EXISTS', KEYS[1]) == 0 then
-    local head, deadline = live_head(nil, now)
+    local head, deadline = live_head(now)
     if head then
         wake(head)
         due = math.max(deadline - now + 1, 1)
