@@ -280,24 +280,29 @@ class NamedEntry(Entry):
     def __init__(self, channel: bytes, contention: Contention | None = None) -> None:
         super().__init__(channel, contention)
         # owner -> its parked future, or None between parks, or True: woken before it parked.
-        self._named: dict[bytes, asyncio.Future[bool] | bool | None] = {}
+        # Keyed by the owner's id as the waiter has it (no copy per waiter; a message decodes).
+        self._named: dict[str, asyncio.Future[bool] | bool | None] = {}
 
-    def enter(self, name: bytes) -> None:
+    def enter(self, name: str) -> None:
         self._named.setdefault(name, None)
 
-    def leave(self, name: bytes) -> None:
+    def leave(self, name: str) -> None:
         self._named.pop(name, None)
 
     def deliver(self, payload: bytes) -> None:
-        if payload not in self._named:
+        self.wake_named(payload.decode(errors="replace"))
+
+    def wake_named(self, name: str) -> None:
+        """Wake the owner ``name`` if it waits here (at its next park if it is not parked)."""
+        if name not in self._named:
             return  # not (or no longer) waiting here
-        waiter = self._named[payload]
+        waiter = self._named[name]
         if isinstance(waiter, asyncio.Future) and not waiter.done():
             self._parked -= 1
             waiter.set_result(True)
-            self._named[payload] = None
+            self._named[name] = None
         else:
-            self._named[payload] = True
+            self._named[name] = True
 
     def wake_one(self) -> None:
         self.wake_all()
@@ -313,7 +318,7 @@ class NamedEntry(Entry):
             elif waiter is None:
                 self._named[name] = True
 
-    def park_named(self, name: bytes, deadline: float) -> asyncio.Future[bool]:
+    def park_named(self, name: str, deadline: float) -> asyncio.Future[bool]:
         """:meth:`Entry.park` for the owner ``name``, which a message naming it wakes."""
         if self._named.get(name) is True:
             self._named[name] = None

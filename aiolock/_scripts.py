@@ -19,6 +19,7 @@ from importlib import resources
 __all__ = [
     "FAIR_ACQUIRE",
     "FAIR_FORCE",
+    "FAIR_KEEP",
     "FAIR_LEAVE",
     "FAIR_RELEASE",
     "LATCH_COUNT_DOWN",
@@ -90,6 +91,7 @@ FAIR_ACQUIRE = Script.load("fair", "acquire")
 FAIR_RELEASE = Script.load("fair", "release")
 FAIR_LEAVE = Script.load("fair", "leave")
 FAIR_FORCE = Script.load("fair", "force")
+FAIR_KEEP = Script.load("fair", "keep")
 
 LATCH_SET = Script.load("latch", "set")
 LATCH_COUNT_DOWN = Script.load("latch", "count_down")

@@ -23,7 +23,7 @@ from ._pubsub import Entry, NamedEntry
 if TYPE_CHECKING:
     from ._services import Services
 
-__all__ = ["Backoff", "ChannelWait", "NamedWait", "Waiting"]
+__all__ = ["Backoff", "ChannelWait", "Keeper", "NamedWait", "Waiting"]
 
 
 class Waiting(Protocol):
@@ -131,6 +131,19 @@ class ChannelWait:
         pubsub.left(self._channel, granted=granted and not self._shared)
 
 
+class Keeper(Protocol):
+    """What keeps the server-side places of a client's parked waiters (the fair lock's
+    keep-alive): one call for all of them, instead of a try per waiter."""
+
+    def enter(self, owner: str, wait: NamedWait) -> None:
+        """``owner`` parks: keep its place until :meth:`leave`."""
+        ...
+
+    def leave(self, owner: str) -> None:
+        """``owner`` stopped waiting."""
+        ...
+
+
 class NamedWait:
     """Park on this client's channel of the lock until a hand-off names this owner.
 
@@ -138,18 +151,25 @@ class NamedWait:
     If this client already has waiters on the lock, the owner registers on their entry before
     its first try, so that a hand-off naming it while the try is in flight is not lost; the
     first waiter of a client subscribes after its try, and the subscription's confirmation
-    wakes every waiter to try (a hand-off may have been published before it).
+    wakes every waiter to try (a hand-off may have been published before it).  While parked,
+    its place is kept by ``keeper``, which wakes it (:meth:`wake`) if it lost it.
     """
 
-    __slots__ = ("_channel", "_counters", "_entry", "_name", "_services")
+    __slots__ = ("_channel", "_counters", "_entry", "_keeper", "_owner", "_services")
 
     def __init__(
-        self, services: Services, channel: str, counters: NameCounters, owner: str
+        self,
+        services: Services,
+        channel: str,
+        counters: NameCounters,
+        owner: str,
+        keeper: Keeper | None = None,
     ) -> None:
         self._services = services
         self._channel = channel
         self._counters = counters
-        self._name = owner.encode()
+        self._owner = owner
+        self._keeper = keeper
         counters.contenders += 1
         entry = services.pubsub.join_existing(channel)
         if entry is not None:
@@ -158,7 +178,7 @@ class NamedWait:
 
     def _enter(self, entry: Entry) -> None:
         assert isinstance(entry, NamedEntry)
-        entry.enter(self._name)
+        entry.enter(self._owner)
         self._counters.waiters += 1
 
     def first_pause(self) -> float | None:
@@ -172,7 +192,16 @@ class NamedWait:
             )
             self._enter(entry)
         assert isinstance(entry, NamedEntry)
-        return entry.park_named(self._name, asyncio.get_running_loop().time() + pause)
+        if self._keeper is not None:
+            self._keeper.enter(self._owner, self)
+        return entry.park_named(self._owner, asyncio.get_running_loop().time() + pause)
+
+    def wake(self) -> None:
+        """Try again now (or at the next park): the owner's place in the queue was lost."""
+        entry = self._entry
+        if entry is not None:
+            assert isinstance(entry, NamedEntry)
+            entry.wake_named(self._owner)
 
     def unpark(self, waiter: asyncio.Future[Any]) -> None:
         if self._entry is not None:
@@ -184,10 +213,12 @@ class NamedWait:
         self._services.check_open()
 
     def leave(self, granted: bool) -> None:
+        if self._keeper is not None:
+            self._keeper.leave(self._owner)
         entry = self._entry
         if entry is not None:
             assert isinstance(entry, NamedEntry)
-            entry.leave(self._name)
+            entry.leave(self._owner)
             self._services.pubsub.release(entry)
             self._counters.waiters -= 1
         self._counters.contenders -= 1

@@ -67,7 +67,7 @@ class Client:
         watchdog renews them every third of it.
     :param subscribe_concurrency: the size of the semaphore pool that bounds concurrent
         SUBSCRIBE/UNSUBSCRIBE work, hashed by channel.
-    :param fair_wait_timeout: how long, in seconds, a fair lock's waiter that stopped trying
+    :param fair_wait_timeout: how long, in seconds, a fair lock's waiter that is no longer kept
         (its process died) keeps its place in the queue.
     :param sync_replicas: make every grant wait (``WAIT``) until that many replicas have it; a
         grant they do not confirm within ``sync_timeout`` seconds is undone, and the call

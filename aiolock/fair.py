@@ -8,23 +8,37 @@ channel of that waiter's client, naming it (:class:`~aiolock._waiting.NamedWait`
 no herd however many clients wait, and no channel per waiting task.
 
 Waiters that give up leave the queue at once (a ``leave`` script, settled in the background
-like any call whose caller has gone); one whose process died stops moving its deadline on and
-is dropped by the next try or release after ``fair_wait_timeout``.  A live waiter tries again
-at least every third of it, so it is never dropped.
+like any call whose caller has gone); one whose process died stops having its deadline moved
+on and is dropped, once it is next, after ``fair_wait_timeout``.  A parked waiter does not
+re-try to keep its place: one :class:`KeepAlive` per lock name and client moves the deadlines
+of all its parked waiters on every third of the timeout in one call (``keep.lua``), so a live
+waiter is never dropped, and a thousand parked waiters cost one call per third of it, not a
+thousand tries.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+import math
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
+
+from redis.exceptions import RedisError
 
 from . import _scripts
 from ._base import Call, LockKind, release_args
+from ._holds import Hold
 from ._keys import LockKeys
 from ._services import Services
 from ._waiting import NamedWait, Waiting
 
-__all__ = ["AsyncFairLock"]
+__all__ = ["AsyncFairLock", "KeepAlive"]
+
+logger = logging.getLogger("aiolock.lock")
+
+_TRIES_IN_FLIGHT = 4
+"""Tries of one fair lock name a client has in flight at once (see KeepAlive.tries)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +53,78 @@ class FairKeys(LockKeys):
 
     def script_keys(self) -> tuple[str, ...]:
         return (self.lock, self.meta, self.queue, self.deadlines, self.wake_prefix, self.fence)
+
+
+class KeepAlive:
+    """Keeps the queue places of one client's parked waiters on one fair lock.
+
+    While any of them is parked, every third of ``fair_wait_timeout`` one call (``keep.lua``)
+    moves all their deadlines on; an owner the server no longer has in the queue (dropped while
+    its client stalled, say) is woken to try again.  The same call drops vanished waiters at
+    the head of the queue while the lock is free and wakes the first live one; if that one's
+    deadline is nearer than the next call, the next call comes at its deadline (it may have
+    vanished too).  Shared by the
+    waiting calls of the name (through the client's name cache); a failed call is logged and
+    the next one comes a third of the timeout later (the places last the whole timeout).
+    """
+
+    __slots__ = ("__weakref__", "_keys", "_services", "_task", "_timer", "_waiters", "tries")
+
+    def __init__(self, services: Services, keys: tuple[str, ...]) -> None:
+        self._services = services
+        self._keys = keys
+        # Bounds the tries of this name in flight from this client.  Thousands of waiters
+        # arriving at once each queue with a try; one waiting here costs a future, one waiting
+        # for a connection inside the call costs its whole chain of call frames.
+        self.tries = asyncio.Semaphore(_TRIES_IN_FLIGHT)
+        self._waiters: dict[str, NamedWait] = {}  # the parked owners, and how to wake them
+        self._timer: asyncio.TimerHandle | None = None
+        self._task: asyncio.Task[None] | None = None  # a keep-alive call in flight
+
+    def enter(self, owner: str, wait: NamedWait) -> None:
+        self._waiters[owner] = wait
+        if self._timer is None and self._task is None:
+            self._arm()
+
+    def leave(self, owner: str) -> None:
+        self._waiters.pop(owner, None)
+        if not self._waiters and self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _arm(self, due: float = math.inf) -> None:
+        loop = asyncio.get_running_loop()
+        delay = min(self._services.fair_wait_timeout / 3, due)
+        self._timer = loop.call_later(delay, self._fire)
+
+    def _fire(self) -> None:
+        self._timer = None
+        if self._waiters and not self._services.closed:
+            self._task = asyncio.get_running_loop().create_task(self._keep(list(self._waiters)))
+
+    async def _keep(self, owners: list[str]) -> None:
+        services = self._services
+        wait_ms = round(services.fair_wait_timeout * 1000)
+        missing: list[bytes | str] = []
+        due = math.inf
+        try:
+            call = (_scripts.FAIR_KEEP, self._keys, (wait_ms, *owners))
+            missing, due_ms = await services.calls.run(*call)
+            if due_ms:
+                due = int(due_ms) / 1000  # the lock is free, its queue's head may be gone
+        except (RedisError, OSError, RuntimeError) as exc:  # RuntimeError: the client closed
+            if not services.closed:
+                logger.warning(
+                    "keeping the places of %d fair waiter(s) failed: %r", len(owners), exc
+                )
+        finally:
+            self._task = None
+        for name in missing:
+            wait = self._waiters.get(name.decode() if isinstance(name, bytes) else name)
+            if wait is not None:
+                wait.wake()
+        if self._waiters and not services.closed:
+            self._arm(due)
 
 
 class AsyncFairLock(LockKind):
@@ -89,8 +175,21 @@ class AsyncFairLock(LockKind):
     def _force_call(self) -> Call:
         return _scripts.FAIR_FORCE, self._script_keys(), ()
 
+    def _keeper(self) -> KeepAlive:
+        services = self._services
+        return services.name_state(
+            "fair-keep", self.name, lambda: KeepAlive(services, self._script_keys())
+        )
+
     def _waiting(self, owner: str) -> Waiting:
-        return NamedWait(self._services, self._keys.channel, self._counters, owner)
+        return NamedWait(self._services, self._keys.channel, self._counters, owner, self._keeper())
+
+    async def _try_acquire(
+        self, owner: str, task: asyncio.Task[Any] | None, lease: float | None, started: float
+    ) -> Hold | float:
+        keeper = self._keeper()  # kept alive by this frame: its semaphore is the name's
+        async with keeper.tries:
+            return await super()._try_acquire(owner, task, lease, started)
 
     def _leave_call(self, owner: str) -> Call:
         return _scripts.FAIR_LEAVE, self._script_keys(), (owner,)

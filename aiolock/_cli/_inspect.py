@@ -61,7 +61,7 @@ class Waiter:
 
     :ivar owner: the waiting owner's id.
     :ivar position: 1 for the next in line.
-    :ivar expires_in: seconds until the server drops it, unless it tries again before.
+    :ivar expires_in: seconds until the server drops it, unless a try or keep-alive renews it.
     """
 
     owner: str

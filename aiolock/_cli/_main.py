@@ -368,7 +368,7 @@ def render(report: Report) -> str:
         for waiter in report.waiters:
             lines.append(
                 f"    {waiter.position}. {waiter.owner}  (dropped in {waiter.expires_in:.3f}s "
-                "unless it tries again)"
+                "unless renewed)"
             )
     if report.subscribers is not None:
         lines.append(f"  clients waiting (subscribed to its channels): {report.subscribers}")

@@ -452,3 +452,68 @@ async def test_a_waiter_still_waiting_when_its_client_closes_leaves_the_queue(
 
     await eventually(gone, timeout=1.0, what="the queue entry removed")
     await holder.unlock()
+
+
+async def script_calls(redis: Redis) -> int:
+    """EVALSHA calls the server has run."""
+    stats = await redis.info("commandstats")
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+async def test_parked_waiters_keep_their_places_with_one_call_for_all(
+    aiolock_client: aiolock.Client, make_client: Callable[..., aiolock.Client], redis: Redis
+) -> None:
+    """A client's parked waiters do not re-try to keep their places: one keep-alive call moves
+    all their deadlines on."""
+    client = make_client(fair_wait_timeout=0.3)
+    holder = aiolock_client.fair_lock("kept", owner="holder")
+    await holder.lock()
+    lock = client.fair_lock("kept")
+
+    async def waiter() -> None:
+        async with lock.acquire(wait=30):
+            pass
+
+    waiters = [asyncio.create_task(waiter()) for _ in range(30)]
+    await queued(redis, holder, 30)
+    await eventually(lambda: parked_on(client, lock) == 30, what="all 30 parked")
+    keys = fair_keys(holder)
+    before = dict(await redis.zrange(keys.deadlines, 0, -1, withscores=True))
+    calls = await script_calls(redis)
+
+    async def all_moved_on() -> bool:
+        now = dict(await redis.zrange(keys.deadlines, 0, -1, withscores=True))
+        return now.keys() == before.keys() and all(now[k] > before[k] for k in now)
+
+    await eventually(all_moved_on, what="every deadline moved on")
+    assert await script_calls(redis) - calls < 30  # fewer calls than waiters
+    await holder.unlock()
+    await asyncio.wait_for(asyncio.gather(*waiters), 10)
+    await assert_clean(redis, client)
+    assert await no_queue_keys(redis, holder)
+
+
+async def test_a_waiter_whose_place_was_lost_takes_one_again(
+    aiolock_client: aiolock.Client, make_client: Callable[..., aiolock.Client], redis: Redis
+) -> None:
+    client = make_client(fair_wait_timeout=0.3)
+    holder = aiolock_client.fair_lock("lost-place", owner="holder")
+    await holder.lock()
+    lock = client.fair_lock("lost-place")
+
+    async def waiter() -> None:
+        async with lock.acquire(wait=30):
+            pass
+
+    task = asyncio.create_task(waiter())
+    await queued(redis, holder, 1)
+    await eventually(lambda: parked_on(client, lock) == 1, what="the waiter parked")
+    keys = fair_keys(holder)
+    [owner] = await queue(redis, holder)
+    await redis.zrem(keys.queue, owner)  # as if dropped while its client stalled
+    await redis.zrem(keys.deadlines, owner)
+    await queued(redis, holder, 1)  # its client's keep-alive found it missing: it queued again
+    await holder.unlock()
+    await asyncio.wait_for(task, 10)
+    await assert_clean(redis, client)
+    assert await no_queue_keys(redis, holder)

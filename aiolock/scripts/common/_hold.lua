@@ -17,11 +17,9 @@ local function grant(lock, fence, owner, request, lease)
     return {token, 1, lease}
 end
 
--- One more hold for an owner that holds the lock: {token, count, pttl}, nil if it does not
--- hold it, or false for a late copy of a request that was undone before it arrived.  A resend
--- of the applied request counts nothing; the lease is never shortened.
-local function reenter(lock, owner, request, lease)
-    local held = redis.call('HMGET', lock, owner, ':req', ':fence', 'x:' .. owner)
+-- reenter, given the owner's fields of the lock hash, {count, last request, token, undone
+-- marker} (a caller that has read them already saves a command).
+local function reenter_read(lock, held, owner, request, lease)
     if not held[1] then
         return nil
     end
@@ -42,6 +40,14 @@ local function reenter(lock, owner, request, lease)
         pttl = lease
     end
     return {tonumber(held[3]), count, pttl}
+end
+
+-- One more hold for an owner that holds the lock: {token, count, pttl}, nil if it does not
+-- hold it, or false for a late copy of a request that was undone before it arrived.  A resend
+-- of the applied request counts nothing; the lease is never shortened.
+local function reenter(lock, owner, request, lease)
+    local held = redis.call('HMGET', lock, owner, ':req', ':fence', 'x:' .. owner)
+    return reenter_read(lock, held, owner, request, lease)
 end
 
 -- Release one hold of owner.  Returns the holds left (nil: the owner holds none) and whether

@@ -1,34 +1,46 @@
 -- The fair lock's queue helpers, included by the scripts of this folder (not run alone).
 --
 -- The queue is two sorted sets of waiting owners: KEYS[3] scores each by its ticket (first
--- ask first), KEYS[4] by its deadline in ms of the server's clock.  A live waiter moves its
--- deadline on with every try; one that stopped trying (its process died) is dropped once its
--- deadline passes.  The hand-off message goes to the next waiter's client only: on the
--- channel KEYS[5] .. <client id>, naming the waiter.  That channel is not a declared key (the
--- next waiter is only known here), but it starts with KEYS[5], which carries the lock's hash
--- tag: it lives in the lock's Cluster slot.  Needs common/_time included first.
+-- ask first), KEYS[4] by its deadline in ms of the server's clock.  A try sets it, and the
+-- keep-alive of the waiter's client (keep.lua) moves it on; a waiter whose client stopped (its
+-- process died) is dropped once its deadline passes and it is next: expiry is lazy, only the
+-- head is ever checked, and only while the lock is free (a vanished waiter in the middle
+-- delays nobody until it is next).  The hand-off message goes to the next waiter's client
+-- only: on the channel KEYS[5] .. <client id>, naming the waiter.  That channel is not a
+-- declared key (the next waiter is only known here), but it starts with KEYS[5], which carries
+-- the lock's hash tag: it lives in the lock's Cluster slot.  Needs common/_time first.
 
--- Drop waiters whose deadline passed (at most 100 a call); returns how many went.
-local function drop_vanished(now)
-    local gone = redis.call('ZRANGEBYSCORE', KEYS[4], '-inf', now, 'LIMIT', 0, 100)
-    if #gone > 0 then
-        redis.call('ZREM', KEYS[3], unpack(gone))
-        redis.call('ZREM', KEYS[4], unpack(gone))
+-- The first live waiter of the queue, dropping at most 100 vanished ones ahead of it (their
+-- deadline passed, as of now): returns the owner and its deadline, or nil.
+local function live_head(now)
+    for _ = 1, 100 do
+        local first = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+        if not first then
+            return nil, nil
+        end
+        local deadline = tonumber(redis.call('ZSCORE', KEYS[4], first))
+        if deadline and deadline > now then
+            return first, deadline
+        end
+        redis.call('ZREM', KEYS[3], first)
+        redis.call('ZREM', KEYS[4], first)
     end
-    return #gone
+    local first = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+    return first, first and (tonumber(redis.call('ZSCORE', KEYS[4], first)) or now)
 end
 
--- The owner at the head of the queue, or nil.
-local function head()
-    return redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+-- Wake owner: one message, to its client only.
+local function wake(owner)
+    local client = string.match(owner, '^[^:]*')
+    redis.call('PUBLISH', KEYS[5] .. client, owner)
 end
 
--- Wake the waiter at the head of the queue, if any: one message, to its client only.
-local function wake_next(now)
-    drop_vanished(now)
-    local next_owner = head()
+-- Wake the waiter at the head of the queue, if any (the lock has just become free).  Its
+-- deadline is not checked here: if it vanished, the keep-alive of a client waiting behind it
+-- drops it once its deadline passes (keep.lua), and that client asks again at that time.
+local function wake_next()
+    local next_owner = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
     if next_owner then
-        local client = string.match(next_owner, '^[^:]*')
-        redis.call('PUBLISH', KEYS[5] .. client, next_owner)
+        wake(next_owner)
     end
 end

@@ -12,10 +12,13 @@
 -- ARGV[4]  the fair wait timeout in milliseconds: how long a silent waiter keeps its place
 --
 -- Returns {fencing token, hold count, PTTL} when granted, else how many ms to wait before the
--- next try (the waiter must try again within a third of the wait timeout to keep its place).
+-- next try: the lock's lease, or the wait timeout (the client keeps the place of a waiting
+-- owner with keep.lua every third of the wait timeout; a hand-off message wakes it sooner).
 --
--- Granted only when the lock is free and the queue is empty or starts with this owner.  A
--- resend never counts a second hold or takes a second place.
+-- Granted only when the lock is free and the queue is empty or starts with this owner.  A resend never counts a second hold or
+-- takes a second place.  Every command is paid per acquisition, so each path reads only what
+-- it needs: the lock hash once; the queue's head only when the lock is free; the clock only
+-- when a deadline is set; vanished waiters are dropped by releases and keep-alives only.
 --@include common/_time
 --@include common/_requests
 --@include common/_hold
@@ -31,12 +34,18 @@ if not wait or wait < 3 or wait > 1e12 then
     return redis.error_reply('ERR aiolock: wait timeout must be 3 to 1e12 milliseconds')
 end
 
-local now = now_ms()
-local dropped = drop_vanished(now)
-local first = head()
-
-if redis.call('EXISTS', KEYS[1]) == 1 then
-    local again = reenter(KEYS[1], owner, request, lease)
+-- The whole lock hash in one read (an owner, its token, the last request, undo markers): it
+-- says whether the lock exists and what re-entering needs.
+local fields = redis.call('HGETALL', KEYS[1])
+local locked = #fields > 0
+local map = {}
+for i = 1, #fields, 2 do
+    map[fields[i]] = fields[i + 1]
+end
+local held = {map[owner], map[':req'], map[':fence'], map['x:' .. owner]}
+local first
+if locked then
+    local again = reenter_read(KEYS[1], held, owner, request, lease)
     if again then
         return again
     elseif again == false then
@@ -44,35 +53,38 @@ if redis.call('EXISTS', KEYS[1]) == 1 then
     end
 elseif undone(KEYS[2], request) then
     return 1  -- a late copy of an undone call: its caller is gone (and it queues nothing)
-elseif not first or first == owner then
-    redis.call('ZREM', KEYS[3], owner)
-    redis.call('ZREM', KEYS[4], owner)
-    return grant(KEYS[1], KEYS[6], owner, request, lease)
-elseif dropped > 0 then
-    wake_next(now)  -- free, and the waiters ahead of the new head vanished: it is its turn
-end
-
-if not redis.call('ZSCORE', KEYS[3], owner) then
-    local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
-    local ticket = last[2] and tonumber(last[2]) + 1 or 1
-    redis.call('ZADD', KEYS[3], ticket, owner)
-end
-redis.call('ZADD', KEYS[4], now + wait, owner)
--- The queue's keys outlive their last live waiter by one to two wait timeouts: re-armed
--- once per wait timeout, not on every try.
-for i = 3, 4 do
-    if redis.call('PTTL', KEYS[i]) < wait then
-        redis.call('PEXPIRE', KEYS[i], 2 * wait)
+else
+    first = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+    if not first or first == owner then
+        if first then
+            redis.call('ZREM', KEYS[3], owner)
+            redis.call('ZREM', KEYS[4], owner)
+        end
+        return grant(KEYS[1], KEYS[6], owner, request, lease)
     end
+    -- Free, and another waiter is first: its hand-off message is on the way (or, if it
+    -- vanished, the keep-alive of a client still waiting drops it and wakes the next).
 end
 
-local pause = math.floor(wait / 3)
-local pttl = redis.call('PTTL', KEYS[1])
-if pttl > 0 then
-    pause = math.min(pause, pttl)
-elseif first and first ~= owner then
-    -- Free, and the head has not taken it yet: if the head vanished, try once it is dropped.
-    local due = tonumber(redis.call('ZSCORE', KEYS[4], first)) - now + 1
-    pause = math.min(pause, due)
+local now = now_ms()
+local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
+redis.call('ZADD', KEYS[3], 'NX', last[2] and tonumber(last[2]) + 1 or 1, owner)
+redis.call('ZADD', KEYS[4], now + wait, owner)
+if not last[1] then
+    -- A new queue: it outlives its last live waiter by one to two wait timeouts, re-armed by
+    -- the keep-alives of the clients waiting (keep.lua), not by every try.
+    redis.call('PEXPIRE', KEYS[3], 2 * wait)
+    redis.call('PEXPIRE', KEYS[4], 2 * wait)
+end
+
+-- Parked until the hand-off message names this owner; meanwhile its client's keep-alive keeps
+-- its place.  It tries again by itself only when the holder's lease runs out (a holder that
+-- died releases nothing), or after a wait timeout in any case.
+local pause = wait
+if locked then
+    local pttl = redis.call('PTTL', KEYS[1])
+    if pttl > 0 then
+        pause = pttl
+    end
 end
 return math.max(pause, 1)

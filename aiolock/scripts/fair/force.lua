@@ -11,7 +11,7 @@
 --@include common/_time
 --@include fair/_queue
 if redis.call('DEL', KEYS[1]) == 1 then
-    wake_next(now_ms())
+    wake_next()
     return 1
 end
 return 0

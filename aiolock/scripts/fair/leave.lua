@@ -12,10 +12,10 @@
 -- after it is woken.  Idempotent: leaving twice changes nothing.
 --@include common/_time
 --@include fair/_queue
-local was_next = head() == ARGV[1]
+local was_next = redis.call('ZRANGE', KEYS[3], 0, 0)[1] == ARGV[1]
 local removed = redis.call('ZREM', KEYS[3], ARGV[1])
 redis.call('ZREM', KEYS[4], ARGV[1])
 if was_next and redis.call('EXISTS', KEYS[1]) == 0 then
-    wake_next(now_ms())
+    wake_next()
 end
 return removed

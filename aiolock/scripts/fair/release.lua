@@ -20,6 +20,6 @@
 local undo = ARGV[3] and ARGV[1] .. '/' .. ARGV[3]
 local left, deleted = release_one(KEYS[1], KEYS[2], ARGV[1], ARGV[1] .. '/' .. ARGV[2], undo)
 if deleted then
-    wake_next(now_ms())
+    wake_next()
 end
 return left

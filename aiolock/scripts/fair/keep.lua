@@ -1,0 +1,60 @@
+-- Keep the places of one client's waiters in a fair lock's queue: one call for all of them.
+--
+-- KEYS[1]  the lock hash
+-- KEYS[2]  the meta hash (unused here: every fair script takes the same keys)
+-- KEYS[3]  the queue: owner -> ticket
+-- KEYS[4]  the queue deadlines: owner -> server time in ms after which it is dropped
+-- KEYS[5]  the prefix of the per-client wake-up channels
+-- KEYS[6]  the fencing token counter (unused here: every fair script takes the same keys)
+-- ARGV[1]  the fair wait timeout in milliseconds
+-- ARGV[2..] the owners of this client waiting for the lock
+--
+-- Returns {the owners among them that are not in the queue (dropped, or not queued yet: they
+-- must try again to take a place), ms until the head's deadline (0: none to wait for)}.
+--
+-- Each client runs it every third of the wait timeout while it has waiters, instead of each
+-- waiter re-trying: it moves their deadlines on, keeps the queue's keys alive, and, while the
+-- lock is free, drops vanished waiters at the head and wakes the first live one (releases
+-- wake the head unchecked: one that vanished, or a lost message, would otherwise stall the
+-- queue).  A free lock whose head is still within its deadline: the client calls again when
+-- it runs out, so a vanished head delays the queue by at most the wait timeout.
+--@include common/_time
+--@include fair/_queue
+local wait = tonumber(ARGV[1])
+if not wait or wait < 3 or wait > 1e12 then
+    return redis.error_reply('ERR aiolock: wait timeout must be 3 to 1e12 milliseconds')
+end
+local now = now_ms()
+local deadline = now + wait
+local missing = {}
+-- In chunks: unpack() is bounded by Lua's stack.
+for from = 2, #ARGV, 500 do
+    local to = math.min(from + 499, #ARGV)
+    local owners, args = {}, {}
+    for i = from, to do
+        owners[#owners + 1] = ARGV[i]
+        args[#args + 1] = deadline
+        args[#args + 1] = ARGV[i]
+    end
+    redis.call('ZADD', KEYS[4], 'XX', unpack(args))
+    local scores = redis.call('ZMSCORE', KEYS[4], unpack(owners))
+    for i, score in ipairs(scores) do
+        if not score then
+            missing[#missing + 1] = owners[i]
+        end
+    end
+end
+local pttl = redis.call('PTTL', KEYS[4])
+if pttl ~= -2 and pttl < wait then
+    redis.call('PEXPIRE', KEYS[3], 2 * wait)
+    redis.call('PEXPIRE', KEYS[4], 2 * wait)
+end
+local due = 0
+if redis.call('EXISTS', KEYS[1]) == 0 then
+    local head, deadline = live_head(now)
+    if head then
+        wake(head)
+        due = math.max(deadline - now + 1, 1)
+    end
+end
+return {missing, due}
