@@ -414,6 +414,7 @@ class PubSub:
         self._moves: dict[bytes, int] = {}  # moves of a channel since its last confirmation
         self._background: set[asyncio.Task[None]] = set()
         self._closed = False
+        self._rehoming: set[Subscriber] = set()  # subscribers whose channels are being moved
 
     # -- the public surface used by the wait loop ------------------------------------------
 
@@ -500,7 +501,9 @@ class PubSub:
         closed = RuntimeError("the aiolock client is closed")
         for subscriber in self._subscribers.values():
             subscriber.fail_confirmations(closed)
-        await cancel(self._background)
+        # A task that swallowed its cancellation may have spawned more before it saw we closed.
+        while self._background:
+            await cancel(set(self._background))
         await asyncio.gather(*(subscriber.aclose() for subscriber in self._subscribers.values()))
 
     # -- the Listener of every subscriber ----------------------------------------------------
@@ -526,7 +529,14 @@ class PubSub:
     def lost(self, subscriber: Subscriber) -> None:
         """A subscriber cannot connect: once the topology names other owners for its
         channels (a replica took over), they move there."""
-        if self._topology.sharded and subscriber.entries and not self._closed:
+        if (
+            self._topology.sharded
+            and subscriber.entries
+            and not self._closed
+            and subscriber not in self._rehoming
+        ):
+            # One at a time per subscriber: each failed connect would start a refresh.
+            self._rehoming.add(subscriber)
             self._spawn(self._rehome(subscriber))
 
     # -- subscribe / unsubscribe work, under the channel's semaphore ---------------------------
@@ -592,6 +602,10 @@ class PubSub:
         except (RedisError, RedisClusterException, OSError) as exc:
             logger.debug("topology not refreshed: %r", exc)  # the next failed connect retries
             return
+        finally:
+            self._rehoming.discard(subscriber)
+        if self._closed:  # the refresh may have swallowed the close's cancellation
+            return
         for key, home in homes.items():
             entry = subscriber.entries.get(key)
             if entry is not None and self._entries.get(key) is entry:
@@ -614,6 +628,9 @@ class PubSub:
                 await home.unsubscribe(entry)
 
     def _spawn(self, coro: Any) -> None:
+        if self._closed:
+            coro.close()  # nothing starts once closing began
+            return
         task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)

@@ -155,6 +155,8 @@ class Subscriber:
         already), or the failure of the connection: the entry then stays, and the reader
         subscribes it once it has reconnected, which confirms it.
         """
+        if self._closed:
+            raise RuntimeError("the aiolock client is closed")
         key = entry.channel
         self.entries[key] = entry
         if entry.confirmed:
@@ -452,5 +454,5 @@ async def cancel(tasks: set[asyncio.Task[None]]) -> None:
             task.cancel()
         _, pending = await asyncio.wait(pending, timeout=1.0)
     for task in tasks:
-        if not task.cancelled():
+        if task.done() and not task.cancelled():
             task.exception()  # retrieved: a failure here is of no use to anybody now
