@@ -34,6 +34,7 @@ from typing import Any, ClassVar, Final
 
 from redis.exceptions import RedisError, ResponseError
 
+from . import _scripts
 from ._calls import NotSent, not_sent
 from ._guard import Guarded, Holding
 from ._holds import Hold, NameCounters
@@ -267,25 +268,29 @@ class LockKind(Guarded[int]):
 
     async def is_locked(self) -> bool:
         """``True`` if anyone holds the lock."""
-        return bool(await self._services.check_open().redis.exists(self._keys.lock))
+        return bool(await self._read("exists"))
 
     async def is_held(self) -> bool:
         """``True`` if the calling owner holds the lock."""
-        owner, _ = self._owner()
-        return bool(await self._services.redis.hexists(self._keys.lock, owner))
+        return await self.hold_count() > 0
 
     async def hold_count(self) -> int:
         """The calling owner's reentrant count (0 if it does not hold the lock)."""
         owner, _ = self._owner()
-        count = await self._services.redis.hget(self._keys.lock, owner)
+        count = await self._read("hget", owner)
         return 0 if count is None else int(count)
 
     async def remaining_lease(self) -> float | None:
         """Seconds until the lock expires; ``None`` if it is not locked."""
-        pttl = int(await self._services.check_open().redis.pttl(self._keys.lock))
+        pttl = int(await self._read("pttl"))
         if pttl == -2:
             return None
         return math.inf if pttl == -1 else pttl / 1000
+
+    async def _read(self, what: str, *args: str) -> Any:
+        """One read of the lock's key (``common/read.lua``), on the client's own connections."""
+        calls = self._services.check_open().calls
+        return await calls.run(_scripts.READ, (self._keys.lock,), (what, *args))
 
     def statistics(self) -> LockStatistics:
         """A snapshot of this lock name from this client's view (no I/O)."""

@@ -28,6 +28,7 @@ __all__ = [
     "LOCK_FORCE",
     "LOCK_RELEASE",
     "LOCK_RENEW",
+    "READ",
     "RW_FORCE",
     "RW_LEAVE",
     "RW_READ",
@@ -81,6 +82,8 @@ def sharded(script: Script) -> Script:
     source = script.source.replace(_PUBLISH, "redis.call('SPUBLISH', ")
     return Script(script.name, source, hashlib.sha1(source.encode()).hexdigest())
 
+
+READ = Script.load("common", "read")
 
 LOCK_ACQUIRE = Script.load("lock", "acquire")
 LOCK_RELEASE = Script.load("lock", "release")

@@ -61,7 +61,8 @@ class AsyncCountDownLatch:
 
     async def count(self) -> int:
         """The count now (0 when none is set)."""
-        value = await self._services.check_open().redis.get(self._keys.lock)
+        calls = self._services.check_open().calls
+        value = await calls.run(_scripts.READ, (self._keys.lock,), ("get",))
         return 0 if value is None else int(value)
 
     async def wait(self, timeout: float | None = None) -> bool:  # noqa: ASYNC109 - the SPEC's

@@ -206,10 +206,7 @@ class RedLock(Guarded[int]):
         """``True`` if a majority of servers have it held by the caller."""
         owners = [part._owner()[0] for part in self.parts]
         held = await self._gather(
-            [
-                part._services.redis.hexists(part._keys.lock, owner)
-                for part, owner in zip(self.parts, owners, strict=True)
-            ]
+            [part._read("hget", owner) for part, owner in zip(self.parts, owners, strict=True)]
         )
         return sum(bool(value) for value in held) >= self.quorum
 
@@ -217,10 +214,7 @@ class RedLock(Guarded[int]):
         """The caller's reentrant count that a majority of servers agree on (0: not held)."""
         owners = [part._owner()[0] for part in self.parts]
         counts = await self._gather(
-            [
-                part._services.redis.hget(part._keys.lock, owner)
-                for part, owner in zip(self.parts, owners, strict=True)
-            ]
+            [part._read("hget", owner) for part, owner in zip(self.parts, owners, strict=True)]
         )
         ranked = sorted((int(count or 0) for count in counts), reverse=True)
         return ranked[self.quorum - 1]

@@ -162,3 +162,23 @@ async def test_a_latch_opens_unset_and_is_set_again_after_reaching_zero(
     assert await asyncio.wait_for(waiting, 5)
     assert await other.count() == 0
     await assert_clean(redis, aiolock_client)
+
+
+async def test_a_waiter_cancelled_at_any_point_of_its_wait_leaves(
+    aiolock_client: aiolock.Client,
+) -> None:
+    """Cancelled while it looks at the count, parks, or looks again, the waiter ends with
+    CancelledError: no call on its way may swallow the cancellation (redis-py's command path
+    did, on Python 3.11, and the waiter parked again, for good)."""
+    latch = aiolock_client.countdown_latch("cancelled-anywhere")
+    assert await latch.try_set_count(1)
+    for step in range(60):
+        waiter = asyncio.create_task(latch.wait())
+        for _ in range(step % 12):  # the cancellation lands at a different await each time
+            await asyncio.sleep(0)
+        waiter.cancel()
+        done, _ = await asyncio.wait([waiter], timeout=5)
+        assert done, f"the waiter cancelled after {step % 12} loop passes did not end"
+        assert waiter.cancelled()
+    assert aiolock_client.statistics().waiters == 0
+    await latch.count_down()
