@@ -12,6 +12,16 @@ on redirection.  A MOVED, ASK, TRYAGAIN or CLUSTERDOWN reply means the script di
 sending it again (to the new owner, after a pause) is always safe; the request id makes it
 idempotent anyway.
 
+**A node that dies** (a primary killed; its replica takes over after the cluster's node
+timeout) answers nothing: connecting fails, or a call in flight fails or times out.  Each such
+failure refreshes the topology, so that once the replica is promoted the next call goes there.
+A call that never reached the node (every connect failed) is resent, to the slot's owner as
+then known, until the same deadline as a redirection: an acquire waits out a failover.  A call
+that did reach it has an unknown outcome, which :mod:`aiolock._base` settles with the same
+request id (a grant undone, a release completed); so it is not resent here but raised, as on one
+server.  Resending it would be worse than useless: the settlement of the failed attempt would
+undo the grant its resend returned, since both carry the same request id.
+
 Every script touches the keys of one lock, which share a hash tag, so the first key names the
 slot; the watchdog groups its batches by slot (one call may not span slots: CROSSSLOT).
 """
@@ -19,6 +29,7 @@ slot; the watchdog groups its batches by slot (one call may not span slots: CROS
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, TypeVar
 
@@ -26,7 +37,15 @@ from redis.asyncio import RedisCluster
 from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.connection import AbstractConnection
 from redis.crc import key_slot
-from redis.exceptions import AskError, ClusterDownError, TryAgainError
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    RedisClusterException,
+    SlotNotCoveredError,
+    TryAgainError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._calls import Calls, Orphan
 from ._scripts import Script
@@ -34,6 +53,8 @@ from ._scripts import Script
 __all__ = ["ClusterCalls", "NodeConnections"]
 
 _T = TypeVar("_T")
+
+logger = logging.getLogger("aiolock.cluster")
 
 # A slot being migrated answers ASK or TRYAGAIN until the move completes (milliseconds for a
 # lock's few keys); a failover answers CLUSTERDOWN for up to the node timeout.
@@ -73,7 +94,7 @@ class ClusterCalls:
     ) -> Any:
         """:meth:`Calls.run` on the node of ``keys[0]``'s slot, following redirections."""
         return await self._routed(
-            keys[0], lambda calls: calls.run(script, keys, args, orphan=orphan)
+            keys[0], lambda calls, orphan: calls.run(script, keys, args, orphan=orphan), orphan
         )
 
     async def run_synced(
@@ -88,25 +109,59 @@ class ClusterCalls:
         """:meth:`Calls.run_synced` on the node of ``keys[0]``'s slot (WAIT counts that
         primary's replicas), following redirections."""
         return await self._routed(
-            keys[0], lambda calls: calls.run_synced(script, keys, args, sync=sync, orphan=orphan)
+            keys[0],
+            lambda calls, orphan: calls.run_synced(script, keys, args, sync=sync, orphan=orphan),
+            orphan,
         )
 
-    async def _routed(self, key: str, call: Callable[[Calls], Awaitable[_T]]) -> _T:
+    async def _routed(
+        self,
+        key: str,
+        call: Callable[[Calls, Orphan], Awaitable[_T]],
+        orphan: Orphan | None,
+    ) -> _T:
         await self.initialize()
         slot = key_slot(key.encode())
         loop = asyncio.get_running_loop()
         deadline = loop.time() + _REDIRECT_DEADLINE
         delay = 0.01
         while True:
-            node = self._cluster.nodes_manager.get_node_from_slot(slot)
+            # Whether this attempt reached a node: Calls hands the outcome of every call that
+            # did (or whose caller was cancelled) to the orphan callback.
+            orphaned = False
+
+            def unknown(work: asyncio.Future[Any]) -> None:
+                nonlocal orphaned
+                orphaned = True
+                if orphan is not None:
+                    orphan(work)
+
             try:
-                return await call(self._calls(node))
-            except (AskError, TryAgainError, ClusterDownError):  # MovedError is an AskError
+                node = self._cluster.nodes_manager.get_node_from_slot(slot)
+            except SlotNotCoveredError as exc:  # the last refresh saw a failover half-way
                 if loop.time() + delay > deadline:
-                    raise
-                await self._refresh()
-                await asyncio.sleep(delay)
+                    raise ClusterDownError(f"no node serves slot {slot}") from exc
+                await self._pause_and_refresh(delay)
                 delay = min(delay * 2, 0.5)
+                continue
+            try:
+                return await call(self._calls(node), unknown)
+            except (AskError, TryAgainError, ClusterDownError) as exc:  # MOVED is an ASK
+                error: Exception = exc
+                retry = True
+            except (RedisConnectionError, RedisTimeoutError) as exc:
+                # The node is unreachable: a failover may be under way.  Only a call that never
+                # reached the node may be sent again.
+                error, retry = exc, not orphaned
+            if not retry or loop.time() + delay > deadline:
+                await self._refresh()
+                raise error
+            await self._pause_and_refresh(delay)
+            delay = min(delay * 2, 0.5)
+
+    async def _pause_and_refresh(self, delay: float) -> None:
+        await self._refresh()
+        await asyncio.sleep(delay)
 
     async def initialize(self) -> None:
         """Learn the topology once, before any concurrent use.
@@ -137,13 +192,20 @@ class ClusterCalls:
         return calls
 
     async def _refresh(self) -> None:
-        """Read the topology again (a slot moved, or a replica took over): one at a time."""
+        """Read the topology again (a slot moved, or a replica took over): one at a time.
+
+        A refresh that fails (no node reachable, or the slots not covered while a failover is
+        under way) leaves the old topology: the next call's failure refreshes it again.
+        """
         lock = self._lock()
         if lock.locked():
             async with lock:  # somebody is refreshing it already: wait for theirs
                 return
         async with lock:
-            await self._cluster.nodes_manager.initialize()
+            try:
+                await self._cluster.nodes_manager.initialize()
+            except (RedisConnectionError, RedisTimeoutError, RedisClusterException) as exc:
+                logger.warning("could not refresh the Cluster topology: %r", exc)
 
     def _lock(self) -> asyncio.Lock:
         if self._refreshing is None:
