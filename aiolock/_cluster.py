@@ -33,7 +33,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, TypeVar
 
-from redis.asyncio import RedisCluster
+from redis.asyncio import ConnectionPool, Redis, RedisCluster
 from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.connection import AbstractConnection
 from redis.crc import key_slot
@@ -50,7 +50,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from ._calls import Calls, Orphan
 from ._scripts import Script
 
-__all__ = ["ClusterCalls", "NodeConnections"]
+__all__ = ["ClusterCalls", "NodeConnections", "node_of"]
 
 _T = TypeVar("_T")
 
@@ -215,3 +215,15 @@ class ClusterCalls:
     async def aclose(self, grace: float) -> None:
         """Close every node's connections (see :meth:`Calls.aclose`)."""
         await asyncio.gather(*(calls.aclose(grace) for calls in self._nodes.values()))
+
+
+async def node_of(cluster: RedisCluster, key: str) -> Redis:
+    """A plain client (close it after use) on the primary that serves ``key``'s slot, made with
+    the cluster client's connection settings: for a MULTI of reads on that one node."""
+    await cluster.initialize()
+    primary = cluster.get_node_from_key(key)
+    if primary is None:
+        raise ClusterDownError(f"no node serves the slot of {key!r}")
+    node = NodeConnections(primary)
+    pool = ConnectionPool(connection_class=node.connection_class, **node.connection_kwargs)
+    return Redis.from_pool(pool)
