@@ -81,7 +81,8 @@ class ClusterCalls:
     def __init__(self, cluster: RedisCluster) -> None:
         self._cluster = cluster
         self._nodes: dict[str, Calls] = {}
-        self._refreshing: asyncio.Lock | None = None
+        self._refreshing: asyncio.Task[None] | None = None
+        self._initializing: asyncio.Lock | None = None
         self._ready = False
 
     async def run(
@@ -192,28 +193,36 @@ class ClusterCalls:
         return calls
 
     async def _refresh(self) -> None:
-        """Read the topology again (a slot moved, or a replica took over): one at a time.
+        """Read the topology again (a slot moved, or a replica took over): one refresh at a
+        time, which every caller that asks meanwhile waits for.
 
-        A refresh that fails (no node reachable, or the slots not covered while a failover is
-        under way) leaves the old topology: the next call's failure refreshes it again.
+        It runs in a task of its own, which the caller awaits through a shield: redis-py
+        connects through ``asyncio.wait_for``, which on Python 3.11 may swallow a cancellation
+        (an acquire's deadline would then pass unnoticed).  A refresh that fails (no node
+        reachable, or the slots not covered while a failover is under way) leaves the old
+        topology: the next call's failure refreshes it again.
         """
-        lock = self._lock()
-        if lock.locked():
-            async with lock:  # somebody is refreshing it already: wait for theirs
-                return
-        async with lock:
-            try:
-                await self._cluster.nodes_manager.initialize()
-            except (RedisConnectionError, RedisTimeoutError, RedisClusterException) as exc:
-                logger.warning("could not refresh the Cluster topology: %r", exc)
+        task = self._refreshing
+        if task is None or task.done():
+            task = self._refreshing = asyncio.get_running_loop().create_task(self._read_topology())
+        await asyncio.shield(task)
+
+    async def _read_topology(self) -> None:
+        try:
+            await self._cluster.nodes_manager.initialize()
+        except (RedisConnectionError, RedisTimeoutError, RedisClusterException) as exc:
+            logger.warning("could not refresh the Cluster topology: %r", exc)
 
     def _lock(self) -> asyncio.Lock:
-        if self._refreshing is None:
-            self._refreshing = asyncio.Lock()
-        return self._refreshing
+        if self._initializing is None:
+            self._initializing = asyncio.Lock()
+        return self._initializing
 
     async def aclose(self, grace: float) -> None:
         """Close every node's connections (see :meth:`Calls.aclose`)."""
+        if self._refreshing is not None:
+            self._refreshing.cancel()
+            await asyncio.gather(self._refreshing, return_exceptions=True)
         await asyncio.gather(*(calls.aclose(grace) for calls in self._nodes.values()))
 
 

@@ -301,6 +301,54 @@ class EmbeddedCluster(_Managed):
         self.replicas[self.replicas.index(new)] = old
         return new
 
+    def rejoin(self, node: EmbeddedServer, *, timeout: float = 30.0) -> None:
+        """Start a node that :meth:`failover` killed again: it rejoins as a replica of the
+        primary that took over its slots; returns once it is in sync."""
+        from redis import Redis
+
+        if node not in self.replicas:
+            raise ValueError(f"{node!r} is not a replica of {self!r}")
+        node.restart()
+        deadline = time.monotonic() + timeout
+        while True:
+            with Redis(host=node.host, port=node.port, decode_responses=True) as redis:
+                info = redis.info("replication")
+            if info["role"] == "slave" and info.get("master_link_status") == "up":
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{node!r} did not rejoin in time: {self!r}")
+            time.sleep(0.05)
+
+    def move_slot(self, slot: int, to: EmbeddedServer | None = None) -> EmbeddedServer:
+        """Move ``slot``, keys and all, to primary ``to`` (the next primary by default), as
+        ``redis-cli --cluster reshard`` does (``SETSLOT IMPORTING``/``MIGRATING``, ``MIGRATE``
+        in batches, ``SETSLOT NODE`` on every primary); returns the new owner.  Keys keep their
+        TTLs; clients meanwhile get ``ASK`` and ``TRYAGAIN``, then ``MOVED``."""
+        from redis import Redis
+
+        nodes: list[Any] = [Redis(host=node.host, port=node.port) for node in self.primaries]
+        try:
+            ids = [node.execute_command("CLUSTER", "MYID").decode() for node in nodes]
+            ranges = nodes[0].execute_command("CLUSTER", "SLOTS")
+            owner = next(int(r[2][1]) for r in ranges if int(r[0]) <= slot <= int(r[1]))
+            source = [node.port for node in self.primaries].index(owner)
+            target = (source + 1) % len(nodes) if to is None else self.primaries.index(to)
+            if target == source:
+                return self.primaries[source]
+            nodes[target].execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", ids[source])
+            nodes[source].execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", ids[target])
+            new = self.primaries[target]
+            while keys := nodes[source].execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):
+                nodes[source].execute_command(
+                    "MIGRATE", new.host, new.port, "", 0, 5000, "KEYS", *keys
+                )
+            for node in nodes:
+                node.execute_command("CLUSTER", "SETSLOT", slot, "NODE", ids[target])
+            return new
+        finally:
+            for node in nodes:
+                node.close()
+
     @staticmethod
     def _role(node: EmbeddedServer) -> str:
         from redis import Redis
