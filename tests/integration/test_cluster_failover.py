@@ -208,3 +208,24 @@ async def test_other_nodes_holds_are_renewed_while_a_primary_is_down(
         with contextlib.suppress(aiolock.LockNotOwnedError):
             await lock.unlock()
     await eventually(lambda: client.statistics().holds == 0, what="nothing held")
+
+
+async def test_a_synced_call_to_a_rejoined_old_primary_follows_its_moved(
+    cluster: EmbeddedCluster, clients: Make
+) -> None:
+    """A client that made no call while the primary was replaced still sends to its address;
+    the killed node, back as a replica, answers MOVED to the script and refuses the WAIT: the
+    MOVED is followed (not the WAIT's error raised), and the grant is confirmed by that very
+    replica."""
+    client = clients(sync_replicas=1)
+    primary = cluster.primaries[1]
+    (name,) = names_on(cluster, primary, 1)
+    lock = client.lock(name)
+    async with lock.acquire(wait=0, lease=5):
+        pass
+    new = await asyncio.to_thread(cluster.failover, primary)
+    await asyncio.to_thread(cluster.rejoin, primary)
+    async with lock.acquire(wait=0, lease=5):
+        with _node(new) as redis:
+            assert redis.exists(lock._keys.lock)
+        assert await asyncio.to_thread(on_replica, primary, lock._keys.lock)
