@@ -46,7 +46,7 @@ from typing import Any
 
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
-from redis.exceptions import RedisClusterException, RedisError
+from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
 import aiolock
 from aiolock import (
@@ -614,6 +614,8 @@ def _classify(
         text = CANCELLED
     else:
         text = f"error:{type(exc).__name__}"
+        if isinstance(exc, ResponseError):  # which one: printed with the library's log counts
+            diagnostics.library_logs[f"caller {type(exc).__name__}: {str(exc)[:80]}"] += 1
         # LockSyncError: a grant the replicas did not confirm (a primary killed under it).
         if not isinstance(exc, RedisError | OSError | LockSyncError | RedisClusterException):
             trace = "".join(traceback.format_exception(exc))
