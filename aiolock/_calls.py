@@ -21,6 +21,7 @@ resends) has an outcome just as unknown: ``orphan`` gets it too, and the caller 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Final, Protocol
@@ -297,14 +298,17 @@ async def _read_replies(
 ) -> tuple[Any, int]:
     """The script's reply, and (when a WAIT followed it) how many replicas have its writes.
 
-    The WAIT's reply is read even when the script's is an error, so the connection stays clean.
+    The WAIT's reply is read even when the script's is an error, so the connection stays clean;
+    the script's error is the one raised (a Cluster replica answers MOVED to the script, then
+    refuses the WAIT: the MOVED is what the caller must see to follow it).
     """
     try:
         reply = await conn.read_response(disconnect_on_error=disconnect_on_error)
-    except ResponseError:
+    except ResponseError as error:
         if sync is not None:
-            await _read_wait(conn, sync, disconnect_on_error)
-        raise
+            with contextlib.suppress(ResponseError):
+                await _read_wait(conn, sync, disconnect_on_error)
+        raise error
     return reply, (0 if sync is None else await _read_wait(conn, sync, disconnect_on_error))
 
 

@@ -12,6 +12,16 @@ on redirection.  A MOVED, ASK, TRYAGAIN or CLUSTERDOWN reply means the script di
 sending it again (to the new owner, after a pause) is always safe; the request id makes it
 idempotent anyway.
 
+**A node that dies** (a primary killed; its replica takes over after the cluster's node
+timeout) answers nothing: connecting fails, or a call in flight fails or times out.  Each such
+failure refreshes the topology, so that once the replica is promoted the next call goes there.
+A call that never reached the node (every connect failed) is resent, to the slot's owner as
+then known, until the same deadline as a redirection: an acquire waits out a failover.  A call
+that did reach it has an unknown outcome, which :mod:`aiolock._base` settles with the same
+request id (a grant undone, a release completed); so it is not resent here but raised, as on one
+server.  Resending it would be worse than useless: the settlement of the failed attempt would
+undo the grant its resend returned, since both carry the same request id.
+
 Every script touches the keys of one lock, which share a hash tag, so the first key names the
 slot; the watchdog groups its batches by slot (one call may not span slots: CROSSSLOT).
 
@@ -26,22 +36,33 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Final, TypeVar
 
-from redis.asyncio import RedisCluster
+from redis.asyncio import ConnectionPool, Redis, RedisCluster
 from redis.asyncio.cluster import ClusterNode
 from redis.asyncio.connection import AbstractConnection
 from redis.crc import key_slot
-from redis.exceptions import AskError, ClusterDownError, TryAgainError
+from redis.exceptions import (
+    AskError,
+    ClusterDownError,
+    RedisClusterException,
+    SlotNotCoveredError,
+    TryAgainError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._calls import Calls, Orphan
 from ._pubsub import Home
 from ._scripts import Script, sharded
 
-__all__ = ["ClusterCalls", "ClusterTopology", "NodeConnections"]
+__all__ = ["ClusterCalls", "ClusterTopology", "NodeConnections", "node_of"]
 
 _T = TypeVar("_T")
+
+logger = logging.getLogger("aiolock.cluster")
 
 # A slot being migrated answers ASK or TRYAGAIN until the move completes (milliseconds for a
 # lock's few keys); a failover answers CLUSTERDOWN for up to the node timeout.
@@ -68,9 +89,10 @@ class ClusterCalls:
     def __init__(self, cluster: RedisCluster) -> None:
         self._cluster = cluster
         self._nodes: dict[str, Calls] = {}
-        self._refreshing: asyncio.Lock | None = None
+        self._refreshing: asyncio.Task[None] | None = None
+        self._initializing: asyncio.Lock | None = None
         self._ready = False
-        self.sharded = False  # the nodes have sharded pub/sub (known once initialized)
+        self.sharded = False  # every primary has sharded pub/sub (known once initialized)
 
     async def run(
         self,
@@ -82,7 +104,9 @@ class ClusterCalls:
     ) -> Any:
         """:meth:`Calls.run` on the node of ``keys[0]``'s slot, following redirections."""
         return await self._routed(
-            keys[0], lambda calls: calls.run(self._variant(script), keys, args, orphan=orphan)
+            keys[0],
+            lambda calls, orphan: calls.run(self._variant(script), keys, args, orphan=orphan),
+            orphan,
         )
 
     async def run_synced(
@@ -98,30 +122,63 @@ class ClusterCalls:
         primary's replicas), following redirections."""
         return await self._routed(
             keys[0],
-            lambda calls: calls.run_synced(
+            lambda calls, orphan: calls.run_synced(
                 self._variant(script), keys, args, sync=sync, orphan=orphan
             ),
+            orphan,
         )
 
     def _variant(self, script: Script) -> Script:
         return sharded(script) if self.sharded else script
 
-    async def _routed(self, key: str, call: Callable[[Calls], Awaitable[_T]]) -> _T:
+    async def _routed(
+        self,
+        key: str,
+        call: Callable[[Calls, Orphan], Awaitable[_T]],
+        orphan: Orphan | None,
+    ) -> _T:
         await self.initialize()
         slot = key_slot(key.encode())
         loop = asyncio.get_running_loop()
         deadline = loop.time() + _REDIRECT_DEADLINE
         delay = 0.01
         while True:
-            node = self._cluster.nodes_manager.get_node_from_slot(slot)
+            # Whether this attempt reached a node: Calls hands the outcome of every call that
+            # did (or whose caller was cancelled) to the orphan callback.
+            orphaned = False
+
+            def unknown(work: asyncio.Future[Any]) -> None:
+                nonlocal orphaned
+                orphaned = True
+                if orphan is not None:
+                    orphan(work)
+
             try:
-                return await call(self._calls(node))
-            except (AskError, TryAgainError, ClusterDownError):  # MovedError is an AskError
+                node = self._cluster.nodes_manager.get_node_from_slot(slot)
+            except SlotNotCoveredError as exc:  # the last refresh saw a failover half-way
                 if loop.time() + delay > deadline:
-                    raise
-                await self.refresh()
-                await asyncio.sleep(delay)
+                    raise ClusterDownError(f"no node serves slot {slot}") from exc
+                await self._pause_and_refresh(delay)
                 delay = min(delay * 2, 0.5)
+                continue
+            try:
+                return await call(self._calls(node), unknown)
+            except (AskError, TryAgainError, ClusterDownError) as exc:  # MOVED is an ASK
+                error: Exception = exc
+                retry = True
+            except (RedisConnectionError, RedisTimeoutError) as exc:
+                # The node is unreachable: a failover may be under way.  Only a call that never
+                # reached the node may be sent again.
+                error, retry = exc, not orphaned
+            if not retry or loop.time() + delay > deadline:
+                await self.refresh()
+                raise error
+            await self._pause_and_refresh(delay)
+            delay = min(delay * 2, 0.5)
+
+    async def _pause_and_refresh(self, delay: float) -> None:
+        await self.refresh()
+        await asyncio.sleep(delay)
 
     async def initialize(self) -> None:
         """Learn the topology once, before any concurrent use.
@@ -134,7 +191,11 @@ class ClusterCalls:
         async with self._lock():
             if not self._ready:
                 await self._cluster.initialize()
-                self.sharded = await _has_sharded_pubsub(self._cluster.get_primaries()[0])
+                # Sharded only if every primary has it (a cluster half-way through an upgrade
+                # from Redis 6 would fail the releases' SPUBLISH on the others).
+                primaries = self._cluster.get_primaries()
+                found = await asyncio.gather(*(_has_sharded_pubsub(node) for node in primaries))
+                self.sharded = bool(found) and all(found)
                 self._ready = True
 
     def nodes(self) -> list[NodeConnections]:
@@ -152,28 +213,55 @@ class ClusterCalls:
             calls = self._nodes[node.name] = Calls(NodeConnections(node))
         return calls
 
-    def node_of(self, key: bytes) -> ClusterNode:
+    def serving(self, key: bytes) -> ClusterNode:
         """The primary that serves ``key``'s slot, as far as the client knows."""
         node: ClusterNode = self._cluster.nodes_manager.get_node_from_slot(key_slot(key))
         return node
 
     async def refresh(self) -> None:
-        """Read the topology again (a slot moved, or a replica took over): one at a time."""
-        lock = self._lock()
-        if lock.locked():
-            async with lock:  # somebody is refreshing it already: wait for theirs
-                return
-        async with lock:
+        """Read the topology again (a slot moved, or a replica took over): one refresh at a
+        time, which every caller that asks meanwhile waits for.
+
+        It runs in a task of its own, which the caller awaits through a shield: redis-py
+        connects through ``asyncio.wait_for``, which on Python 3.11 may swallow a cancellation
+        (an acquire's deadline would then pass unnoticed).  A refresh that fails (no node
+        reachable, or the slots not covered while a failover is under way) leaves the old
+        topology: the next call's failure refreshes it again.
+        """
+        task = self._refreshing
+        if task is None or task.done():
+            task = self._refreshing = asyncio.get_running_loop().create_task(self._read_topology())
+        await asyncio.shield(task)
+
+    async def _read_topology(self) -> None:
+        try:
             await self._cluster.nodes_manager.initialize()
+        except (RedisConnectionError, RedisTimeoutError, RedisClusterException) as exc:
+            logger.warning("could not refresh the Cluster topology: %r", exc)
 
     def _lock(self) -> asyncio.Lock:
-        if self._refreshing is None:
-            self._refreshing = asyncio.Lock()
-        return self._refreshing
+        if self._initializing is None:
+            self._initializing = asyncio.Lock()
+        return self._initializing
 
     async def aclose(self, grace: float) -> None:
         """Close every node's connections (see :meth:`Calls.aclose`)."""
+        if self._refreshing is not None:
+            self._refreshing.cancel()
+            await asyncio.gather(self._refreshing, return_exceptions=True)
         await asyncio.gather(*(calls.aclose(grace) for calls in self._nodes.values()))
+
+
+async def node_of(cluster: RedisCluster, key: str) -> Redis:
+    """A plain client (close it after use) on the primary that serves ``key``'s slot, made with
+    the cluster client's connection settings: for a MULTI of reads on that one node."""
+    await cluster.initialize()
+    primary = cluster.get_node_from_key(key)
+    if primary is None:
+        raise ClusterDownError(f"no node serves the slot of {key!r}")
+    node = NodeConnections(primary)
+    pool = ConnectionPool(connection_class=node.connection_class, **node.connection_kwargs)
+    return Redis.from_pool(pool)
 
 
 async def _has_sharded_pubsub(node: ClusterNode) -> bool:
@@ -215,7 +303,7 @@ class ClusterTopology:
     def home(self, channel: bytes) -> Home:
         if not self._calls.sharded:
             return self._any
-        node = self._calls.node_of(channel)
+        node = self._calls.serving(channel)
         connections = NodeConnections(node)
         return Home(node.name, lambda: connections)
 

@@ -6,11 +6,16 @@ whose lock is gone or owned by someone else is marked lost at once.  A renewal t
 connection dropped) is retried quickly; a hold whose lease runs out meanwhile is marked lost by
 its timer, because from then on nobody can say who holds the lock.  A hold whose owning task
 finished without releasing is dropped, and its lock expires within one lease.
+
+The batches of a round run concurrently, each retrying on its own: on a Cluster a batch whose
+node is dead (until its replica takes over) must not hold up the renewals of the other nodes'
+holds.  A batch still retrying when the next round comes is not started twice.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 
 from redis.crc import key_slot
@@ -41,6 +46,7 @@ class Watchdog:
         self.lease = lease
         self.period = lease / 3
         self._task: asyncio.Task[None] | None = None
+        self._renewing: dict[_Group, asyncio.Task[None]] = {}
         self.renewals = 0
         self.failures = 0
 
@@ -52,10 +58,13 @@ class Watchdog:
             )
 
     async def aclose(self) -> None:
+        tasks = [*self._renewing.values()]
         if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
+            tasks.append(self._task)
             self._task = None
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     async def _run(self) -> None:
         while True:
@@ -64,18 +73,44 @@ class Watchdog:
                 await self._holds.changed.wait()
             # A grant has just set the full lease: the first renewal is one period later.
             await asyncio.sleep(self.period)
-            await self.renew_once()
+            self._start_round()
 
     async def renew_once(self) -> None:
         """One renewal round over every watched hold, retrying failures within the lease."""
+        await asyncio.gather(*self._start_round())
+
+    def _start_round(self) -> list[asyncio.Task[None]]:
+        """Start renewing every group of watched holds that is not being renewed already."""
+        started = []
+        groups = _groups(self._alive(), per_slot=self._per_slot)
+        for group in groups:
+            if group not in self._renewing:
+                task = asyncio.get_running_loop().create_task(self._renew_group(group))
+                self._renewing[group] = task
+                task.add_done_callback(functools.partial(self._renewed, group))
+                started.append(task)
+        return started
+
+    def _renewed(self, group: _Group, task: asyncio.Task[None]) -> None:
+        if self._renewing.get(group) is task:
+            del self._renewing[group]
+        if not task.cancelled() and (error := task.exception()) is not None:
+            logger.error("watchdog renewal stopped by a bug", exc_info=error)
+
+    def _alive(self) -> list[Hold]:
+        return [hold for hold in self._holds.watched() if self._owner_alive(hold)]
+
+    async def _renew_group(self, group: _Group) -> None:
+        """Renew one group's holds, retrying failures within the lease."""
         delay = min(0.05, self.period / 10)
         while True:
-            holds = [hold for hold in self._holds.watched() if self._owner_alive(hold)]
+            # Taken afresh on every try: holds lost, released or granted since count.
+            holds = _groups(self._alive(), per_slot=self._per_slot).get(group)
             if not holds:
                 return
             try:
-                for batch in _batches(holds, per_slot=self._per_slot):
-                    await self._renew(batch)
+                for start in range(0, len(holds), _BATCH):
+                    await self._renew(holds[start : start + _BATCH])
                 return
             except (RedisError, OSError) as exc:
                 # Retried within the lease; each hold's timer marks it lost if the lease runs
@@ -115,14 +150,14 @@ class Watchdog:
         return False
 
 
-def _batches(holds: list[Hold], *, per_slot: bool) -> list[list[Hold]]:
-    """Holds grouped by renew script (and by Cluster slot), at most ``_BATCH`` to a group."""
-    groups: dict[tuple[str, int], list[Hold]] = {}
+_Group = tuple[str, int]
+"""Holds renewed by one script (its SHA), in one Cluster slot (0 on one server)."""
+
+
+def _groups(holds: list[Hold], *, per_slot: bool) -> dict[_Group, list[Hold]]:
+    """Holds grouped by renew script (and by Cluster slot)."""
+    groups: dict[_Group, list[Hold]] = {}
     for hold in holds:
         slot = key_slot(hold.renew_keys[0].encode()) if per_slot else 0
         groups.setdefault((hold.renew.sha, slot), []).append(hold)
-    return [
-        group[start : start + _BATCH]
-        for group in groups.values()
-        for start in range(0, len(group), _BATCH)
-    ]
+    return groups

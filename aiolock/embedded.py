@@ -199,6 +199,8 @@ class EmbeddedCluster(_Managed):
             "cluster-config-file": "nodes.conf",
             "cluster-node-timeout": str(node_timeout),
             "cluster-require-full-coverage": "no",
+            # No pause before a (diskless) full sync: by default a primary waits 5 s for more.
+            "repl-diskless-sync-delay": 0,
         }
         nodes = [
             EmbeddedServer(binary=binary, port=port, config=config)
@@ -269,6 +271,110 @@ class EmbeddedCluster(_Managed):
             if time.monotonic() > deadline:
                 raise TimeoutError(f"the embedded cluster was not ready in time: {self!r}")
             time.sleep(0.05)
+
+    def failover(
+        self, primary: EmbeddedServer | None = None, *, timeout: float = 30.0
+    ) -> EmbeddedServer:
+        """Kill a primary (SIGKILL; the first by default; unless it is dead already) and return
+        the replica that took over its slots, once every live node names it in ``CLUSTER
+        SLOTS`` and says the cluster is ok.  The killed node stays down (counted among
+        :attr:`replicas` from then on; ``restart()`` it and it rejoins as a replica).
+        """
+        old = self.primaries[0] if primary is None else primary
+        if old not in self.primaries:
+            raise ValueError(f"{old!r} is not a primary of {self!r}")
+        candidates = [node for node in self.replicas if self._primary_port(node) == old.port]
+        if not candidates:
+            raise ValueError(f"{old!r} has no replica to take over")
+        if old.running:
+            old.kill()
+        live = [node for node in self.nodes if node is not old]
+        deadline = time.monotonic() + timeout
+        while True:
+            new = next((node for node in candidates if self._role(node) == "master"), None)
+            if new is not None and all(self._agrees(node, old, new) for node in live):
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the failover did not finish in time: {self!r}")
+            time.sleep(0.05)
+        self.primaries[self.primaries.index(old)] = new
+        self.replicas[self.replicas.index(new)] = old
+        return new
+
+    def rejoin(self, node: EmbeddedServer, *, timeout: float = 30.0) -> None:
+        """Start a node that :meth:`failover` killed again: it rejoins as a replica of the
+        primary that took over its slots; returns once it is in sync."""
+        from redis import Redis
+
+        if node not in self.replicas:
+            raise ValueError(f"{node!r} is not a replica of {self!r}")
+        node.restart()
+        deadline = time.monotonic() + timeout
+        while True:
+            with Redis(host=node.host, port=node.port, decode_responses=True) as redis:
+                info = redis.info("replication")
+            if info["role"] == "slave" and info.get("master_link_status") == "up":
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{node!r} did not rejoin in time: {self!r}")
+            time.sleep(0.05)
+
+    def move_slot(self, slot: int, to: EmbeddedServer | None = None) -> EmbeddedServer:
+        """Move ``slot``, keys and all, to primary ``to`` (the next primary by default), as
+        ``redis-cli --cluster reshard`` does (``SETSLOT IMPORTING``/``MIGRATING``, ``MIGRATE``
+        in batches, ``SETSLOT NODE`` on every primary); returns the new owner.  Keys keep their
+        TTLs; clients meanwhile get ``ASK`` and ``TRYAGAIN``, then ``MOVED``."""
+        from redis import Redis
+
+        nodes: list[Any] = [Redis(host=node.host, port=node.port) for node in self.primaries]
+        try:
+            ids = [node.execute_command("CLUSTER", "MYID").decode() for node in nodes]
+            ranges = nodes[0].execute_command("CLUSTER", "SLOTS")
+            owner = next(int(r[2][1]) for r in ranges if int(r[0]) <= slot <= int(r[1]))
+            source = [node.port for node in self.primaries].index(owner)
+            target = (source + 1) % len(nodes) if to is None else self.primaries.index(to)
+            if target == source:
+                return self.primaries[source]
+            nodes[target].execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", ids[source])
+            nodes[source].execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", ids[target])
+            new = self.primaries[target]
+            while keys := nodes[source].execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):
+                nodes[source].execute_command(
+                    "MIGRATE", new.host, new.port, "", 0, 5000, "KEYS", *keys
+                )
+            for node in nodes:
+                node.execute_command("CLUSTER", "SETSLOT", slot, "NODE", ids[target])
+            return new
+        finally:
+            for node in nodes:
+                node.close()
+
+    @staticmethod
+    def _role(node: EmbeddedServer) -> str:
+        from redis import Redis
+
+        with Redis(host=node.host, port=node.port, decode_responses=True) as redis:
+            return str(redis.info("replication")["role"])
+
+    @staticmethod
+    def _primary_port(node: EmbeddedServer) -> int | None:
+        from redis import Redis
+
+        with Redis(host=node.host, port=node.port, decode_responses=True) as redis:
+            port = redis.info("replication").get("master_port")
+        return None if port is None else int(port)
+
+    @staticmethod
+    def _agrees(node: EmbeddedServer, old: EmbeddedServer, new: EmbeddedServer) -> bool:
+        """``node`` says the cluster is ok, and names ``new``, never ``old``, as a primary."""
+        from redis import Redis
+
+        with Redis(host=node.host, port=node.port, decode_responses=True) as redis:
+            if redis.cluster("INFO")["cluster_state"] != "ok":
+                return False
+            ranges = redis.execute_command("CLUSTER", "SLOTS")
+        owners = {int(entry[2][1]) for entry in ranges}
+        return new.port in owners and old.port not in owners
 
     def stop(self) -> None:
         """Stop every node and remove their data directories."""

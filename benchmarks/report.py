@@ -454,7 +454,53 @@ def markdown(results: dict[str, Any]) -> str:
             ],
             _rows(_medians(section), labels, columns, {"acquired_share": lambda v: v * 100}),
         )
+    if "cluster" in scenarios:
+        out += _cluster_table(scenarios["cluster"])
     return "\n".join(out)
+
+
+def _cluster_table(section: dict[str, Any]) -> list[str]:
+    """Acquisitions/s over the cluster, then per node: share, CPU and commands per acquisition
+    of the node's own locks."""
+    out = [
+        f"**cluster**: {section['locks']:,} locks, {section['processes']} processes x "
+        f"{section['tasks_per_process']} tasks, each picking a lock at random and holding it "
+        f"{section['hold_s'] * 1000:g} ms, {section['duration_s']:g} s per run, on a 3-primary "
+        f"{section['binary']} cluster",
+        "",
+    ]
+    rows: list[Row] = []
+    for name, figures in _medians(section).items():
+        label = section["labels"].get(name, name)
+        if "error" in figures:
+            rows.append([label, f"failed: {figures['error']}"])
+            continue
+        for node in range(3):
+            rows.append(
+                [
+                    label if node == 0 else "",
+                    _fmt(figures.get("acquisitions_per_s", math.nan), 0) if node == 0 else "",
+                    _fmt(figures.get("served", math.nan) * 100) if node == 0 else "",
+                    _fmt(figures.get("overlaps", math.nan), 0) if node == 0 else "",
+                    node,
+                    figures.get(f"node{node}_share", math.nan) * 100,
+                    figures.get(f"node{node}_cpu_us_per_own_acquisition", math.nan),
+                    figures.get(f"node{node}_commands_per_own_acquisition", math.nan),
+                    figures.get(f"node{node}_cpu_share", math.nan) * 100,
+                ]
+            )
+    header = [
+        "implementation",
+        "acq/s",
+        "served %",
+        "overlaps",
+        "node",
+        "share of acq %",
+        "server CPU µs/acq",
+        "commands/acq",
+        "node CPU %",
+    ]
+    return out + _table(header, rows)
 
 
 def _sweep_names(section: dict[str, Any]) -> list[str]:

@@ -27,11 +27,13 @@ import redis
 import aiolock
 from aiolock.embedded import EmbeddedServer
 from benchmarks import impls, report
-from benchmarks.scenarios import contended, fanin, rtt, shared, sweep, uncontended
+from benchmarks.scenarios import cluster, contended, fanin, rtt, shared, sweep, uncontended
 from benchmarks.stats import ServerProbe
 
 HERE = Path(__file__).resolve().parent
 SCENARIOS = ("rtt", "uncontended", "contended", "sweep", "shared", "fanin")
+# Not in ``all``: it starts a 3-primary cluster of its own (``--server`` picks the binary).
+EXTRA = ("cluster",)
 _README_START, _README_END = "<!-- results:start -->", "<!-- results:end -->"
 
 
@@ -49,7 +51,7 @@ def _machine() -> str:
 
 def _parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("scenario", nargs="?", default="all", choices=(*SCENARIOS, "all"))
+    parser.add_argument("scenario", nargs="?", default="all", choices=(*SCENARIOS, *EXTRA, "all"))
     parser.add_argument("--server", choices=("valkey", "redis"), default="valkey")
     parser.add_argument("--url", help="use this server instead of starting one (loopback!)")
     parser.add_argument("--repeats", type=int, default=3)
@@ -80,6 +82,9 @@ def _run_scenarios(args: argparse.Namespace, url: str, names: list[str]) -> dict
         "sweep": lambda: sweep.run(url, names, repeats=args.repeats, quick=args.quick),
         "shared": lambda: shared.run(url, shared_names, repeats=args.repeats, quick=args.quick),
         "fanin": lambda: fanin.run(url, names, repeats=args.repeats, quick=args.quick),
+        "cluster": lambda: cluster.run(
+            args.server, chosen_impls, repeats=args.repeats, quick=args.quick
+        ),
     }
     chosen = SCENARIOS if args.scenario == "all" else (args.scenario,)
     results = {}

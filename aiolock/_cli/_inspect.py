@@ -6,6 +6,11 @@ the headers of its scripts (``scripts/<kind>/``).  The reads of one kind run in 
 transaction with the server's ``TIME``, so the holders, leases, queue and counter are one
 consistent snapshot, and deadlines kept on the server's clock are turned into seconds left
 without trusting this machine's clock.
+
+On a Redis Cluster every key of a lock, its slot's fencing counter included, shares one hash
+slot, so the same transaction runs on the primary that serves it.  Waiting clients may be
+subscribed on any node there (classic pub/sub) or on the slot's (sharded): the subscriber
+counts are summed over every primary, outside the transaction.
 """
 
 from __future__ import annotations
@@ -16,7 +21,9 @@ from typing import Any, Final
 
 from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.client import Pipeline
+from redis.exceptions import ResponseError
 
+from .._cluster import node_of
 from .._keys import LockKeys
 from ..client import Client
 from ..fair import FairKeys
@@ -103,7 +110,8 @@ class Report:
 
 def queue_fencing_counter(pipe: Pipeline, keys: LockKeys) -> None:
     """Queue on ``pipe`` the read of the fencing counter of the lock at ``keys``: the last token
-    handed out under the key prefix (one counter serves every name), or nil before the first.
+    handed out under the key prefix (one counter serves every name; on a Cluster, every name of
+    the lock's slot), or nil before the first.
     The one place here that knows where it lives."""
     pipe.get(keys.fence)
 
@@ -125,11 +133,10 @@ async def _reentrant(client: Client, kind: str, name: str) -> Report:
         pipe.hgetall(keys.lock)
         pipe.pttl(keys.lock)
         queue_fencing_counter(pipe, keys)
-        if kind == "lock":  # the spin lock's waiters never subscribe
-            pipe.pubsub_numsub(keys.channel)
 
-    fields, pttl, counter, *numsub = await _snapshot(client.redis, reads)
-    subscribers = _subscribers(numsub[0]) if numsub else None
+    # The spin lock's waiters never subscribe.
+    channels = (keys.channel,) if kind == "lock" else ()
+    (fields, pttl, counter), subscribers = await _snapshot(client, keys.lock, reads, channels)
     holders = _hash_holders(fields, pttl)
     return Report(kind, name, keys.lock, holders, _int(counter), subscribers=subscribers)
 
@@ -154,7 +161,7 @@ async def _fair(client: Client, name: str, permits: int | None) -> Report:
         pipe.zrange(keys.queue, 0, -1)
         pipe.zrange(keys.deadlines, 0, -1, withscores=True)
 
-    values = await _snapshot(client.redis, reads)
+    values, _ = await _snapshot(client, keys.lock, reads)
     time, fields, pttl, counter, queue, deadlines = values
     now = _ms(time)
     ends = {_str(owner): score for owner, score in deadlines}
@@ -178,10 +185,10 @@ async def _rw(client: Client, name: str, permits: int | None) -> Report:
         queue_fencing_counter(pipe, keys)
         pipe.zrange(keys.readers, 0, -1, withscores=True)
         pipe.zrange(keys.writers, 0, -1, withscores=True)
-        pipe.pubsub_numsub(keys.read_channel, keys.write_channel)
 
-    values = await _snapshot(client.redis, reads)
-    time, raw, counter, readers, writers, numsub = values
+    channels = (keys.read_channel, keys.write_channel)
+    values, subscribers = await _snapshot(client, keys.lock, reads, channels)
+    time, raw, counter, readers, writers = values
     now = _ms(time)
     fields = {_str(key): _str(value) for key, value in raw.items()}
     holders: list[Holder] = []
@@ -203,9 +210,7 @@ async def _rw(client: Client, name: str, permits: int | None) -> Report:
         Waiter(owner, position, _seconds(ends - now))
         for position, (owner, ends) in enumerate(live, 1)
     ]
-    return Report(
-        "rw", name, keys.lock, holders, _int(counter), waiters, subscribers=_subscribers(numsub)
-    )
+    return Report("rw", name, keys.lock, holders, _int(counter), waiters, subscribers=subscribers)
 
 
 async def _semaphore(client: Client, name: str, permits: int | None) -> Report:
@@ -214,10 +219,8 @@ async def _semaphore(client: Client, name: str, permits: int | None) -> Report:
     def reads(pipe: Pipeline) -> None:
         pipe.time()
         pipe.zrange(keys.lock, 0, -1, withscores=True)
-        pipe.pubsub_numsub(keys.channel)
 
-    values = await _snapshot(client.redis, reads)
-    time, taken, numsub = values
+    (time, taken), subscribers = await _snapshot(client, keys.lock, reads, (keys.channel,))
     now = _ms(time)
     # See scripts/semaphore/_permits.lua: permit id -> the server ms at which its lease ends.
     holders = [
@@ -235,7 +238,7 @@ async def _semaphore(client: Client, name: str, permits: int | None) -> Report:
         keys.lock,
         holders,
         None,
-        subscribers=_subscribers(numsub),
+        subscribers=subscribers,
         permits=counts,
     )
 
@@ -252,14 +255,50 @@ _READERS: Final = {
 # -- helpers -----------------------------------------------------------------------------------
 
 
-async def _snapshot(redis: Redis | RedisCluster, queue: Callable[[Pipeline], None]) -> list[Any]:
-    """Run the reads ``queue`` puts on a transaction pipeline; their replies in order."""
-    if not isinstance(redis, Redis):  # the counter is in another slot: no one transaction
-        raise RuntimeError("inspect does not read a Redis Cluster yet")
-    async with redis.pipeline(transaction=True) as pipe:
+async def _snapshot(
+    client: Client, key: str, queue: Callable[[Pipeline], None], channels: tuple[str, ...] = ()
+) -> tuple[list[Any], int | None]:
+    """Run the reads ``queue`` puts on a transaction pipeline, on the node that has ``key``:
+    their replies in order, and the clients subscribed to ``channels`` (``None`` if none are
+    given)."""
+    redis = client.redis
+    if isinstance(redis, Redis):
+        async with redis.pipeline(transaction=True) as pipe:
+            queue(pipe)
+            if channels:
+                pipe.pubsub_numsub(*channels)
+            replies: list[Any] = await pipe.execute()
+        if not channels:
+            return replies, None
+        return replies[:-1], _subscribers(replies[-1])
+    node = await node_of(redis, key)
+    async with node, node.pipeline(transaction=True) as pipe:
         queue(pipe)
-        replies: list[Any] = await pipe.execute()
-        return replies
+        replies = await pipe.execute()
+    return replies, (await _cluster_subscribers(redis, channels) if channels else None)
+
+
+async def _cluster_subscribers(redis: RedisCluster, channels: tuple[str, ...]) -> int:
+    """Subscribers to ``channels`` on every primary: classic and sharded subscriptions."""
+    total = 0
+    for primary in redis.get_primaries():
+        numsub = await redis.execute_command("PUBSUB NUMSUB", *channels, target_nodes=primary)
+        total += _subscribers(_pairs(numsub))
+        try:
+            numsub = await redis.execute_command(
+                "PUBSUB SHARDNUMSUB", *channels, target_nodes=primary
+            )
+        except ResponseError:  # a server without sharded pub/sub (before 7.0)
+            continue
+        total += _subscribers(_pairs(numsub))
+    return total
+
+
+def _pairs(reply: Any) -> list[tuple[Any, int]]:
+    """A NUMSUB reply, flat or already paired by redis-py's callback."""
+    if reply and not isinstance(reply[0], list | tuple):
+        return list(zip(reply[::2], reply[1::2], strict=True))
+    return [(channel, count) for channel, count in reply]
 
 
 def _hash_holders(raw: dict[Any, Any], pttl: int) -> list[Holder]:

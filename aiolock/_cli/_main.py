@@ -15,7 +15,7 @@ from typing import Final, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..client import Client
@@ -85,6 +85,11 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     named.add_argument("name", type=_name, help="the lock's name, as given to the client")
     named.add_argument(
         "--prefix", default="aiolock", help="the clients' key_prefix (default: aiolock)"
+    )
+    named.add_argument(
+        "--cluster",
+        action="store_true",
+        help="the URL names a node of a Redis Cluster (as Client.from_url(url, cluster=True))",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -215,7 +220,9 @@ def _connected(url: str, run: Callable[[], _T]) -> _T | int:
     """Call ``run``; a failure to reach the server at ``url`` becomes one line and exit 3."""
     try:
         return run()
-    except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+    # A cluster client that reaches no node, or a node without cluster mode, says so with a
+    # RedisClusterException.
+    except (RedisConnectionError, RedisTimeoutError, OSError, RedisClusterException) as exc:
         print(f"aiolock: cannot connect to {_shown(url)}: {_one_line(exc)}", file=sys.stderr)
         return EXIT_CONNECT
     except RedisError as exc:  # an error reply (an ACL refusal, say): one line too
@@ -229,7 +236,10 @@ def _with_client(args: argparse.Namespace, work: Callable[[Client], Awaitable[in
         raise _Usage(f"which server? give --url or set ${URL_VARIABLE}")
     try:
         client = Client.from_url(
-            url, key_prefix=args.prefix, socket_connect_timeout=CONNECT_TIMEOUT
+            url,
+            cluster=args.cluster,
+            key_prefix=args.prefix,
+            socket_connect_timeout=CONNECT_TIMEOUT,
         )
     except (TypeError, ValueError) as exc:  # a malformed URL or prefix
         raise _Usage(_one_line(exc)) from None

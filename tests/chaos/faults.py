@@ -3,6 +3,12 @@
 The schedule is generated up front from the run's seed and printed, so a failing run can be
 replayed with ``--seed``.  Faults run one after another (never two at once), each followed by a
 short quiet gap; every kind of the phase appears at least once.
+
+A Cluster run (:class:`ClusterInjector`) has faults of its own: the slot of one of the run's lock
+names moved to another primary while its locks are held and waited for (``migrate``), one
+primary killed mid-run so that its replica takes over (``failover``, exactly once), and a
+stalled primary or dropped connections on the primaries.  Its workers reach the nodes
+directly (a Cluster client learns the nodes' addresses from the nodes): no proxy faults.
 """
 
 from __future__ import annotations
@@ -14,15 +20,26 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from redis.asyncio import Redis
+from redis.crc import key_slot
 
 from aiolock import _scripts
-from aiolock.embedded import EmbeddedServer
+from aiolock._keys import LockKeys
+from aiolock.embedded import EmbeddedCluster, EmbeddedServer
 
 from .history import FaultEvent
 from .proxy import FreezableProxy
 from .worker import NESTED_OWNER
 
-__all__ = ["DURABLE_KINDS", "VOLATILE_KINDS", "Fault", "Injector", "make_schedule"]
+__all__ = [
+    "CLUSTER_KINDS",
+    "DURABLE_KINDS",
+    "VOLATILE_KINDS",
+    "ClusterInjector",
+    "Fault",
+    "Injector",
+    "make_cluster_schedule",
+    "make_schedule",
+]
 
 # Restarts keep the data (appendonly, fsync always) in the durable phase and lose it in the
 # volatile one; both phases share every other kind.
@@ -37,7 +54,11 @@ DURABLE_KINDS = (
     "cut-request",
 )
 VOLATILE_KINDS = ("amnesia-restart", "kill-normal", "kill-pubsub", "freeze", "cut-request")
+# A Cluster run's kinds besides its one failover (see make_cluster_schedule).
+CLUSTER_KINDS = ("migrate", "kill-normal", "kill-pubsub", "pause")
 RESTARTS = frozenset({"restart", "amnesia-restart"})
+# How long a failover takes at most (the node timeout, the election, the clients' refresh).
+FAILOVER_S = 6.0
 PROXY_FAULTS = frozenset({"freeze", "slow-path", "cut-request"})
 
 # cut-request: which script call the proxy cuts after the server ran it.  "any" is every
@@ -94,6 +115,18 @@ def make_schedule(
             return schedule
         schedule.append(fault)
         at = fault.at + fault.duration + (1.0 if kind in RESTARTS else 0.0) + rng.uniform(0.3, 1.2)
+
+
+def make_cluster_schedule(
+    seed: int, kinds: Sequence[str], *, span: float, lease: float, workers: int
+) -> list[Fault]:
+    """A Cluster run's schedule: ``kinds`` before and after one ``failover`` at mid-run."""
+    middle = span / 2
+    before = make_schedule(seed, kinds, span=middle, lease=lease, workers=workers)
+    after_at = middle + FAILOVER_S
+    after = make_schedule(seed + 1, kinds, span=span - after_at, lease=lease, workers=workers)
+    shifted = [Fault(f.at + after_at, f.kind, f.duration, f.target, f.option) for f in after]
+    return [*before, Fault(middle, "failover"), *shifted]
 
 
 def _draw(rng: random.Random, kind: str, at: float, lease: float, workers: int) -> Fault:
@@ -254,3 +287,77 @@ def describe_reply(data: bytes) -> str:
     if data.startswith(b"-"):
         return f"error {lines[0][1:40].decode(errors='replace')}"
     return repr(data[:40])
+
+
+class ClusterInjector:
+    """Applies a Cluster run's schedule (see the module docstring) to ``cluster``; ``names``
+    are the run's lock names, whose slots ``migrate`` moves."""
+
+    def __init__(
+        self, cluster: EmbeddedCluster, names: Sequence[str], prefix: str, *, seed: int
+    ) -> None:
+        self._cluster = cluster
+        self._rng = random.Random(seed)
+        self._slots = sorted(
+            {key_slot(LockKeys.build(prefix, name).lock.encode()) for name in names}
+        )
+        self.events: list[FaultEvent] = []
+        self.amnesia: list[tuple[int, int]] = []  # a synced failover forgets no hold
+
+    async def run(self, schedule: Sequence[Fault], start_ns: int) -> None:
+        for fault in schedule:
+            delay = start_ns / 1e9 + fault.at - time.monotonic_ns() / 1e9
+            if delay > 0:
+                await asyncio.sleep(delay)
+            began = time.monotonic_ns()
+            detail = await self._apply(fault)
+            self.events.append(FaultEvent(fault.kind, began, time.monotonic_ns(), detail))
+
+    async def heal(self) -> None:
+        """Unpause every primary."""
+        for node in self._cluster.primaries:
+            await self._command(node, "CLIENT", "UNPAUSE")
+
+    @staticmethod
+    async def _command(node: EmbeddedServer, *args: str | int | float) -> object:
+        async with Redis(host=node.host, port=node.port) as redis:
+            return await redis.execute_command(*args)  # type: ignore[no-untyped-call]
+
+    async def _apply(self, fault: Fault) -> str:
+        primaries = self._cluster.primaries
+        match fault.kind:
+            case "migrate":
+                slot = self._rng.choice(self._slots)
+                new = await asyncio.to_thread(self._cluster.move_slot, slot)
+                return f"slot {slot} moved to {new.port}"
+            case "failover":
+                old = self._rng.choice(primaries)
+                new = await asyncio.to_thread(self._cluster.failover, old)
+                # Until the killed node is back as its replica, the new primary confirms no
+                # grant to sync_replicas=1: every grant there waits sync_timeout, then fails.
+                await asyncio.to_thread(self._cluster.rejoin, old)
+                return f"{old.port} killed, {new.port} took over, {old.port} rejoined"
+            case "kill-normal" if fault.option == "one":
+                node = self._rng.choice(primaries)
+                async with Redis(host=node.host, port=node.port) as redis:
+                    me = await redis.client_id()
+                    listing = await redis.client_list(_type="normal")
+                    others = sorted(c["id"] for c in listing if c["id"] != str(me))
+                    if not others:
+                        return f"no connection to kill on {node.port}"
+                    victim = self._rng.choice(others)
+                    await redis.client_kill_filter(_id=victim)
+                    return f"killed connection {victim} on {node.port}"
+            case "kill-normal" | "kill-pubsub":
+                kind = fault.kind.removeprefix("kill-")
+                killed = 0
+                for node in primaries:
+                    async with Redis(host=node.host, port=node.port) as redis:
+                        killed += await redis.client_kill_filter(_type=kind, skipme=True)
+                return f"killed {killed} {kind} connections on every primary"
+            case "pause":
+                node = self._rng.choice(primaries)
+                await self._command(node, "CLIENT", "PAUSE", round(fault.duration * 1000), "ALL")
+                await asyncio.sleep(fault.duration)
+                return f"paused {node.port}"
+        raise ValueError(f"unknown fault kind {fault.kind!r}")

@@ -7,6 +7,8 @@
     python -m tests.chaos.run --long          # 8 x 50 for about ten minutes (8+ cores)
     python -m tests.chaos.run --profile long-2core  # 4 x 40 for ten minutes, on 2 cores
     python -m tests.chaos.run --seed 1234     # replay a schedule printed by an earlier run
+    python -m tests.chaos.run --cluster       # on a Cluster: 3 workers x 20 tasks, ~40 s
+    python -m tests.chaos.run --cluster --profile medium  # 4 x 30 on a Cluster, ~3 minutes
 
 Two phases, each on a server of its own started here (never the shared test server):
 *durable* (``appendonly yes``, ``appendfsync always``: restarts keep every lock) checks mutual
@@ -15,6 +17,17 @@ every lock) checks that holds which lived through such a restart are reported lo
 worker reaches the server through a :class:`~tests.chaos.proxy.FreezableProxy` of its own.
 The exit status is 1 when the checker found a violation; a wait that overran only while its
 worker's event loop was blocked ("wait-loop": the machine's share) is shown, not counted.
+
+``--cluster`` runs one phase instead, on a Cluster of 3 primaries with a replica each
+(:class:`~aiolock.embedded.EmbeddedCluster`, a 1.5 s node timeout).  The workers connect to
+the nodes directly (``cluster=True``; no proxies) with ``sync_replicas=1``, so that a failover
+keeps every hold it did not report lost.  The faults move the slots of the run's lock names to
+other primaries while they are held and waited for, stall a primary (``CLIENT PAUSE``), drop
+connections on the primaries, and kill one primary mid-run: its replica takes over, and the
+killed node then rejoins as the new primary's replica (until it does, that primary confirms no
+grant: every grant there waits ``sync_timeout`` and fails with ``LockSyncError``).  The checker
+is the same: exclusion of the holds not reported lost, fencing order, nothing stuck, nothing
+left on any primary.
 """
 
 from __future__ import annotations
@@ -29,17 +42,26 @@ import sys
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from redis.asyncio import Redis
 
-from aiolock.embedded import EmbeddedServer
+from aiolock.embedded import EmbeddedCluster, EmbeddedServer
 
 from .checker import Violation, check_phase, format_summary, summarize
-from .faults import DURABLE_KINDS, VOLATILE_KINDS, Fault, Injector, make_schedule
+from .faults import (
+    CLUSTER_KINDS,
+    DURABLE_KINDS,
+    VOLATILE_KINDS,
+    ClusterInjector,
+    Fault,
+    Injector,
+    make_cluster_schedule,
+    make_schedule,
+)
 from .history import Phase, read_attempts, read_lag, write_faults
 from .proxy import FreezableProxy
 from .worker import WorkerConfig, redlock_prefixes
@@ -48,6 +70,8 @@ ROOT = Path(__file__).resolve().parents[2]
 PREFIX = "chaos"
 # Lock names that are easy to get wrong: braces (hash tags), escapes, non-ASCII, a separator.
 NAMES = ("orders:42", "{braced}", "%7Bbraced%7D", "ключ-ü", "a}b{c")
+# The Cluster run's node timeout (ms): how soon a killed primary's replica takes over.
+CLUSTER_NODE_TIMEOUT = 1500
 
 
 @dataclass(frozen=True)
@@ -77,6 +101,9 @@ LONG_2CORE = Profile(workers=4, tasks=40, durable=480.0, volatile=120.0)
 # Between the two: a few minutes, every fault kind several times over.
 MEDIUM = Profile(workers=4, tasks=30, durable=120.0, volatile=40.0)
 PROFILES = {"ci": CI, "medium": MEDIUM, "long": LONG, "long-2core": LONG_2CORE}
+# The CI run on a Cluster (--cluster --profile ci): six server processes share the machine with
+# the workers, so fewer of them, and one phase of 18 s with the primary killed at 9 s.
+CLUSTER_CI = Profile(workers=3, tasks=20, durable=18.0, volatile=0.0)
 
 
 @dataclass(frozen=True)
@@ -133,7 +160,6 @@ class WorkerProcess:
 async def run_phase(
     spec: PhaseSpec, profile: Profile, seed: int, binary: str, workdir: Path
 ) -> Phase:
-    phase = Phase(spec.name)
     schedule = make_schedule(
         seed,
         spec.kinds,
@@ -145,13 +171,78 @@ async def run_phase(
     server = EmbeddedServer(binary=binary, config=spec.config)
     await asyncio.to_thread(server.start)
     proxies = [FreezableProxy(server.port) for _ in range(profile.workers)]
+    try:
+        urls = [f"redis://127.0.0.1:{await proxy.start()}/0" for proxy in proxies]
+        return await _drive(
+            spec,
+            profile,
+            seed=seed,
+            workdir=workdir,
+            schedule=schedule,
+            urls=urls,
+            injector=Injector(server, proxies, seed=seed),
+            server=server,
+            left=lambda clients: leftovers([server], clients),
+        )
+    finally:
+        for proxy in proxies:
+            await proxy.aclose()
+        await asyncio.to_thread(server.stop)
+
+
+async def run_cluster_phase(
+    spec: PhaseSpec, profile: Profile, seed: int, binary: str, workdir: Path
+) -> Phase:
+    """The phase on a Cluster of 3 primaries with a replica each; the workers' clients have
+    ``sync_replicas=1``, so that the failover keeps every hold (see the module docstring)."""
+    schedule = make_cluster_schedule(
+        seed,
+        spec.kinds,
+        span=spec.seconds,
+        lease=profile.watchdog_timeout,
+        workers=profile.workers,
+    )
+    _print_schedule(spec, schedule)
+    cluster = EmbeddedCluster(replicas=1, binary=binary, node_timeout=CLUSTER_NODE_TIMEOUT)
+    await asyncio.to_thread(cluster.start)
+    try:
+        return await _drive(
+            spec,
+            profile,
+            seed=seed,
+            workdir=workdir,
+            schedule=schedule,
+            urls=[cluster.url] * profile.workers,
+            injector=ClusterInjector(cluster, NAMES, PREFIX, seed=seed),
+            server=cluster.primaries[0],
+            left=lambda clients: leftovers(cluster.primaries, clients),
+            cluster=True,
+        )
+    finally:
+        await asyncio.to_thread(cluster.stop)
+
+
+async def _drive(
+    spec: PhaseSpec,
+    profile: Profile,
+    *,
+    seed: int,
+    workdir: Path,
+    schedule: Sequence[Fault],
+    urls: list[str],
+    injector: Injector | ClusterInjector,
+    server: EmbeddedServer,
+    left: Callable[[dict[str, str]], Awaitable[list[str]]],
+    cluster: bool = False,
+) -> Phase:
+    """Start a worker on each URL, apply the schedule, drain, stop, and collect the phase."""
+    phase = Phase(spec.name)
     workers: list[WorkerProcess] = []
     try:
-        for index, proxy in enumerate(proxies):
-            port = await proxy.start()
+        for index, url in enumerate(urls):
             config = WorkerConfig(
                 proc=index,
-                url=f"redis://127.0.0.1:{port}/0",
+                url=url,
                 seed=seed,
                 tasks=profile.tasks,
                 names=list(NAMES),
@@ -161,12 +252,13 @@ async def run_phase(
                 twitchy_timeout=profile.twitchy_timeout,
                 cancel_rate=profile.cancel_rate,
                 drain=profile.drain,
+                cluster=cluster,
+                sync_replicas=1 if cluster else 0,
             )
             workers.append(
                 await WorkerProcess.spawn(config, workdir / f"{spec.name}-{index}.stderr")
             )
         await asyncio.gather(*(worker.expect("READY", 60) for worker in workers))
-        injector = Injector(server, proxies, seed=seed)
         machine = Machine([w.process.pid for w in workers], server)
         sampling = asyncio.create_task(machine.sample())
         start = time.monotonic_ns()
@@ -180,8 +272,8 @@ async def run_phase(
         phase.faults, phase.amnesia = injector.events, injector.amnesia
         write_faults(workdir / f"{spec.name}-faults.json", start, phase.faults)
         for event in phase.faults:
-            if event.kind == "cut-request":
-                print(f"   cut-request at +{(event.t_start - start) / 1e9:.2f}s: {event.detail}")
+            if event.kind in ("cut-request", "failover", "migrate"):
+                print(f"   {event.kind} at +{(event.t_start - start) / 1e9:.2f}s: {event.detail}")
         for worker in workers:
             worker.send("stop")
         drain = profile.drain + 15
@@ -191,7 +283,7 @@ async def run_phase(
             for worker, report in zip(workers, drained, strict=True)
             for kind, client_id in report["clients"].items()
         }
-        phase.problems += await leftovers(server, clients)
+        phase.problems += await left(clients)
         for worker in workers:
             worker.send("close")
         for worker in workers:
@@ -207,19 +299,27 @@ async def run_phase(
             if worker.process.returncode is None:
                 worker.process.kill()
                 await worker.process.wait()
-        for proxy in proxies:
-            await proxy.aclose()
-        await asyncio.to_thread(server.stop)
     return phase
 
 
 async def leftovers(
+    servers: Sequence[EmbeddedServer], clients: dict[str, str], grace: float = 1.0
+) -> list[str]:
+    """What :func:`leftovers_on` finds on each of ``servers`` (a Cluster's primaries)."""
+    found = []
+    for server in servers:
+        found += await leftovers_on(server, clients, grace)
+    return found
+
+
+async def leftovers_on(
     server: EmbeddedServer, clients: dict[str, str], grace: float = 1.0
 ) -> list[str]:
     """Keys and subscriptions that remain once every worker has drained, after ``grace``
     seconds for in-flight expiries.  Only the meta hashes (resend markers that expire a while
     after their lock) and the fencing counters (one per key prefix: the RedLocks' servers have
-    their own) may stay; anything else is left behind: a lock
+    their own; on a Cluster one per slot and prefix) may stay; anything else is left behind: a
+    lock
     hash of any kind, a fair lock's queue (``<prefix>:fair:{name}:q`` and its deadlines
     ``:qd``: every waiter that gave up must have left it), a subscription (a release channel,
     or a fair lock's wake-up channel).
@@ -230,7 +330,9 @@ async def leftovers(
         client_id, _, rest = _text(owner).partition(":")
         return f"{clients.get(client_id, client_id)} {rest}"
 
-    counters = {f"{prefix}:fence".encode() for prefix in redlock_prefixes(PREFIX)}
+    prefixes = redlock_prefixes(PREFIX)
+    counters = {f"{prefix}:fence".encode() for prefix in prefixes}
+    slot_counters = tuple(f"{prefix}:fence{{".encode() for prefix in prefixes)
     async with Redis(host=server.host, port=server.port) as redis:
         deadline = time.monotonic() + grace
         while True:
@@ -238,10 +340,15 @@ async def leftovers(
                 [
                     key
                     async for key in redis.scan_iter(match=f"{PREFIX}*")  # and the RedLocks'
-                    if not key.endswith(b":meta") and key not in counters
+                    if not key.endswith(b":meta")
+                    and key not in counters
+                    and not key.startswith(slot_counters)
                 ]
             )
             channels = await redis.pubsub_channels(f"{PREFIX}*")
+            channels += await redis.execute_command(  # type: ignore[no-untyped-call]
+                "PUBSUB", "SHARDCHANNELS", f"{PREFIX}*"
+            )
             if (not keys and not channels) or time.monotonic() > deadline:
                 break
             await asyncio.sleep(0.05)
@@ -377,18 +484,25 @@ def phases(profile: Profile) -> list[PhaseSpec]:
     ]
 
 
+def cluster_phases(profile: Profile) -> list[PhaseSpec]:
+    """One phase on a Cluster, as long as the durable one (see the module docstring)."""
+    return [PhaseSpec("cluster", CLUSTER_KINDS, {}, profile.durable)]
+
+
 async def run(args: argparse.Namespace) -> int:
     mode = "long" if args.long else args.profile
-    profile = PROFILES[mode]
+    profile = CLUSTER_CI if args.cluster and mode == "ci" else PROFILES[mode]
     if mode == "long" and (os.cpu_count() or 1) <= 2:
         print(f"note: {os.cpu_count()} cores: --profile long-2core is calibrated for this machine")
     seed = args.seed if args.seed is not None else random.randrange(1 << 32)
     print(
-        f"aiolock chaos run: mode {mode}, seed {seed}, server {args.server}, "
+        f"aiolock chaos run: mode {mode}{' on a cluster' if args.cluster else ''}, seed {seed}, "
+        f"server {args.server}, "
         f"{profile.workers} workers x {profile.tasks} tasks"
     )
     print(
         f"replay: python -m tests.chaos.run --profile {mode} --seed {seed} --server {args.server}"
+        + (" --cluster" if args.cluster else "")
     )
     results: list[Phase] = []
     violations: list[Violation] = []
@@ -396,8 +510,10 @@ async def run(args: argparse.Namespace) -> int:
     with keep or tempfile.TemporaryDirectory(prefix="aiolock-chaos-") as tmp:
         if args.keep:
             print(f"histories kept in {tmp}")
-        for index, spec in enumerate(phases(profile)):
-            phase = await run_phase(spec, profile, seed + index, args.server, Path(tmp))
+        specs = cluster_phases(profile) if args.cluster else phases(profile)
+        runner = run_cluster_phase if args.cluster else run_phase
+        for index, spec in enumerate(specs):
+            phase = await runner(spec, profile, seed + index, args.server, Path(tmp))
             results.append(phase)
             found = check_phase(phase, wait_slack=args.wait_slack)
             violations += found
@@ -437,6 +553,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         "8 x 50, ~10 minutes; long-2core: 4 x 40, ~10 minutes, calibrated for 2 cores",
     )
     parser.add_argument("--seed", type=int, help="replay the schedule of this seed")
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help="one phase on a 3-primary Cluster with replicas: slot moves and a primary killed",
+    )
     parser.add_argument("--server", choices=("valkey", "redis"), default="valkey")
     parser.add_argument(
         "--wait-slack", type=float, default=0.5, help="seconds a bounded wait may overrun"

@@ -1,4 +1,5 @@
-"""The CI-mode chaos run, as a test: ``python -m tests.chaos.run`` in a subprocess.
+"""The CI-mode chaos runs, as tests: ``python -m tests.chaos.run`` in a subprocess, on one server
+and on a Cluster (``--cluster``: slot moves and a primary killed).
 
 The seed is random unless ``AIOLOCK_CHAOS_SEED`` is set; the run prints it for replay.
 """
@@ -18,8 +19,18 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 def test_chaos_ci_mode() -> None:
+    _chaos()
+
+
+@pytest.mark.slow
+def test_chaos_cluster_ci_mode() -> None:
+    """About 30 s: 3 workers x 20 tasks for 18 s on 3 primaries with a replica each."""
+    _chaos("--cluster")
+
+
+def _chaos(*options: str) -> None:
     seed = os.environ.get("AIOLOCK_CHAOS_SEED") or str(random.randrange(1 << 32))
-    command = [sys.executable, "-m", "tests.chaos.run", "--seed", seed]
+    command = [sys.executable, "-m", "tests.chaos.run", "--seed", seed, *options]
     run = subprocess.run(
         command, check=False, cwd=ROOT, capture_output=True, text=True, timeout=180
     )

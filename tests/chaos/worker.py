@@ -46,10 +46,16 @@ from typing import Any
 
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
 import aiolock
-from aiolock import LockError, LockLostError, LockNotOwnedError, LockTimeoutError
+from aiolock import (
+    LockError,
+    LockLostError,
+    LockNotOwnedError,
+    LockSyncError,
+    LockTimeoutError,
+)
 from aiolock._base import LockKind
 from aiolock._holds import Hold
 from aiolock.client import Client
@@ -92,6 +98,8 @@ class WorkerConfig:
     twitchy_timeout: float  # the socket timeout of the second client (it resends)
     cancel_rate: float
     drain: float
+    cluster: bool = False  # the URL names a node of a Redis Cluster
+    sync_replicas: int = 0  # every client's grants wait for this many replicas
 
 
 @dataclass
@@ -609,7 +617,10 @@ def _classify(
         text = CANCELLED
     else:
         text = f"error:{type(exc).__name__}"
-        if not isinstance(exc, RedisError | OSError):
+        if isinstance(exc, ResponseError):  # which one: printed with the library's log counts
+            diagnostics.library_logs[f"caller {type(exc).__name__}: {str(exc)[:80]}"] += 1
+        # LockSyncError: a grant the replicas did not confirm (a primary killed under it).
+        if not isinstance(exc, RedisError | OSError | LockSyncError | RedisClusterException):
             trace = "".join(traceback.format_exception(exc))
             diagnostics.problems.append(f"{label}: unexpected exception\n{trace}")
     if attempt.granted:
@@ -700,12 +711,17 @@ class Worker:
         self.current: dict[int, Attempt] = {}  # each task's attempt in progress
         self.stopping = asyncio.Event()
         prefix, watchdog = config.key_prefix, config.watchdog_timeout
+        shape = {"cluster": config.cluster, "sync_replicas": config.sync_replicas}
         # redis-py 8's Redis.from_url makes connections that never resend (Retry with 0
         # retries, unlike the Redis() constructor's 10): the steady and twitchy clients ask for
         # resends explicitly, so that the scripts' idempotence per request id is exercised.
         self.clients = {
             "steady": aiolock.Client.from_url(
-                config.url, key_prefix=prefix, watchdog_timeout=watchdog, retry=_resends()
+                config.url,
+                key_prefix=prefix,
+                watchdog_timeout=watchdog,
+                retry=_resends(),
+                **shape,
             ),
             "twitchy": aiolock.Client.from_url(
                 config.url,
@@ -714,6 +730,7 @@ class Worker:
                 socket_timeout=config.twitchy_timeout,
                 socket_connect_timeout=config.twitchy_timeout,
                 retry=_resends(),
+                **shape,
             ),
             # No resends: a reply cut off after the script ran (the cut-request fault) reaches
             # the library as an unknown outcome, which it must settle, not as a resend.
@@ -722,6 +739,7 @@ class Worker:
                 key_prefix=prefix,
                 watchdog_timeout=watchdog,
                 retry=Retry(NoBackoff(), 0),
+                **shape,
             ),
         }
         # A RedLock's servers for each client: the client, then clients sharing its connections
@@ -730,7 +748,12 @@ class Worker:
             kind: [
                 client,
                 *(
-                    aiolock.Client(client.redis, key_prefix=prefix, watchdog_timeout=watchdog)
+                    aiolock.Client(
+                        client.redis,
+                        key_prefix=prefix,
+                        watchdog_timeout=watchdog,
+                        sync_replicas=config.sync_replicas,
+                    )
                     for prefix in redlock_prefixes(prefix)[1:]
                 ),
             ]
@@ -801,6 +824,7 @@ class Worker:
                 )
                 task.cancel()
         if stranded:
+            _dump_stacks()
             await asyncio.wait(stranded)
         for task in tasks:
             if not task.cancelled() and task.exception() is not None:
@@ -857,6 +881,27 @@ class Worker:
                 )
                 return busy
             await asyncio.sleep(0.05)
+
+
+def _dump_stacks() -> None:
+    """Every task's stack on stderr (kept with ``--keep``): where stranded operations wait."""
+    for task in asyncio.all_tasks():
+        if task is asyncio.current_task():
+            continue
+        # Task.print_stack shows one frame of a suspended coroutine: follow its awaits.
+        lines = [f"task {task.get_name()}:"]
+        awaited: Any = task.get_coro()
+        while awaited is not None:
+            frame = getattr(awaited, "cr_frame", None) or getattr(awaited, "gi_frame", None)
+            if frame is not None:
+                conn = frame.f_locals.get("conn")
+                where = "" if conn is None else f" [port {getattr(conn, 'port', '?')}]"
+                lines.append(
+                    f"  {frame.f_code.co_filename}:{frame.f_lineno} {frame.f_code.co_name}{where}"
+                )
+            awaited = getattr(awaited, "cr_await", None) or getattr(awaited, "gi_yieldfrom", None)
+        print("\n".join(lines), file=sys.stderr)
+    sys.stderr.flush()
 
 
 def _emit(word: str, payload: object = None) -> None:

@@ -16,7 +16,8 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
@@ -313,6 +314,80 @@ async def test_unlock_reads_the_answer_from_stdin_of_the_process(
 
 
 # -- usage errors, connection failures -----------------------------------------------------------
+
+
+@pytest.fixture
+async def cluster_client(aiolock_cluster: ServerInfo) -> AsyncIterator[aiolock.Client]:
+    client = aiolock.Client.from_url(
+        aiolock_cluster.url, cluster=True, key_prefix=f"aiolock-cli-{uuid.uuid4().hex[:8]}"
+    )
+    yield client
+    await client.aclose()
+
+
+async def test_inspect_and_unlock_on_a_cluster(
+    aiolock_cluster: ServerInfo,
+    cluster_client: aiolock.Client,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``--cluster``: the lock's keys and its slot's fencing counter are read in one MULTI on
+    the node that serves the slot; waiting clients are counted on every node."""
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    prefix = cluster_client.key_prefix
+
+    async def cli(*args: str) -> tuple[int, str, str]:
+        argv = [*args, "--url", aiolock_cluster.url, "--cluster", "--prefix", prefix]
+        code = await asyncio.to_thread(main, argv)
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    other = aiolock.Client.from_url(aiolock_cluster.url, cluster=True, key_prefix=prefix)
+    try:
+        for name in ("orders:1", "orders:2", "orders:3"):  # slots on more than one node
+            lock = cluster_client.lock(name, owner="stuck")
+            await lock.lock(lease=60)
+            await lock.lock(lease=60)
+            token = (await inspect(cluster_client, "lock", name)).holders[0].token
+            waiter = asyncio.create_task(other.lock(name, owner="next").try_lock(wait=30))
+
+            async def subscribed(name: str = name) -> bool:
+                return (await inspect(cluster_client, "lock", name)).subscribers == 1
+
+            await eventually(subscribed, what="the waiter subscribed")
+            code, out, err = await cli("inspect", name, "--json")
+            assert code == 0, err
+            data = json.loads(out)
+            [holder] = data["holders"]
+            assert holder["owner"] == f"{cluster_client.id}:x:stuck"
+            assert holder["count"] == 2
+            assert holder["token"] == token == data["fencing_counter"]
+            assert 59 < holder["lease"] <= 60
+            assert data["subscribers"] == 1
+
+            code, out, err = await cli("unlock", name, "--force", "--yes")
+            assert code == 0, err
+            assert "force-unlocked" in out
+            assert await asyncio.wait_for(waiter, 10)  # woken by the force
+            code, out, _ = await cli("inspect", name)
+            assert code == 0  # the waiter holds it now
+            assert f"{other.id}:x:next  holds 1" in out
+            assert f"fencing counter: {token + 1}" in out
+            await other.lock(name, owner="next").unlock()
+        # Every kind reads its keys on the node of its slot.
+        async with (
+            cluster_client.fair_lock("f").acquire(),
+            cluster_client.rw_lock("rw").read_lock().acquire(),
+        ):
+            permit = await cluster_client.semaphore("s", 2).try_acquire(wait=0)
+            assert permit is not None
+            for kind, name in (("fair", "f"), ("rw", "rw"), ("semaphore", "s")):
+                code, out, err = await cli("inspect", name, "--kind", kind, "--json")
+                assert code == 0, err
+                assert len(json.loads(out)["holders"]) == 1
+            await permit.release()
+    finally:
+        await other.aclose()
 
 
 @pytest.mark.parametrize(
