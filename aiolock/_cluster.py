@@ -191,11 +191,13 @@ class ClusterCalls:
         async with self._lock():
             if not self._ready:
                 await self._cluster.initialize()
-                # Sharded only if every primary has it (a cluster half-way through an upgrade
-                # from Redis 6 would fail the releases' SPUBLISH on the others).
+                # Sharded only if every primary that answers has it (a cluster half-way
+                # through an upgrade from Redis 6 would fail the releases' SPUBLISH on the
+                # others); one that cannot be reached (a failover under way) is not asked.
                 primaries = self._cluster.get_primaries()
                 found = await asyncio.gather(*(_has_sharded_pubsub(node) for node in primaries))
-                self.sharded = bool(found) and all(found)
+                answers = [answer for answer in found if answer is not None]
+                self.sharded = bool(answers) and all(answers)
                 self._ready = True
 
     def nodes(self) -> list[NodeConnections]:
@@ -264,14 +266,17 @@ async def node_of(cluster: RedisCluster, key: str) -> Redis:
     return Redis.from_pool(pool)
 
 
-async def _has_sharded_pubsub(node: ClusterNode) -> bool:
+async def _has_sharded_pubsub(node: ClusterNode) -> bool | None:
     """Whether ``node`` knows SPUBLISH (``COMMAND INFO`` answers ``[nil]`` for an unknown
-    command; read raw: redis-py's parser of that reply fails on a nil)."""
+    command; read raw: redis-py's parser of that reply fails on a nil); ``None`` if it cannot
+    be reached."""
     connection = NodeConnections(node).make_connection()
     try:
         await connection.connect()  # type: ignore[no-untyped-call]
         await connection.send_command("COMMAND", "INFO", "SPUBLISH")
         reply = await connection.read_response()
+    except (RedisConnectionError, RedisTimeoutError, OSError):
+        return None
     finally:
         await connection.disconnect()
     return isinstance(reply, list) and bool(reply) and reply[0] is not None
