@@ -364,13 +364,19 @@ async def leftovers_on(
                 )
             else:
                 fields: dict[Any, Any] = {}
-                if await redis.type(key) == b"hash":
+                kind = await redis.type(key)
+                if kind == b"hash":
                     fields = await redis.hgetall(key)
                 owners = [
                     f"{whose(field)} x{_text(count)}"
                     for field, count in fields.items()
                     if not field.startswith(b":")
                 ]
+                if kind == b"zset":  # a semaphore's permits (or readers): id -> lease end
+                    seconds, micros = await redis.time()
+                    now = seconds * 1000 + micros / 1000
+                    members = await redis.zrange(key, 0, 4, withscores=True)
+                    owners = [f"{_text(m)} ({score - now:+.0f} ms)" for m, score in members]
                 token = _text(fields.get(b":fence", b"?"))
                 found.append(
                     f"lock key left behind: {key!r} (pttl {pttl} ms, token {token}, held by "
