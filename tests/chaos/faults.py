@@ -159,15 +159,11 @@ def _draw(rng: random.Random, kind: str, at: float, lease: float, workers: int) 
             return Fault(at, kind)
 
 
-class Injector:
-    """Applies a schedule to one server and the workers' proxies (see the module docstring)."""
+class _Scheduled:
+    """Runs a schedule, each fault at its time, recording what it did; a subclass applies it."""
 
-    def __init__(
-        self, server: EmbeddedServer, proxies: Sequence[FreezableProxy], *, seed: int
-    ) -> None:
-        self._server = server
+    def __init__(self, *, seed: int) -> None:
         self._rng = random.Random(seed)
-        self._proxies = proxies
         self.events: list[FaultEvent] = []
         self.amnesia: list[tuple[int, int]] = []
 
@@ -180,8 +176,22 @@ class Injector:
             detail = await self._apply(fault)
             ended = time.monotonic_ns()
             self.events.append(FaultEvent(fault.kind, began, ended, detail))
-            if fault.kind == "amnesia-restart":
+            if fault.kind == "amnesia-restart":  # a restart that lost every lock
                 self.amnesia.append((began, ended))
+
+    async def _apply(self, fault: Fault) -> str:
+        raise NotImplementedError
+
+
+class Injector(_Scheduled):
+    """Applies a schedule to one server and the workers' proxies (see the module docstring)."""
+
+    def __init__(
+        self, server: EmbeddedServer, proxies: Sequence[FreezableProxy], *, seed: int
+    ) -> None:
+        super().__init__(seed=seed)
+        self._server = server
+        self._proxies = proxies
 
     async def heal(self) -> None:
         """Undo whatever is still in effect: thaw and speed up proxies, unpause the server."""
@@ -289,29 +299,18 @@ def describe_reply(data: bytes) -> str:
     return repr(data[:40])
 
 
-class ClusterInjector:
+class ClusterInjector(_Scheduled):
     """Applies a Cluster run's schedule (see the module docstring) to ``cluster``; ``names``
     are the run's lock names, whose slots ``migrate`` moves."""
 
     def __init__(
         self, cluster: EmbeddedCluster, names: Sequence[str], prefix: str, *, seed: int
     ) -> None:
+        super().__init__(seed=seed)  # a synced failover forgets no hold: amnesia stays empty
         self._cluster = cluster
-        self._rng = random.Random(seed)
         self._slots = sorted(
             {key_slot(LockKeys.build(prefix, name).lock.encode()) for name in names}
         )
-        self.events: list[FaultEvent] = []
-        self.amnesia: list[tuple[int, int]] = []  # a synced failover forgets no hold
-
-    async def run(self, schedule: Sequence[Fault], start_ns: int) -> None:
-        for fault in schedule:
-            delay = start_ns / 1e9 + fault.at - time.monotonic_ns() / 1e9
-            if delay > 0:
-                await asyncio.sleep(delay)
-            began = time.monotonic_ns()
-            detail = await self._apply(fault)
-            self.events.append(FaultEvent(fault.kind, began, time.monotonic_ns(), detail))
 
     async def heal(self) -> None:
         """Unpause every primary."""

@@ -111,12 +111,15 @@ def _lock(client: aiolock.Client, kind: str, name: str) -> Any:
     return getattr(client, kind)(name)
 
 
+@pytest.mark.parametrize("gone", [False, True], ids=["held", "gone"])
 @pytest.mark.parametrize("kind", LATE_KINDS)
 async def test_a_late_copy_of_an_undone_acquire_does_not_apply(
-    aiolock_client: aiolock.Client, kind: str
+    aiolock_client: aiolock.Client, kind: str, gone: bool
 ) -> None:
     """A reentrant acquire timed out; its undo ran before the request itself reached the server
-    (a slow path).  When that late copy arrives, it must not add a hold nobody knows of."""
+    (a slow path).  When that late copy arrives, while the owner still holds the lock or once
+    its last release deleted it (and the marks the lock hash kept), it must not add a hold
+    nobody knows of."""
     lock = _lock(aiolock_client, kind, "late")
     await lock.lock()
     owner, _ = lock._owner()
@@ -124,8 +127,13 @@ async def test_a_late_copy_of_an_undone_acquire_does_not_apply(
     late = services.owners.next_request()
     undo = lock._release_call(owner, services.owners.next_request(), late)
     assert await services.calls.run(*undo) == 1  # nothing applied yet: nothing undone
+    if gone:
+        await lock.unlock()
     reply = await services.calls.run(*lock._attempt(owner, late, 30_000))  # the late copy
-    assert not isinstance(reply, list)  # refused, not re-entered
+    assert not isinstance(reply, list)  # refused, neither re-entered nor granted
+    if gone:
+        assert not await lock.is_locked()
+        assert await lock.try_lock()  # the owner's own next call is granted as usual
     assert await lock.hold_count() == 1
     await lock.unlock()
     assert not await lock.is_locked()
@@ -168,29 +176,6 @@ async def test_a_late_copy_of_an_acquire_answered_by_its_resend_does_not_apply_a
     assert await lock.hold_count() == 1
     await lock.unlock()
     assert not await lock.is_locked()
-
-
-@pytest.mark.parametrize("kind", LATE_KINDS)
-async def test_a_late_copy_of_an_undone_nested_acquire_does_not_grant_after_the_lock_is_gone(
-    aiolock_client: aiolock.Client, kind: str
-) -> None:
-    """A nested acquire was undone before it arrived; the owner then released its one hold,
-    which deleted the lock (and the marks the lock hash kept).  The late copy arriving after
-    that must not grant a fresh hold nobody knows of."""
-    lock = _lock(aiolock_client, kind, "late-gone")
-    await lock.lock()
-    owner, _ = lock._owner()
-    services = aiolock_client._services
-    late = services.owners.next_request()
-    undo = lock._release_call(owner, services.owners.next_request(), late)
-    assert await services.calls.run(*undo) == 1  # nothing applied yet: nothing undone
-    await lock.unlock()
-    assert not await lock.is_locked()
-    reply = await services.calls.run(*lock._attempt(owner, late, 30_000))  # the late copy
-    assert not isinstance(reply, list)  # refused, not granted
-    assert not await lock.is_locked()
-    assert await lock.try_lock()  # the owner's own next call is granted as usual
-    await lock.unlock()
 
 
 @pytest.mark.parametrize("released", [False, True], ids=["undone", "released"])
