@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 from redis.asyncio import Redis
 
@@ -86,3 +88,22 @@ def parked(client: aiolock.Client, lock: aiolock.AsyncRLock) -> int:
     """How many of ``client``'s tasks are parked on ``lock``'s channel."""
     entry = client._services.pubsub._entries.get(lock._keys.channel.encode())
     return 0 if entry is None else entry.parked
+
+
+@contextlib.asynccontextmanager
+async def cluster_clients(url: str, prefix: str) -> AsyncIterator[Callable[..., aiolock.Client]]:
+    """A maker of clients on the Cluster at ``url`` that share the key ``prefix`` (unless given
+    one); every client made is closed on the way out."""
+    made: list[aiolock.Client] = []
+
+    def make(**options: Any) -> aiolock.Client:
+        options.setdefault("key_prefix", prefix)
+        client = aiolock.Client.from_url(url, cluster=True, **options)
+        made.append(client)
+        return client
+
+    try:
+        yield make
+    finally:
+        for client in made:
+            await client.aclose()

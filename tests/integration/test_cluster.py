@@ -12,7 +12,6 @@ import contextlib
 import random
 import uuid
 from collections.abc import AsyncIterator, Callable
-from typing import Any
 
 import pytest
 from redis import Redis
@@ -23,7 +22,7 @@ import aiolock
 from aiolock._cluster import ClusterCalls
 from aiolock.embedded import EmbeddedCluster
 from aiolock.pytest_plugin import ServerInfo
-from tests.helpers import eventually
+from tests.helpers import cluster_clients, eventually
 
 pytestmark = pytest.mark.anyio
 
@@ -34,17 +33,8 @@ Kind = aiolock.AsyncRLock | aiolock.AsyncFairLock | aiolock.AsyncSpinLock
 async def clients(aiolock_cluster: ServerInfo) -> AsyncIterator[Callable[..., aiolock.Client]]:
     """Clients on the cluster sharing one key prefix; closed, and their keys deleted, after."""
     prefix = f"aiolock-cluster-{uuid.uuid4().hex[:8]}"
-    made: list[aiolock.Client] = []
-
-    def make(**options: Any) -> aiolock.Client:
-        options.setdefault("key_prefix", prefix)
-        client = aiolock.Client.from_url(aiolock_cluster.url, cluster=True, **options)
-        made.append(client)
-        return client
-
-    yield make
-    for client in made:
-        await client.aclose()
+    async with cluster_clients(aiolock_cluster.url, prefix) as make:
+        yield make
     async with RedisCluster.from_url(aiolock_cluster.url) as redis:
         for node in redis.get_primaries():
             keys = [key async for key in redis.scan_iter(match=f"{prefix}:*", target_nodes=node)]

@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any
 
 import pytest
 from redis import Redis
@@ -23,7 +22,7 @@ from redis.crc import key_slot
 import aiolock
 from aiolock.embedded import EmbeddedCluster, EmbeddedServer
 from tests.conftest import SERVERS
-from tests.helpers import eventually
+from tests.helpers import cluster_clients, eventually
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -38,18 +37,8 @@ def cluster(request: pytest.FixtureRequest) -> Iterator[EmbeddedCluster]:
 
 @pytest.fixture
 async def clients(cluster: EmbeddedCluster) -> AsyncIterator[Make]:
-    prefix = f"aiolock-failover-{uuid.uuid4().hex[:8]}"
-    made: list[aiolock.Client] = []
-
-    def make(**options: Any) -> aiolock.Client:
-        options.setdefault("key_prefix", prefix)
-        client = aiolock.Client.from_url(cluster.url, cluster=True, **options)
-        made.append(client)
-        return client
-
-    yield make
-    for client in made:
-        await client.aclose()
+    async with cluster_clients(cluster.url, f"aiolock-failover-{uuid.uuid4().hex[:8]}") as make:
+        yield make
 
 
 def _node(server: EmbeddedServer) -> Redis:
