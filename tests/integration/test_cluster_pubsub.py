@@ -30,7 +30,7 @@ from aiolock._subscriber import Subscriber
 from aiolock.embedded import EmbeddedCluster
 from aiolock.pytest_plugin import ServerInfo
 from tests.conftest import SERVERS
-from tests.helpers import eventually
+from tests.helpers import cluster_clients, eventually
 from tests.integration.test_cluster import migrate_slot
 
 pytestmark = pytest.mark.anyio
@@ -39,18 +39,8 @@ Make = Callable[..., aiolock.Client]
 
 
 async def _clients(url: str) -> AsyncIterator[Make]:
-    prefix = f"aiolock-shard-{uuid.uuid4().hex[:8]}"
-    made: list[aiolock.Client] = []
-
-    def make(**options: Any) -> aiolock.Client:
-        options.setdefault("key_prefix", prefix)
-        client = aiolock.Client.from_url(url, cluster=True, **options)
-        made.append(client)
-        return client
-
-    yield make
-    for client in made:
-        await client.aclose()
+    async with cluster_clients(url, f"aiolock-shard-{uuid.uuid4().hex[:8]}") as make:
+        yield make
 
 
 @pytest.fixture
