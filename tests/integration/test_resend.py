@@ -178,6 +178,34 @@ async def test_a_late_copy_of_an_acquire_answered_by_its_resend_does_not_apply_a
     assert not await lock.is_locked()
 
 
+@pytest.mark.parametrize("nested", [False, True], ids=["fresh", "nested"])
+@pytest.mark.parametrize("kind", LATE_KINDS)
+async def test_a_late_copy_of_an_answered_acquire_grants_nothing_once_the_owner_released(
+    aiolock_client: aiolock.Client, kind: str, nested: bool
+) -> None:
+    """An acquire (fresh, or nested in a hold) was resent and applied, and the owner then
+    released every hold, which deleted the lock.  The first copy, delayed on a slow path,
+    arrives: it must not grant a fresh hold that nobody knows of."""
+    lock = _lock(aiolock_client, kind, "late-after")
+    owner, _ = lock._owner()
+    services = aiolock_client._services
+    if nested:
+        await lock.lock()
+    acquire = lock._attempt(owner, services.owners.next_request(), 30_000)
+    assert (await services.calls.run(*acquire))[1] == 1 + nested  # the resend lands
+    release = lock._release_call(owner, services.owners.next_request(), None)
+    assert await services.calls.run(*release) == nested  # the acquire's hold released
+    if nested:
+        await lock.unlock()  # and the outer one
+    assert not await lock.is_locked()
+    reply = await services.calls.run(*acquire)  # the first copy, late
+    assert not isinstance(reply, list)  # refused, not granted
+    assert not await lock.is_locked()
+    assert await lock.try_lock()  # the owner's own next call is granted as usual
+    await lock.unlock()
+    assert not await lock.is_locked()
+
+
 @pytest.mark.parametrize("released", [False, True], ids=["undone", "released"])
 async def test_a_late_copy_of_a_semaphore_acquire_grants_no_permit(
     aiolock_client: aiolock.Client, released: bool

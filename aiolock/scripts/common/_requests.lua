@@ -19,12 +19,6 @@ local function mark(meta, field, value, ms)
     keep(meta, ms)
 end
 
--- Whether request is a late copy of an acquire that was undone before it arrived (the meta
--- hash keeps the last such request of the lock).
-local function undone(meta, request)
-    return redis.call('HGET', meta, 'undone') == request
-end
-
 -- Whether request is older than last, the owner's last request applied: a late copy of a call
 -- that was answered already (by a resend), not a new one.
 local function older(owner, request, last)
@@ -32,4 +26,13 @@ local function older(owner, request, last)
     return last ~= nil and last ~= false and last ~= request
         and string.sub(last, 1, n - 1) == owner .. '/'
         and tonumber(string.sub(request, n)) < tonumber(string.sub(last, n))
+end
+
+-- Whether request is a late copy that must not apply to a lock that is gone: an acquire
+-- undone before it arrived, or one older than the request that last deleted the lock, when
+-- that was the same owner's (a late copy of an acquire its resend answered, arriving after the
+-- owner released what the resend got; the marker lives as long as the lease it ended).
+local function stale(meta, owner, request)
+    local marks = redis.call('HMGET', meta, 'undone', 'released')
+    return marks[1] == request or older(owner, request, marks[2])
 end

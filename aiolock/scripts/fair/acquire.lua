@@ -1,7 +1,8 @@
 -- Acquire or re-enter a fair lock, or take (and keep) a place in its queue.
 --
 -- KEYS[1]  the lock hash: <owner> -> hold count, ':fence' -> token, ':req' -> last request
--- KEYS[2]  the meta hash: 'undone' -> an acquire undone before it arrived (see common/_requests.lua)
+-- KEYS[2]  the meta hash: 'undone' -> an acquire undone before it arrived, 'released' -> the
+--          request that last deleted the lock (see common/_requests.lua)
 -- KEYS[3]  the queue: owner -> ticket (sorted set)
 -- KEYS[4]  the queue deadlines: owner -> server time in ms after which it is dropped
 -- KEYS[5]  the prefix of the per-client wake-up channels (<prefix><client id>)
@@ -51,8 +52,8 @@ if locked then
     elseif again == false then
         return math.max(redis.call('PTTL', KEYS[1]), 1)  -- a late copy of an undone call
     end
-elseif undone(KEYS[2], request) then
-    return 1  -- a late copy of an undone call: its caller is gone (and it queues nothing)
+elseif stale(KEYS[2], owner, request) then
+    return 1  -- a late copy of an undone or answered call: its caller is gone (it queues nothing)
 else
     first = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
     if not first or first == owner then

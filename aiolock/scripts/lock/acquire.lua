@@ -1,7 +1,8 @@
 -- Acquire or re-enter a reentrant lock.
 --
 -- KEYS[1]  the lock hash: <owner> -> hold count, ':fence' -> token, ':req' -> last request
--- KEYS[2]  the meta hash: 'undone' -> an acquire undone before it arrived (see common/_requests.lua)
+-- KEYS[2]  the meta hash: 'undone' -> an acquire undone before it arrived, 'released' -> the
+--          request that last deleted the lock (see common/_requests.lua)
 -- KEYS[3]  the fencing token counter, shared by every lock name (never expires)
 -- ARGV[1]  lease in milliseconds
 -- ARGV[2]  owner id (client UUID + task or explicit token)
@@ -24,8 +25,8 @@ if not lease or lease < 1 or lease > 1e12 then
 end
 
 if redis.call('EXISTS', KEYS[1]) == 0 then
-    if undone(KEYS[2], request) then
-        return 1  -- a late copy of an undone call: its caller is gone
+    if stale(KEYS[2], ARGV[2], request) then
+        return 1  -- a late copy of an undone or answered call: its caller is gone
     end
     return grant(KEYS[1], KEYS[3], ARGV[2], request, lease)
 end

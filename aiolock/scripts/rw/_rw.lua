@@ -20,12 +20,13 @@
 
 -- Whether request is a late copy the owner must not get (see common/_requests): an acquire
 -- its client undid before it arrived ('x:<owner>' while the owner holds the lock, the meta
--- hash's marker after), or one older than last, the owner's last request applied.
+-- hash's marker after), or one older than last, the owner's last request applied (or, once
+-- the lock is gone, than the owner's release that deleted it).
 local function late_copy(owner, request, last, burnt)
     if burnt == request or older(owner, request, last) then
         return true
     end
-    return not last and undone(KEYS[2], request)
+    return not last and stale(KEYS[2], owner, request)
 end
 
 -- An acquire that owner's client undid was not applied: a late copy of it must not apply
