@@ -561,8 +561,10 @@ class PubSub:
 
     async def _subscribe(self, entry: Entry, moves: int = 0) -> None:
         """SUBSCRIBE an entry where the topology puts it, holding its semaphore until the
-        server answers; ``moves``: how often it moved unconfirmed (the topology is then read
-        again first, and after a second move in a row only after a pause: it may be settling).
+        server answers (or, if that node's connection is down, until the reader has it: the
+        semaphore is shared with other nodes' channels); ``moves``: how often it moved
+        unconfirmed (the topology is then read again first, and after a second move in a row
+        only after a pause: it may be settling).
         """
         key = entry.channel
         if moves > 1:
@@ -583,8 +585,8 @@ class PubSub:
                     unrouted = True
                 else:
                     self._homes[key] = subscriber
-                    await subscriber.subscribe(entry)
-                    self._moves.pop(key, None)
+                    if await subscriber.subscribe(entry):
+                        self._moves.pop(key, None)
         except (RedisError, OSError, RuntimeError) as exc:
             # Refused or moved: the subscriber has told us (``refused``, ``moved``).  The
             # connection failed, or the client is closing: the entry stays, and the reader

@@ -148,12 +148,15 @@ class Subscriber:
     def connected(self) -> bool:
         return self._connection is not None and self._connection.is_connected
 
-    async def subscribe(self, entry: Entry) -> None:
-        """Carry ``entry``'s channel here; return once the server confirms it.
+    async def subscribe(self, entry: Entry) -> bool:
+        """Carry ``entry``'s channel here; return True once the server confirms it, or False
+        at once while the connection is down or still being made: the reader then subscribes
+        it once connected, which confirms it.
 
-        Raises the server's refusal or redirection (the :class:`Listener` has heard of it
-        already), or the failure of the connection: the entry then stays, and the reader
-        subscribes it once it has reconnected, which confirms it.
+        The caller holds the channel's semaphore, shared with other channels (on other nodes
+        too): a node that cannot be reached must not hold it through a connect that may take
+        minutes.  Raises the server's refusal or redirection (the :class:`Listener` has heard
+        of it already), or the failure of the connection: the entry then stays, as above.
         """
         if self._closed:
             raise RuntimeError("the aiolock client is closed")
@@ -165,10 +168,10 @@ class Subscriber:
         self._confirmations.setdefault(key, deque()).append(confirmation)
         try:
             self._start_reader()
-            # While the connection is down the reader subscribes every entry after it
-            # reconnects, which confirms this one too.
-            await self._send(self._verbs.subscribe, key)
+            if not await self._send(self._verbs.subscribe, key):
+                return False
             await confirmation
+            return True
         finally:
             waiting = self._confirmations.get(key)
             if waiting is not None and confirmation in waiting:
@@ -216,16 +219,22 @@ class Subscriber:
 
     # -- writing ---------------------------------------------------------------------------
 
-    async def _send(self, command: str, key: bytes) -> None:
-        """Write a command if the connection is up; never connect (that is the reader's job)."""
+    async def _send(self, command: str, key: bytes) -> bool:
+        """Write a command if the connection is up; never connect (that is the reader's job).
+
+        Returns whether it was written: if not, the connection is down, and the reader, once
+        connected, subscribes the channels it then carries.
+        """
         connection = self._connection
         if connection is None or not connection.is_connected:
-            return
+            return False
         try:
             # Never a health check (it would read a reply: a second reader of the connection).
             await self._write(connection, command, key)
         except _CONNECTION_ERRORS as exc:
             logger.debug("pub/sub write failed (the reader reconnects): %r", exc)
+            return False
+        return True
 
     def _write(
         self, connection: AbstractConnection, command: str, key: bytes | None
