@@ -109,6 +109,8 @@ class LockKind(Guarded[int]):
     kind: ClassVar[str]
     """The kind's name: part of its keys (so kinds never share keys) and of its registries."""
     _renew: ClassVar[Script]
+    _fences: ClassVar[bool] = True
+    """Whether the kind's acquire scripts honour fenced requests in the meta hash (fence.lua)."""
 
     def __init__(self, services: Services, name: str, owner: str | None) -> None:
         self._services = services
@@ -436,13 +438,19 @@ class LockKind(Guarded[int]):
                 owner, work, lambda: self._undo_if_granted(work, owner, request, lease_s)
             )
 
+        resent = False
+
+        def resending() -> None:
+            nonlocal resent
+            resent = True
+
         call = self._attempt(owner, request, round(lease_s * 1000))
         try:
             if services.sync is None:
-                reply = await services.calls.run(*call, orphan=unknown)
+                reply = await services.calls.run(*call, orphan=unknown, on_resend=resending)
             else:
                 reply, synced = await services.calls.run_synced(
-                    *call, sync=services.sync, orphan=unknown
+                    *call, sync=services.sync, orphan=unknown, on_resend=resending
                 )
         except ResponseError as error:
             refusal = self._refusal(error)
@@ -503,6 +511,8 @@ class LockKind(Guarded[int]):
             renew_keys=self._renew_keys(),
             channel=self._channel(),
         )
+        if resent and self._fences:
+            hold.resent.append(request)  # its first copy may still arrive, after the release
         if hold.watchdog:
             services.watchdog.start()
         return hold
@@ -535,12 +545,38 @@ class LockKind(Guarded[int]):
             raise
         hold = services.holds.get(key, owner)
         believed = None if hold is None else hold.count - 1
+        if hold is not None and believed == 0 and hold.resent:
+            try:
+                await self._fence(owner, hold.resent)
+            except asyncio.CancelledError:
+                unknown(not_sent())
+                raise
         remaining = _remaining(
             await services.calls.run(*self._release_call(owner, request, None), orphan=unknown)
         )
         services.holds.released(key, owner, remaining)
         self._check_count(owner, believed, remaining)
         return remaining
+
+    async def _fence(self, owner: str, requests: list[int]) -> None:
+        """Before the release that ends a hold: make sure that late copies of its resent
+        acquires grant nothing once the owner no longer holds the lock (``fence.lua``).
+
+        Without it, a copy arriving after another owner's release replaced the marker of the
+        owner's own last release would grant a hold nobody knows of.  A failure is logged and
+        the release goes on: the lease still bounds such a hold.
+        """
+        call = (_scripts.FENCE, (self._keys.meta,), (owner, *requests))
+        try:
+            await self._services.calls.run(*call)
+        except _FAILURES as exc:
+            logger.warning(
+                "could not fence off %d resent acquire(s) of %r: %r",
+                len(requests),
+                self.name,
+                exc,
+                extra=lock_extra(self.kind, self.name, owner),
+            )
 
     def _check_count(self, owner: str, believed: int | None, remaining: int | None) -> None:
         """A release left more holds on the server than the client knew of: drop the extra.

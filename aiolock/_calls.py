@@ -76,14 +76,17 @@ class Calls:
         args: tuple[Any, ...],
         *,
         orphan: Orphan | None = None,
+        on_resend: Callable[[], object] | None = None,
     ) -> Any:
         """Run ``script`` by SHA (its source once on NOSCRIPT) and return the reply.
 
         If the caller is cancelled, ``orphan`` receives a future of the call's outcome: the
         reply, :class:`NotSent`, or the error that left the outcome unknown.  If the call fails
         after some attempt was written, ``orphan`` receives that error and the caller it too.
+        ``on_resend`` is called when an attempt is sent after an earlier one was written on a
+        connection that failed: that first copy may still reach the server, later.
         """
-        reply, _ = await self._run(script, keys, args, orphan, None)
+        reply, _ = await self._run(script, keys, args, orphan, None, on_resend=on_resend)
         return reply
 
     async def run_synced(
@@ -94,11 +97,12 @@ class Calls:
         *,
         sync: tuple[int, float],
         orphan: Orphan | None = None,
+        on_resend: Callable[[], object] | None = None,
     ) -> tuple[Any, int]:
         """:meth:`run`, then ``WAIT`` on the same connection (WAIT covers the writes of its own
         connection) for ``sync = (replicas, seconds)``: the reply, and how many replicas have
         the script's writes."""
-        return await self._run(script, keys, args, orphan, sync)
+        return await self._run(script, keys, args, orphan, sync, on_resend=on_resend)
 
     async def _run(
         self,
@@ -107,15 +111,23 @@ class Calls:
         args: tuple[Any, ...],
         orphan: Orphan | None,
         sync: tuple[int, float] | None,
+        *,
+        on_resend: Callable[[], object] | None = None,
     ) -> tuple[Any, int]:
+        evalsha = ("EVALSHA", script.sha, len(keys), *keys, *args)
         try:
-            return await self._call(("EVALSHA", script.sha, len(keys), *keys, *args), orphan, sync)
+            return await self._call(evalsha, orphan, sync, on_resend)
         except NoScriptError:
             # EVAL caches the script, so the next EVALSHA on this server finds it.
-            return await self._call(("EVAL", script.source, len(keys), *keys, *args), orphan, sync)
+            evaluate = ("EVAL", script.source, len(keys), *keys, *args)
+            return await self._call(evaluate, orphan, sync, on_resend)
 
     async def _call(
-        self, command: tuple[Any, ...], orphan: Orphan | None, sync: tuple[int, float] | None
+        self,
+        command: tuple[Any, ...],
+        orphan: Orphan | None,
+        sync: tuple[int, float] | None,
+        on_resend: Callable[[], object] | None = None,
     ) -> tuple[Any, int]:
         try:
             conn = await self._borrow()
@@ -134,6 +146,8 @@ class Calls:
                 connecting = asyncio.ensure_future(conn.connect())  # type: ignore[no-untyped-call]
                 await asyncio.shield(connecting)
                 connecting = None
+            if sent and on_resend is not None:
+                on_resend()  # an earlier copy went out on a connection that then failed
             in_flight = True  # set first: a cancel inside write() comes after the bytes left
             sent = True
             await write(conn, command, *([] if sync is None else [("WAIT", *_wait_args(sync))]))

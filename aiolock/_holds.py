@@ -83,6 +83,9 @@ class Hold:
     lost_reason: str | None = None
     timer: asyncio.TimerHandle | None = None
     listeners: list[Callable[[], object]] = field(default_factory=list)
+    # Acquire requests of this hold that were resent (an earlier copy went out on a connection
+    # that failed, and may still arrive): fenced off before the release that ends the hold.
+    resent: list[int] = field(default_factory=list)
 
     def __repr__(self) -> str:
         state = f"lost: {self.lost_reason}" if self.lost else f"held x{self.count}"

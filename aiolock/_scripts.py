@@ -22,6 +22,7 @@ __all__ = [
     "FAIR_KEEP",
     "FAIR_LEAVE",
     "FAIR_RELEASE",
+    "FENCE",
     "LATCH_COUNT_DOWN",
     "LATCH_SET",
     "LOCK_ACQUIRE",
@@ -84,6 +85,7 @@ def sharded(script: Script) -> Script:
 
 
 READ = Script.load("common", "read")
+FENCE = Script.load("common", "fence")
 
 LOCK_ACQUIRE = Script.load("lock", "acquire")
 LOCK_RELEASE = Script.load("lock", "release")

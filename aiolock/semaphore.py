@@ -36,6 +36,7 @@ class _Permits(LockKind):
 
     kind: ClassVar[str] = "semaphore"
     _renew = _scripts.SEMAPHORE_RENEW
+    _fences = False  # its meta key is the list of the last releases, which its acquire reads
 
     def __init__(self, services: Services, name: str, limit: int) -> None:
         super().__init__(services, name, None)

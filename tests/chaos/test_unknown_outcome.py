@@ -257,3 +257,48 @@ async def test_d_a_block_exit_with_a_lost_release_reply_leaves_the_lock_free(
     await settled(client)
     await assert_free(redis, lock)
     no_unknown_holds()
+
+
+# -- acquires whose resend answered ----------------------------------------------------------
+
+
+async def test_e_a_resent_grant_is_fenced_off_before_its_release(
+    proxied: Callable[..., aiolock.Client],
+    proxy: FreezableProxy,
+    redis: Redis,
+    aiolock_client: aiolock.Client,
+    no_unknown_holds: Callable[[], None],
+) -> None:
+    """The acquire's first copy ran, its connection was cut before the reply, and redis-py
+    resent it on a new connection, whose answer granted the lock.  A copy of that request may
+    still be on its way (a slow path delivers it late): the client fences it off before the
+    release that ends the hold, so that the copy grants nothing afterwards, even once another
+    owner's release has replaced the marker of the owner's own."""
+    await redis.script_load(_scripts.FENCE.source)
+    for script in (_scripts.LOCK_ACQUIRE, _scripts.LOCK_RELEASE):
+        await redis.script_load(script.source)
+    client = proxied(retry=Retry(NoBackoff(), 1))  # one resend
+    lock = client.lock("resent")
+    reply = proxy.cut_next_request(ACQUIRE)
+    await lock.lock()  # the resend's answer
+    token, count = grant(await dropped(reply))
+    assert count == 1
+    owner, _ = lock._owner()
+    hold = client._services.holds.get(lock._hold_key, owner)
+    assert hold is not None
+    assert hold.token == token  # the same grant, answered twice
+    assert len(hold.resent) == 1
+    request = hold.resent[0]
+    await lock.unlock()
+    assert await redis.hget(lock._keys.meta, f"{owner}/{request}") == "1"
+    await assert_free(redis, lock)
+
+    async def another_owner() -> None:
+        async with aiolock_client.lock("resent").acquire(wait=1):
+            pass
+
+    await asyncio.create_task(another_owner())
+    late = lock._attempt(owner, request, 30_000)  # the first copy, arriving now
+    assert not isinstance(await aiolock_client._services.calls.run(*late), list)
+    await assert_free(redis, lock)
+    no_unknown_holds()

@@ -260,3 +260,74 @@ async def test_a_resend_after_a_stall_answers_with_a_lease_from_now(
     assert again[2] == 1_000  # its lease runs from now
     release = lock._release_call(owner, services.owners.next_request(), None)
     assert await services.calls.run(*release) == 0
+
+
+async def _another_owner_takes_and_releases(client: aiolock.Client, kind: str, name: str) -> None:
+    """A task of its own (another owner) takes the lock and releases it: the meta hash's
+    'released' marker then names that owner's release, not the first owner's."""
+
+    async def cycle() -> None:
+        lock = _lock(client, kind, name)
+        await lock.lock()
+        await lock.unlock()
+
+    await asyncio.create_task(cycle())
+
+
+@pytest.mark.parametrize("kind", LATE_KINDS)
+async def test_a_fenced_acquire_grants_nothing_after_another_owner_released(
+    aiolock_client: aiolock.Client, kind: str
+) -> None:
+    """An acquire was resent and its resend answered; the client fenced it off before the
+    release that ended the hold.  Another owner then takes and releases the lock, replacing
+    the marker of that release.  The first copy, arriving now, must still grant nothing."""
+    lock = _lock(aiolock_client, kind, "fenced")
+    owner, _ = lock._owner()
+    services = aiolock_client._services
+    acquire = lock._attempt(owner, services.owners.next_request(), 30_000)
+    assert (await services.calls.run(*acquire))[1] == 1  # the resend lands
+    await lock._fence(owner, [acquire[2][2]])
+    release = lock._release_call(owner, services.owners.next_request(), None)
+    assert await services.calls.run(*release) == 0
+    await _another_owner_takes_and_releases(aiolock_client, kind, "fenced")
+    reply = await services.calls.run(*acquire)  # the first copy, late
+    assert not isinstance(reply, list)  # refused, not granted
+    assert not await lock.is_locked()
+    assert await lock.try_lock()  # the owner's own next call is granted as usual
+    await lock.unlock()
+    assert not await lock.is_locked()
+
+
+async def test_a_fenced_read_grants_nothing_while_other_readers_keep_the_lock(
+    aiolock_client: aiolock.Client, redis: Redis
+) -> None:
+    """A read hold whose acquire was resent ends while another reader keeps the lock alive
+    (the lock hash then forgets the owner's last request).  The first copy of that acquire,
+    arriving now, must not grant a read hold nobody knows of."""
+    rw = aiolock_client.rw_lock("fenced-read")
+    lock = rw.read_lock()
+    owner, _ = lock._owner()
+    services = aiolock_client._services
+    other_holds = asyncio.Event()
+    done = asyncio.Event()
+
+    async def other_reader() -> None:
+        async with rw.read_lock().acquire(wait=5):
+            other_holds.set()
+            await done.wait()
+
+    other = asyncio.create_task(other_reader())
+    try:
+        await asyncio.wait_for(other_holds.wait(), 5)
+        acquire = lock._attempt(owner, services.owners.next_request(), 30_000)
+        assert (await services.calls.run(*acquire))[1] == 1  # the resend lands
+        await lock._fence(owner, [acquire[2][2]])
+        release = lock._release_call(owner, services.owners.next_request(), None)
+        assert await services.calls.run(*release) == 0
+        reply = await services.calls.run(*acquire)  # the first copy, late
+        assert not isinstance(reply, list)  # refused, not granted
+        assert await redis.hget(lock._keys.lock, f"r:{owner}") is None
+    finally:
+        done.set()
+        await other
+    assert not await redis.exists(lock._keys.lock)

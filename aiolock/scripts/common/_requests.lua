@@ -28,11 +28,13 @@ local function older(owner, request, last)
         and tonumber(string.sub(request, n)) < tonumber(string.sub(last, n))
 end
 
--- Whether request is a late copy that must not apply to a lock that is gone: an acquire
--- undone before it arrived, or one older than the request that last deleted the lock, when
--- that was the same owner's (a late copy of an acquire its resend answered, arriving after the
--- owner released what the resend got; the marker lives as long as the lease it ended).
+-- Whether request is a late copy that must not apply to a lock that is gone (or that its
+-- owner no longer holds): an acquire undone before it arrived; one its client fenced off
+-- (common/fence.lua: it was resent, and the resend answered); or one older than the request
+-- that last deleted the lock, when that was the same owner's (a late copy of an acquire its
+-- resend answered, arriving after the owner released what the resend got; the marker lives
+-- as long as the lease it ended).
 local function stale(meta, owner, request)
-    local marks = redis.call('HMGET', meta, 'undone', 'released')
-    return marks[1] == request or older(owner, request, marks[2])
+    local marks = redis.call('HMGET', meta, 'undone', 'released', request)
+    return marks[1] == request or marks[3] ~= false or older(owner, request, marks[2])
 end

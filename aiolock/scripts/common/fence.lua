@@ -1,0 +1,21 @@
+-- Fence off acquires of an owner whose late copies may still be on their way: each was resent
+-- (its first copy went out on a connection that failed), and the resend was answered, so the
+-- first copy can still arrive, after the owner released what the resend got.  The client
+-- runs this before the release that ends the owner's holds: from then on a copy of any of
+-- these requests grants nothing once the owner holds the lock no more (common/_requests'
+-- stale), whatever other owners' releases come in between.
+--
+-- KEYS[1]  the meta hash of the lock (see common/_requests.lua)
+-- ARGV[1]  owner id
+-- ARGV[2..] the acquire request ids to fence off
+--
+-- Returns how many were fenced.  A field per request, named '<owner>/<request>', kept with
+-- the hash for MARK_MS at least: resends are rare (a connection failed mid-call), so the
+-- hash gains a few fields only while faults last, and goes a minute after the last.
+--@include common/_time
+--@include common/_requests
+for i = 2, #ARGV do
+    redis.call('HSET', KEYS[1], ARGV[1] .. '/' .. ARGV[i], 1)
+end
+keep(KEYS[1], MARK_MS)
+return #ARGV - 1
