@@ -331,3 +331,33 @@ async def test_a_fenced_read_grants_nothing_while_other_readers_keep_the_lock(
         done.set()
         await other
     assert not await redis.exists(lock._keys.lock)
+
+
+@pytest.mark.parametrize("kind", LATE_KINDS)
+async def test_a_late_copy_of_an_undone_acquire_stays_refused_after_other_undos(
+    aiolock_client: aiolock.Client, kind: str
+) -> None:
+    """An acquire was undone before it arrived; then another owner's acquire of the same lock
+    was undone too.  The first one's late copy, arriving now with the lock gone, must still
+    grant nothing: the second marker must not replace the first."""
+    lock = _lock(aiolock_client, kind, "undone-twice")
+    owner, _ = lock._owner()
+    services = aiolock_client._services
+    late = services.owners.next_request()
+    acquire = lock._attempt(owner, late, 30_000)
+    undo = lock._release_call(owner, services.owners.next_request(), late)
+    assert await services.calls.run(*undo) is None  # nothing held: nothing undone
+
+    async def another_owner_undoes() -> None:
+        other = _lock(aiolock_client, kind, "undone-twice")
+        other_owner, _ = other._owner()
+        request = services.owners.next_request()
+        call = other._release_call(other_owner, services.owners.next_request(), request)
+        assert await services.calls.run(*call) is None
+
+    await asyncio.create_task(another_owner_undoes())
+    reply = await services.calls.run(*acquire)  # the first copy, late
+    assert not isinstance(reply, list)  # refused, not granted
+    assert not await lock.is_locked()
+    assert await lock.try_lock()  # the owner's own next call is granted as usual
+    await lock.unlock()

@@ -58,7 +58,7 @@ local function release_one(lock, meta, owner, request, undo)
     local held = redis.call('HMGET', lock, owner, ':req')
     if not held[1] then
         if undo then
-            mark(meta, 'undone', undo, MARK_MS)  -- a late copy of it must not grant
+            fence_off(meta, undo)  -- a late copy of it must not grant
         elseif redis.call('HGET', meta, 'released') == request then
             return 0, false
         end
@@ -72,7 +72,7 @@ local function release_one(lock, meta, owner, request, undo)
         -- That acquire was not applied: nothing to undo, and a late copy of it must not apply
         -- either, while the lock lives (the field goes with it) and after.
         redis.call('HSET', lock, 'x:' .. owner, undo)
-        mark(meta, 'undone', undo, MARK_MS)
+        fence_off(meta, undo)
         return count, false
     end
     count = count - 1

@@ -6,8 +6,10 @@
 -- before the next).  A late copy of a call (a resend after a reconnect, or a request a dead
 -- connection delivered late) must not apply again, and an acquire its client undid before it
 -- arrived must not apply at all.  The meta hash keeps markers for that while the lock is gone:
--- 'released' -> the request that last deleted the lock, 'undone' -> the last acquire undone
--- before it was applied.
+-- 'released' -> the request that last deleted the lock, and '<owner>/<n>' -> 1 for each
+-- acquire that must never apply: undone before it was applied, or fenced off by its client
+-- (common/fence.lua).  A field per request, so that no marker replaces another ('undone', the
+-- single field of earlier versions, is still read).
 
 -- How long a marker in the meta hash at least lives: late copies of a call (a resend after a
 -- reconnect, a request a dead connection delivered late) come within seconds.
@@ -17,6 +19,11 @@ local MARK_MS = 60000
 local function mark(meta, field, value, ms)
     redis.call('HSET', meta, field, value)
     keep(meta, ms)
+end
+
+-- Mark acquire request (owner/n) as one that must never apply (see stale).
+local function fence_off(meta, request)
+    mark(meta, request, 1, MARK_MS)
 end
 
 -- Whether request is older than last, the owner's last request applied: a late copy of a call

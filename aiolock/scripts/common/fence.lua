@@ -15,7 +15,6 @@
 --@include common/_time
 --@include common/_requests
 for i = 2, #ARGV do
-    redis.call('HSET', KEYS[1], ARGV[1] .. '/' .. ARGV[i], 1)
+    fence_off(KEYS[1], ARGV[1] .. '/' .. ARGV[i])
 end
-keep(KEYS[1], MARK_MS)
 return #ARGV - 1

@@ -1,8 +1,8 @@
 -- Acquire or re-enter a fair lock, or take (and keep) a place in its queue.
 --
 -- KEYS[1]  the lock hash: <owner> -> hold count, ':fence' -> token, ':req' -> last request
--- KEYS[2]  the meta hash: 'undone' -> an acquire undone before it arrived, 'released' -> the
---          request that last deleted the lock (see common/_requests.lua)
+-- KEYS[2]  the meta hash: 'released' -> the request that last deleted the lock, '<owner>/<n>'
+--          -> an acquire undone before it arrived or fenced off (see common/_requests.lua)
 -- KEYS[3]  the queue: owner -> ticket (sorted set)
 -- KEYS[4]  the queue deadlines: owner -> server time in ms after which it is dropped
 -- KEYS[5]  the prefix of the per-client wake-up channels (<prefix><client id>)

@@ -1,8 +1,8 @@
 -- Acquire or re-enter a reentrant lock.
 --
 -- KEYS[1]  the lock hash: <owner> -> hold count, ':fence' -> token, ':req' -> last request
--- KEYS[2]  the meta hash: 'undone' -> an acquire undone before it arrived, 'released' -> the
---          request that last deleted the lock (see common/_requests.lua)
+-- KEYS[2]  the meta hash: 'released' -> the request that last deleted the lock, '<owner>/<n>'
+--          -> an acquire undone before it arrived or fenced off (see common/_requests.lua)
 -- KEYS[3]  the fencing token counter, shared by every lock name (never expires)
 -- ARGV[1]  lease in milliseconds
 -- ARGV[2]  owner id (client UUID + task or explicit token)

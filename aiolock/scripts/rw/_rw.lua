@@ -8,7 +8,8 @@
 --          the owner holds the lock); ':fence' -> the write hold's fencing token
 -- KEYS[2]  the meta hash: 'released' -> the request that last deleted the lock (kept as long
 --          as the lease it had left, so that a resend of that release is recognised),
---          'undone' -> the last acquire undone before it arrived (see common/_requests)
+--          '<owner>/<n>' -> 1 for an acquire undone before it arrived or fenced off by its
+--          client (see common/_requests)
 -- KEYS[3]  the readers: owner -> its read lease end (server ms); 'owner/request' -> minus the
 --          time until which a resend of that owner's last read release is recognised
 -- KEYS[4]  the waiting writers: owner -> the server ms after which it no longer waits
@@ -35,7 +36,7 @@ local function burn(owner, undo, holding)
     if holding then
         redis.call('HSET', KEYS[1], 'x:' .. owner, undo)
     end
-    mark(KEYS[2], 'undone', undo, MARK_MS)
+    fence_off(KEYS[2], undo)
 end
 
 -- The owner holds nothing any more: drop what the lock kept for it.
