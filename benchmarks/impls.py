@@ -34,6 +34,7 @@ import aiolock
 
 __all__ = [
     "IMPLS",
+    "KEY_PREFIX",
     "PERMITS",
     "POOL_SIZE",
     "SHARED",
@@ -45,6 +46,7 @@ __all__ = [
 ]
 
 POOL_SIZE = 128
+KEY_PREFIX = "bench"  # the aiolock clients' key_prefix
 LEASE_S = 60  # the lease of every polling lock (aiolock uses its watchdog, lease=None)
 PERMITS = 5  # the semaphores' limit in the ``shared`` scenario
 
@@ -105,7 +107,7 @@ class AiolockImpl(Impl):
 
     async def open(self) -> None:
         self._redis = self._async_redis()
-        self._client = aiolock.Client(self._redis, key_prefix="bench")
+        self._client = aiolock.Client(self._redis, key_prefix=KEY_PREFIX)
 
     def handle(self, key: str) -> Handle:
         return _AiolockHandle(getattr(self._client, self.factory)(key))

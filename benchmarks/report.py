@@ -154,6 +154,200 @@ def targets(results: dict[str, Any]) -> list[tuple[str, str, bool]]:
                 rss <= 2.0,
             )
         )
+    checks += _perf2_targets(results)
+    return checks
+
+
+# Issue 14's targets ("perf 2"), each from the scenario it needs when that scenario ran.
+_KINDS = {"aiolock": "plain lock", "aiolock-fair": "fair_lock"}
+PERF2_GAP_X_PING = {"aiolock-fair": 3.0, "aiolock": 5.0}  # contended hand-off gap p50 / PING p50
+PERF2_FAIR_OVER_PEERS = 1.25  # fair_lock acquisitions/s over the best peer's (contended)
+PERF2_FAIR_COMMANDS = 8.0  # fair_lock server commands per acquisition, every sweep point
+PERF2_UNCONTENDED_COMMANDS = 6.0  # the plain lock's server commands per cycle
+PERF2_UNCONTENDED_CPU = 1.2  # the plain lock's server CPU per cycle over redis-py Lock's
+PERF2_NAMES_OVER_REDISPY = 1.3  # names: cycles/s over redis-py Lock sleep=0.001's
+PERF2_NAMES_KEYS = 10  # names: keys left once the resend markers expired, 10,000 names
+PERF2_RSS_KB = 2.0  # fan-in RSS per waiter
+PERF2_UNCONTENDED_P50 = 2.0  # uncontended cycle p50 / PING p50
+
+
+def _perf2_targets(results: dict[str, Any]) -> list[tuple[str, str, bool]]:
+    scenarios, labels = results["scenarios"], results["meta"]["labels"]
+    checks: list[tuple[str, str, bool]] = []
+    if "contended" in scenarios:
+        checks += _perf2_contended(scenarios, labels)
+    if "sweep" in scenarios:
+        points = scenarios["sweep"]["points"]
+        fair = [_medians(p).get("aiolock-fair", {}) for p in points.values()]
+        if fair and all("commands_per_acquisition" in f for f in fair):
+            costs = [f["commands_per_acquisition"] for f in fair]
+            plain = [
+                _medians(p).get("aiolock", {}).get("commands_per_acquisition", math.nan)
+                for p in points.values()
+            ]
+            checks.append(
+                (
+                    f"perf 2: sweep: fair_lock commands/acquisition <= {PERF2_FAIR_COMMANDS:g} "
+                    f"at every point ({', '.join(points)} processes)",
+                    " / ".join(f"{c:.1f}" for c in costs)
+                    + " (plain lock "
+                    + " / ".join(_fmt(c) for c in plain)
+                    + ")",
+                    max(costs) <= PERF2_FAIR_COMMANDS,
+                )
+            )
+    if "uncontended" in scenarios:
+        checks += _perf2_uncontended_costs(_medians(scenarios["uncontended"]), labels)
+    if "names" in scenarios:
+        checks += _perf2_names(scenarios["names"], labels)
+    if "fanin" in scenarios:
+        medians = _medians(scenarios["fanin"])
+        rss = {
+            name: medians[name]["rss_kb_per_waiter"]
+            for name in _KINDS
+            if "rss_kb_per_waiter" in medians.get(name, {})
+        }
+        if rss:
+            checks.append(
+                (
+                    f"perf 2: fan-in: <= {PERF2_RSS_KB:g} KB RSS per waiter "
+                    f"({', '.join(_KINDS[n] for n in rss)})",
+                    ", ".join(f"{_KINDS[n]} {v:.2f} KB" for n, v in rss.items()),
+                    all(v <= PERF2_RSS_KB for v in rss.values()),
+                )
+            )
+    if "uncontended" in scenarios:
+        ratio = _medians(scenarios["uncontended"]).get("aiolock", {}).get("p50_over_ping")
+        if ratio is not None:
+            checks.append(
+                (
+                    f"perf 2: uncontended: cycle p50 <= {PERF2_UNCONTENDED_P50:g} x PING p50",
+                    f"{ratio:.2f} x",
+                    ratio <= PERF2_UNCONTENDED_P50,
+                )
+            )
+    return checks
+
+
+def _perf2_contended(
+    scenarios: dict[str, Any], labels: dict[str, str]
+) -> list[tuple[str, str, bool]]:
+    """The hand-off gap against PING (from ``rtt``) and the rates against the peers that serve
+    every worker, at the main level of ``contended`` (64 waiters in a full run)."""
+    checks: list[tuple[str, str, bool]] = []
+    section = scenarios["contended"]
+    level = _main_level(section)
+    medians = _medians(section["levels"][level])
+    where = f"perf 2: contended ({level} waiters)"
+    ping = scenarios.get("rtt", {}).get("median", {}).get("ping_p50_us")
+    for name, factor in PERF2_GAP_X_PING.items():
+        figures = medians.get(name, {})
+        if not ping or "gap_p50_us" not in figures:
+            continue
+        gap, served = figures["gap_p50_us"], figures.get("served", 0.0)
+        checks.append(
+            (
+                f"{where}: {_KINDS[name]} hand-off gap p50 <= {factor:g} x PING p50, "
+                "every worker served",
+                f"{gap:,.0f} µs = {gap / ping:.2f} x PING ({ping:.0f} µs), served {served:.0%}",
+                gap <= factor * ping and served >= 1.0,
+            )
+        )
+    peers = {
+        name: figures["acquisitions_per_s"]
+        for name, figures in medians.items()
+        if not name.startswith("aiolock")
+        and figures.get("served", 0.0) >= 1.0
+        and "acquisitions_per_s" in figures
+    }
+    best = max(peers, key=peers.__getitem__, default=None)
+    best_rate = peers[best] if best is not None else 0.0
+    versus = (
+        f"{labels.get(best, best)} {best_rate:,.0f}"
+        if best is not None
+        else "no peer serves every worker"
+    )
+    for name, factor, goal in (
+        ("aiolock-fair", PERF2_FAIR_OVER_PEERS, f"{PERF2_FAIR_OVER_PEERS:g} x the best peer"),
+        ("aiolock", 1.0, "every peer"),
+    ):
+        rate = medians.get(name, {}).get("acquisitions_per_s")
+        if rate is None:
+            continue
+        ratio = f" (x{rate / best_rate:.2f})" if best_rate else ""
+        checks.append(
+            (
+                f"{where}: {_KINDS[name]} acquisitions/s >= {goal} that serves every worker",
+                f"{rate:,.0f} vs {versus}{ratio}",
+                rate >= factor * best_rate,
+            )
+        )
+    return checks
+
+
+def _perf2_uncontended_costs(
+    medians: dict[str, dict[str, Any]], labels: dict[str, str]
+) -> list[tuple[str, str, bool]]:
+    checks: list[tuple[str, str, bool]] = []
+    ours = medians.get("aiolock", {})
+    commands = ours.get("commands_per_cycle")
+    if commands is not None:
+        checks.append(
+            (
+                f"perf 2: uncontended: server commands/cycle <= {PERF2_UNCONTENDED_COMMANDS:g}",
+                f"{commands:.1f}",
+                commands <= PERF2_UNCONTENDED_COMMANDS,
+            )
+        )
+    peer = next(
+        (
+            n
+            for n in ("redispy-0.001", "redispy-0.1")
+            if "server_cpu_us_per_cycle" in medians.get(n, {})
+        ),
+        None,
+    )
+    cpu = ours.get("server_cpu_us_per_cycle")
+    if peer is not None and cpu is not None:
+        theirs = medians[peer]["server_cpu_us_per_cycle"]
+        ratio = cpu / theirs if theirs else math.inf
+        checks.append(
+            (
+                f"perf 2: uncontended: server CPU/cycle <= {PERF2_UNCONTENDED_CPU:g} x "
+                "redis-py Lock's",
+                f"{cpu:.1f} µs vs {theirs:.1f} µs ({labels.get(peer, peer)}, x{ratio:.2f})",
+                ratio <= PERF2_UNCONTENDED_CPU,
+            )
+        )
+    return checks
+
+
+def _perf2_names(section: dict[str, Any], labels: dict[str, str]) -> list[tuple[str, str, bool]]:
+    checks: list[tuple[str, str, bool]] = []
+    medians = _medians(section)
+    ours, peer = medians.get("aiolock", {}), medians.get("redispy-0.001", {})
+    if "cycles_per_s" in ours and "cycles_per_s" in peer:
+        rate, theirs = ours["cycles_per_s"], peer["cycles_per_s"]
+        ratio = rate / theirs if theirs else math.inf
+        checks.append(
+            (
+                f"perf 2: names: cycles/s >= {PERF2_NAMES_OVER_REDISPY:g} x "
+                f"{labels.get('redispy-0.001', 'redis-py Lock')}'s",
+                f"{rate:,.0f} vs {theirs:,.0f} (x{ratio:.2f})",
+                ratio >= PERF2_NAMES_OVER_REDISPY,
+            )
+        )
+    if "keys_settled" in ours:
+        left, now = ours["keys_settled"], ours.get("keys_left", math.nan)
+        checks.append(
+            (
+                f"perf 2: names: keys left flat (<= {PERF2_NAMES_KEYS} for "
+                f"{section['names']:,} names, once the resend markers expired)",
+                f"{left:,.0f} after {ours.get('settled_after_s', math.nan):.0f} s; right after "
+                f"the window: {now:,.0f} (the longest TTL {ours.get('keys_max_ttl_s', 0):.0f} s)",
+                left <= PERF2_NAMES_KEYS and ours.get("keys_settled_expiring", 0) == 0,
+            )
+        )
     return checks
 
 
@@ -454,9 +648,54 @@ def markdown(results: dict[str, Any]) -> str:
             ],
             _rows(_medians(section), labels, columns, {"acquired_share": lambda v: v * 100}),
         )
+    if "names" in scenarios:
+        out += _names_table(scenarios["names"], labels)
     if "cluster" in scenarios:
         out += _cluster_table(scenarios["cluster"])
     return "\n".join(out)
+
+
+def _names_table(section: dict[str, Any], labels: dict[str, str]) -> list[str]:
+    out = [
+        f"**names**: {section['processes']} processes x {section['tasks_per_process']} tasks, "
+        f"each looping: pick one of {section['names']:,} names at random, acquire it, release "
+        f"it at once; {section['duration_s']:g} s per run.  Keys left: the run's keys (and "
+        "aiolock's fencing counter) per 10,000 names, once the workers closed their clients "
+        "and once every key with a TTL had expired",
+        "",
+    ]
+    columns = [
+        "cycles_per_s",
+        "names_used",
+        "acquire_p50_us",
+        "acquire_p99_us",
+        "commands_per_cycle",
+        "server_cpu_us_per_cycle",
+        "client_cpu_us_per_cycle",
+        "overlaps",
+        "keys_left_per_10k_names",
+        "keys_max_ttl_s",
+        "keys_settled_per_10k_names",
+        "settled_after_s",
+        "dbsize_delta",
+    ]
+    header = [
+        "implementation",
+        "cycles/s",
+        "names used",
+        "acquire p50 µs",
+        "acquire p99 µs",
+        "server commands/cycle",
+        "server CPU µs/cycle",
+        "client CPU µs/cycle",
+        "overlaps",
+        "keys left /10k names",
+        "longest TTL left s",
+        "keys for good /10k names",
+        "all expired after s",
+        "DBSIZE delta",
+    ]
+    return out + _table(header, _rows(_medians(section), labels, columns))
 
 
 def _cluster_table(section: dict[str, Any]) -> list[str]:

@@ -28,10 +28,11 @@ import aiolock
 from aiolock.embedded import EmbeddedServer
 from benchmarks import impls, report
 from benchmarks.scenarios import cluster, contended, fanin, rtt, shared, sweep, uncontended
+from benchmarks.scenarios import names as many_names
 from benchmarks.stats import ServerProbe
 
 HERE = Path(__file__).resolve().parent
-SCENARIOS = ("rtt", "uncontended", "contended", "sweep", "shared", "fanin")
+SCENARIOS = ("rtt", "uncontended", "contended", "sweep", "shared", "fanin", "names")
 # Not in ``all``: it starts a 3-primary cluster of its own (``--server`` picks the binary).
 EXTRA = ("cluster",)
 _README_START, _README_END = "<!-- results:start -->", "<!-- results:end -->"
@@ -82,6 +83,7 @@ def _run_scenarios(args: argparse.Namespace, url: str, names: list[str]) -> dict
         "sweep": lambda: sweep.run(url, names, repeats=args.repeats, quick=args.quick),
         "shared": lambda: shared.run(url, shared_names, repeats=args.repeats, quick=args.quick),
         "fanin": lambda: fanin.run(url, names, repeats=args.repeats, quick=args.quick),
+        "names": lambda: many_names.run(url, names, repeats=args.repeats, quick=args.quick),
         "cluster": lambda: cluster.run(
             args.server, chosen_impls, repeats=args.repeats, quick=args.quick
         ),

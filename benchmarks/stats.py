@@ -112,6 +112,21 @@ class ServerProbe:
     def channels(self, pattern: str = "*") -> int:
         return len(self._redis.pubsub_channels(pattern))
 
+    def dbsize(self) -> int:
+        return int(self._redis.dbsize())
+
+    def key_ttls(self, pattern: str) -> list[int]:
+        """The PTTL in ms (-1: no expiry) of every key matching ``pattern`` (``SCAN MATCH``);
+        keys that expire between the scan and their PTTL are left out."""
+        keys = list(self._redis.scan_iter(match=pattern, count=1000))
+        ttls: list[int] = []
+        for start in range(0, len(keys), 1000):
+            pipe = self._redis.pipeline(transaction=False)
+            for key in keys[start : start + 1000]:
+                pipe.pttl(key)
+            ttls += [int(ttl) for ttl in pipe.execute() if int(ttl) != -2]
+        return ttls
+
     def close(self) -> None:
         self._redis.close()
 
