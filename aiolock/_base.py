@@ -435,7 +435,9 @@ class LockKind(Guarded[int]):
         def unknown(work: asyncio.Future[Any]) -> None:
             # A grant that the caller will never see is undone, exactly that one.
             self._settle_later(
-                owner, work, lambda: self._undo_if_granted(work, owner, request, lease_s)
+                owner,
+                work,
+                lambda: self._undo_if_granted(work, owner, request, lease_s, resent=resent),
             )
 
         resent = False
@@ -460,6 +462,9 @@ class LockKind(Guarded[int]):
                 return None
             raise refusal from None
         if not isinstance(reply, list):
+            if resent and self._fences:
+                # Not granted, but its first copy may still arrive, when the lock is free.
+                await self._fence(owner, [request])
             pttl = int(reply)
             return math.inf if pttl < 0 else pttl / 1000
         holds = services.holds
@@ -656,11 +661,19 @@ class LockKind(Guarded[int]):
         await self._retry_release(owner, request, None, until)
 
     async def _undo_if_granted(
-        self, work: asyncio.Future[Any], owner: str, acquire_request: int, lease: float
+        self,
+        work: asyncio.Future[Any],
+        owner: str,
+        acquire_request: int,
+        lease: float,
+        *,
+        resent: bool = False,
     ) -> None:
         failure = work.exception()
         if isinstance(failure, NotSent):
             return
+        if resent and self._fences:
+            await self._fence(owner, [acquire_request])  # a first copy may still arrive
         if failure is None and not isinstance(work.result(), list):
             return  # the lock was busy: nothing was granted
         # Granted, or failed with an unknown outcome: undo exactly that request, if it landed.

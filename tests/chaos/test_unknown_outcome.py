@@ -302,3 +302,45 @@ async def test_e_a_resent_grant_is_fenced_off_before_its_release(
     assert not isinstance(await aiolock_client._services.calls.run(*late), list)
     await assert_free(redis, lock)
     no_unknown_holds()
+
+
+async def test_e_a_resent_try_that_was_refused_is_fenced_off_at_once(
+    proxied: Callable[..., aiolock.Client],
+    proxy: FreezableProxy,
+    redis: Redis,
+    aiolock_client: aiolock.Client,
+) -> None:
+    """A try found the lock held; its connection was cut before the reply, and the resend
+    was refused as well.  Its first copy may still arrive once the lock is free: the client
+    fences it off at once, so that it then grants nothing."""
+    await redis.script_load(_scripts.FENCE.source)
+    for script in (_scripts.LOCK_ACQUIRE, _scripts.LOCK_RELEASE):
+        await redis.script_load(script.source)
+    client = proxied(retry=Retry(NoBackoff(), 1))  # one resend
+    lock = client.lock("resent-try")
+    holder_in = asyncio.Event()
+    done = asyncio.Event()
+
+    async def holder() -> None:
+        async with aiolock_client.lock("resent-try").acquire(wait=5):
+            holder_in.set()
+            await done.wait()
+
+    holding = asyncio.create_task(holder())
+    try:
+        await asyncio.wait_for(holder_in.wait(), 5)
+        reply = proxy.cut_next_request(ACQUIRE)
+        assert not await lock.try_lock(wait=0)  # the resend's answer: busy
+        assert not (await dropped(reply)).startswith(b"*")  # the first copy: busy too
+    finally:
+        done.set()
+        await holding
+    owner, _ = lock._owner()
+    fenced = [
+        field for field in await redis.hkeys(lock._keys.meta) if str(field).startswith(f"{owner}/")
+    ]
+    assert len(fenced) == 1
+    request = int(str(fenced[0]).rsplit("/", 1)[1])
+    late = lock._attempt(owner, request, 30_000)  # the first copy, arriving once it is free
+    assert not isinstance(await aiolock_client._services.calls.run(*late), list)
+    await assert_free(redis, lock)

@@ -361,3 +361,38 @@ async def test_a_late_copy_of_an_undone_acquire_stays_refused_after_other_undos(
     assert not await lock.is_locked()
     assert await lock.try_lock()  # the owner's own next call is granted as usual
     await lock.unlock()
+
+
+async def test_a_fenced_fair_try_does_not_queue_its_owner_again_after_it_left(
+    aiolock_client: aiolock.Client, redis: Redis
+) -> None:
+    """A fair lock's try queued its owner (the lock was held); the try had been resent, so
+    the client fenced it off.  The owner gave up and left the queue.  The first copy of that
+    try, arriving now, must not queue the owner again: a place nobody waits in, which would
+    hold up the queue behind it."""
+    lock = aiolock_client.fair_lock("fenced-queue")
+    holder_in = asyncio.Event()
+    done = asyncio.Event()
+
+    async def holder() -> None:
+        async with aiolock_client.fair_lock("fenced-queue").acquire(wait=5):
+            holder_in.set()
+            await done.wait()
+
+    holding = asyncio.create_task(holder())
+    try:
+        await asyncio.wait_for(holder_in.wait(), 5)
+        owner, _ = lock._owner()
+        services = aiolock_client._services
+        queue = lock._script_keys()[2]
+        try_call = lock._attempt(owner, services.owners.next_request(), 30_000)
+        assert not isinstance(await services.calls.run(*try_call), list)  # queued
+        assert await redis.zscore(queue, owner) is not None
+        await lock._fence(owner, [try_call[2][2]])
+        assert await services.calls.run(*lock._leave_call(owner)) == 1  # it gave up
+        assert not isinstance(await services.calls.run(*try_call), list)  # the late copy
+        assert await redis.zscore(queue, owner) is None  # not queued again
+    finally:
+        done.set()
+        await holding
+    assert not await lock.is_locked()

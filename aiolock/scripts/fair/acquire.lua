@@ -49,8 +49,9 @@ if locked then
     local again = reenter_read(KEYS[1], held, owner, request, lease)
     if again then
         return again
-    elseif again == false then
-        return math.max(redis.call('PTTL', KEYS[1]), 1)  -- a late copy of an undone call
+    elseif again == false or stale(KEYS[2], owner, request) then
+        -- A late copy of an undone or fenced-off call: its caller is gone (it queues nothing).
+        return math.max(redis.call('PTTL', KEYS[1]), 1)
     end
 elseif stale(KEYS[2], owner, request) then
     return 1  -- a late copy of an undone or answered call: its caller is gone (it queues nothing)
