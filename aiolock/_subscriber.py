@@ -134,9 +134,13 @@ class Subscriber:
         # Confirmed channels resubscribed here (a reconnect, a move) that may have missed a
         # release meanwhile: their confirmation wakes one waiter.
         self._stale: set[bytes] = set()
-        self._confirmations: dict[bytes, deque[asyncio.Future[None]]] = {}
+        # The confirmations awaited, per channel: the entry each is for, and its future.
+        self._confirmations: dict[bytes, deque[tuple[Entry, asyncio.Future[None]]]] = {}
         self._connection: AbstractConnection | None = None
-        self._due: deque[tuple[bytes, bytes | None]] = deque()  # (reply kind, channel)
+        # The replies due, in order: (reply kind, channel, the entry a SUBSCRIBE was for).  A
+        # reply confirms that entry only: after an UNSUBSCRIBE and a new entry's SUBSCRIBE of
+        # the same channel, the first SUBSCRIBE's reply must not confirm the new entry.
+        self._due: deque[tuple[bytes, bytes | None, Entry | None]] = deque()
         self._reader: asyncio.Task[None] | None = None
         self._demand = asyncio.Event()
         self._background: set[asyncio.Task[None]] = set()
@@ -165,17 +169,18 @@ class Subscriber:
         if entry.confirmed:
             self._stale.add(key)  # moved here from another node
         confirmation: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._confirmations.setdefault(key, deque()).append(confirmation)
+        awaited = (entry, confirmation)
+        self._confirmations.setdefault(key, deque()).append(awaited)
         try:
             self._start_reader()
-            if not await self._send(self._verbs.subscribe, key):
+            if not await self._send(self._verbs.subscribe, key, entry):
                 return False
             await confirmation
             return True
         finally:
             waiting = self._confirmations.get(key)
-            if waiting is not None and confirmation in waiting:
-                waiting.remove(confirmation)
+            if waiting is not None and awaited in waiting:
+                waiting.remove(awaited)
                 if not waiting:
                     del self._confirmations[key]
 
@@ -200,7 +205,7 @@ class Subscriber:
     def fail_confirmations(self, exc: BaseException) -> None:
         """Fail every confirmation still awaited (the connection failed, or the client closes)."""
         for waiting in self._confirmations.values():
-            for confirmation in waiting:
+            for _, confirmation in waiting:
                 if not confirmation.done():
                     confirmation.set_exception(exc)
         self._confirmations.clear()
@@ -219,7 +224,7 @@ class Subscriber:
 
     # -- writing ---------------------------------------------------------------------------
 
-    async def _send(self, command: str, key: bytes) -> bool:
+    async def _send(self, command: str, key: bytes, entry: Entry | None = None) -> bool:
         """Write a command if the connection is up; never connect (that is the reader's job).
 
         Returns whether it was written: if not, the connection is down, and the reader, once
@@ -230,17 +235,22 @@ class Subscriber:
             return False
         try:
             # Never a health check (it would read a reply: a second reader of the connection).
-            await self._write(connection, command, key)
+            await self._write(connection, command, key, entry)
         except _CONNECTION_ERRORS as exc:
             logger.debug("pub/sub write failed (the reader reconnects): %r", exc)
             return False
         return True
 
     def _write(
-        self, connection: AbstractConnection, command: str, key: bytes | None
+        self,
+        connection: AbstractConnection,
+        command: str,
+        key: bytes | None,
+        entry: Entry | None = None,
     ) -> Coroutine[Any, Any, None]:
-        """Write ``command`` (one channel per command: a refusal then names its channel)."""
-        self._due.append((_PONG if key is None else command.lower().encode(), key))
+        """Write ``command`` (one channel per command: a refusal then names its channel);
+        ``entry``: the one a SUBSCRIBE is for."""
+        self._due.append((_PONG if key is None else command.lower().encode(), key, entry))
         return write(connection, (command,) if key is None else (command, key))
 
     # -- the reader ------------------------------------------------------------------------
@@ -298,12 +308,19 @@ class Subscriber:
             # A channel confirmed on an earlier connection may have missed a release meanwhile.
             self._stale = {key for key, entry in self.entries.items() if entry.confirmed}
             try:
-                for key in list(self.entries):
-                    await self._write(connection, self._verbs.subscribe, key)
+                for key, entry in list(self.entries.items()):
+                    # One that left meanwhile (its UNSUBSCRIBE may be written already) is not
+                    # subscribed again.
+                    if self.entries.get(key) is entry:
+                        await self._write(connection, self._verbs.subscribe, key, entry)
                 await self._read(connection)
                 continue  # idle: closed until there are waiters again
             except _CONNECTION_ERRORS as exc:
                 logger.warning("pub/sub connection lost, reconnecting: %r", exc)
+                # Nobody waits for a confirmation through the reconnect (a caller may hold a
+                # semaphore shared with other nodes' channels): the entries stay, and the
+                # reader subscribes them again once connected, which confirms them.
+                self.fail_confirmations(exc)
             finally:
                 self._connection = None
                 await connection.disconnect(nowait=True)
@@ -344,15 +361,15 @@ class Subscriber:
             else:
                 if not self._answers(kind, channel):
                     raise _OutOfStep(f"{kind!r} {channel!r} answers no command due")
-                self._due.popleft()
+                _, _, entry = self._due.popleft()
                 if kind == verbs.subscribed:
-                    self._confirmed(channel)
+                    self._confirmed(channel, entry)
 
     def _answers(self, kind: bytes, channel: bytes | None) -> bool:
         """Whether a reply ``kind`` on ``channel`` answers the oldest command due."""
         if not self._due:
             return False
-        due_kind, due_channel = self._due[0]
+        due_kind, due_channel, _ = self._due[0]
         return due_kind == kind and (due_channel is None or due_channel == channel)
 
     def _answers_slot(self, slot: int) -> bool:
@@ -369,7 +386,7 @@ class Subscriber:
             return
         if not self._due:
             raise _OutOfStep(f"an error answers no command due: {error}")
-        kind, key = self._due.popleft()
+        kind, key, _ = self._due.popleft()
         if kind == self._verbs.subscribed and key is not None:
             if isinstance(error, _REDIRECTIONS):
                 logger.info("%s %r redirected: %s", self._verbs.subscribe, key, error)
@@ -403,28 +420,30 @@ class Subscriber:
         if entry is not None:
             self._listener.refused(entry, error)
 
-    def _confirmed(self, channel: bytes) -> None:
+    def _confirmed(self, channel: bytes, subscribed: Entry | None) -> None:
+        """The server confirmed a SUBSCRIBE of ``channel`` written for entry ``subscribed``."""
         waiting = self._confirmations.get(channel)
-        # A future already done (failed, or cancelled while the client closes) is skipped: the
-        # confirmation belongs to the next one, if any.
-        while waiting:
-            confirmation = waiting.popleft()
-            if not confirmation.done():
-                confirmation.set_result(None)
-                break
-        if not waiting:
-            self._confirmations.pop(channel, None)
+        if waiting:
+            for awaited in list(waiting):
+                if awaited[0] is subscribed:
+                    waiting.remove(awaited)
+                    if not awaited[1].done():
+                        awaited[1].set_result(None)
+            if not waiting:
+                self._confirmations.pop(channel, None)
         entry = self.entries.get(channel)
-        if entry is not None and not entry.confirmed:
+        if entry is None or entry is not subscribed:
+            return  # that entry left (or moved) since: a later SUBSCRIBE confirms its successor
+        if not entry.confirmed:
             entry.confirm()
-        elif entry is not None and channel in self._stale:
+        elif channel in self._stale:
             # One try hands a missed release on (a grant wakes the next as it goes); all at
             # once would let the lock go to whichever try landed first, not the head.
             self._stale.discard(channel)
             entry.wake_one()
 
     def _fail(self, key: bytes, error: BaseException) -> None:
-        for confirmation in self._confirmations.pop(key, ()):
+        for _, confirmation in self._confirmations.pop(key, ()):
             if not confirmation.done():
                 confirmation.set_exception(error)
 

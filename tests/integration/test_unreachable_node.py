@@ -1,17 +1,20 @@
 """A node that accepts connections and then says nothing (a partition, a hung host) must not
 hold up the subscriptions of channels on the healthy nodes: the semaphores that order a
-channel's SUBSCRIBE and UNSUBSCRIBE are a pool shared by every node's channels."""
+channel's SUBSCRIBE and UNSUBSCRIBE are a pool shared by every node's channels.  And a reply
+to a SUBSCRIBE confirms the entry it was written for, no other."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from urllib.parse import urlsplit
 
 import pytest
 from redis.asyncio import ConnectionPool
 
-from aiolock._pubsub import Home, PubSub
+from aiolock._pubsub import Entry, Home, PubSub
 from aiolock.pytest_plugin import ServerInfo
+from tests.chaos.proxy import FreezableProxy
 from tests.helpers import eventually
 
 pytestmark = pytest.mark.anyio
@@ -83,3 +86,67 @@ async def test_a_silent_node_holds_up_no_other_channel(
         await asyncio.wait_for(pubsub.aclose(), 10)
         await live.aclose()
         await dead.aclose()
+
+
+async def test_a_node_gone_silent_after_connecting_holds_up_no_other_channel(
+    aiolock_server: ServerInfo,
+) -> None:
+    """The node's subscriber connection was up when it went silent (a partition, a frozen
+    path), and reconnecting to it hangs.  A SUBSCRIBE written on the silent connection waits
+    for its confirmation holding the channel's semaphore: once the reader finds the connection
+    dead (no reply to its PING), nobody waits through the reconnect."""
+    upstream = urlsplit(aiolock_server.url).port or 6379
+    proxy = FreezableProxy(upstream)
+    await proxy.start()
+    live = ConnectionPool.from_url(aiolock_server.url)
+    far = ConnectionPool(host="127.0.0.1", port=proxy.port, socket_connect_timeout=60)
+    pubsub = PubSub(_TwoNodes(live, far), concurrency=1, ping_interval=0.2)
+    try:
+        first = pubsub.join("{dead}:first", None)
+        await eventually(lambda: first.confirmed, what="the far node's first channel confirmed")
+        proxy.freeze()  # silent from now on, new connections too (their handshake hangs)
+        pubsub.join("{dead}:second", None)  # written on the silent connection
+        served = pubsub.join("{live}:channel", None)
+        # Found dead within two ping intervals; then the live channel's SUBSCRIBE goes out.
+        await eventually(lambda: served.confirmed, what="the live node's channel confirmed")
+    finally:
+        proxy.thaw()
+        await asyncio.wait_for(pubsub.aclose(), 10)
+        await proxy.aclose()
+        await live.aclose()
+        await far.aclose()
+
+
+async def test_a_reply_confirms_only_the_entry_its_subscribe_was_for(
+    aiolock_server: ServerInfo,
+) -> None:
+    """On the wire: SUBSCRIBE for an entry, its UNSUBSCRIBE, then a new entry's SUBSCRIBE of
+    the same channel (a waiter left and another came while the reader resubscribed after a
+    reconnect).  The first SUBSCRIBE's reply must not confirm the new entry: the server has
+    not yet subscribed it again, and a release published meanwhile would be missed."""
+    live = ConnectionPool.from_url(aiolock_server.url)
+    pubsub = PubSub(_TwoNodes(live, live), concurrency=1, ping_interval=60)
+    subscriber = pubsub._subscriber(Home("live", lambda: live))
+    try:
+        opener = Entry(b"{live}:opener")
+        await subscriber.subscribe(opener)  # starts the reader, which connects
+        await eventually(lambda: opener.confirmed, what="the subscriber connected")
+        key = b"{live}:channel"
+        confirmed_with: list[int] = []  # the replies still due when the new entry was confirmed
+
+        class Recorded(Entry):
+            __slots__ = ()
+
+            def confirm(self) -> None:
+                confirmed_with.append(len(subscriber._due))
+                super().confirm()
+
+        old, new = Entry(key), Recorded(key)
+        subscriber.entries[key] = old
+        assert await subscriber._send("SUBSCRIBE", key, old)  # as the reader resubscribes
+        await subscriber.unsubscribe(old)
+        assert await subscriber.subscribe(new)
+        assert confirmed_with == [0]  # by its own reply, the last one due
+    finally:
+        await asyncio.wait_for(pubsub.aclose(), 10)
+        await live.aclose()
