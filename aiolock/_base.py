@@ -463,8 +463,10 @@ class LockKind(Guarded[int]):
             raise refusal from None
         if not isinstance(reply, list):
             if resent and self._fences:
-                # Not granted, but its first copy may still arrive, when the lock is free.
-                await self._fence(owner, [request])
+                # Not granted, but its first copy may still arrive, once the lock is free.  In
+                # the background: the caller may be cancelled (the owner's next call waits).
+                fence = self._fence(owner, [request])
+                services.holds.defer(self._keys.lock, owner, fence)
             pttl = int(reply)
             return math.inf if pttl < 0 else pttl / 1000
         holds = services.holds
@@ -551,8 +553,11 @@ class LockKind(Guarded[int]):
         hold = services.holds.get(key, owner)
         believed = None if hold is None else hold.count - 1
         if hold is not None and believed == 0 and hold.resent:
+            # In the background, like a settlement: a cancellation of this call must not lose
+            # it (the release is then settled after it).
+            services.holds.defer(self._keys.lock, owner, self._fence(owner, list(hold.resent)))
             try:
-                await self._fence(owner, hold.resent)
+                await services.holds.settle(self._keys.lock, owner)
             except asyncio.CancelledError:
                 unknown(not_sent())
                 raise
@@ -564,12 +569,15 @@ class LockKind(Guarded[int]):
         return remaining
 
     async def _fence(self, owner: str, requests: list[int]) -> None:
-        """Before the release that ends a hold: make sure that late copies of its resent
-        acquires grant nothing once the owner no longer holds the lock (``fence.lua``).
+        """Make sure that late copies of the owner's resent acquire ``requests`` grant nothing
+        once the owner does not hold the lock (``fence.lua``).  Run before the release that
+        ends a hold whose acquires were resent, for a resent try that was refused, and in the
+        settlement of a resent call whose caller left.
 
         Without it, a copy arriving after another owner's release replaced the marker of the
-        owner's own last release would grant a hold nobody knows of.  A failure is logged and
-        the release goes on: the lease still bounds such a hold.
+        owner's own last release (or a refused try's copy arriving once the lock is free)
+        would grant a hold nobody knows of.  A failure is logged and the caller goes on: the
+        lease still bounds such a hold.
         """
         call = (_scripts.FENCE, (self._keys.meta,), (owner, *requests))
         try:

@@ -82,8 +82,9 @@ class LockKeys:
     ``lock``: a hash holding ``<owner> -> hold count`` plus the fields ``:fence`` (the current
     hold's fencing token) and ``:req`` (the last request applied, for resend safety).
     ``meta``: a hash that outlives the lock for a while only (``released``: the last request
-    that deleted the lock; ``undone``: an acquire undone before it arrived), so that late
-    copies of those calls are recognised.  ``channel``: where releases are published.
+    that deleted the lock; ``<owner>/<n>``: an acquire undone before it arrived, or resent and
+    fenced off by its client), so that late copies of those calls are recognised.
+    ``channel``: where releases are published.
     ``fence``: the fencing token counter, one for every name under the key prefix: a lock
     leaves no key behind once released, however many names are used (per-entity names such
     as ``orders:{id}``), and tokens still strictly increase per name.

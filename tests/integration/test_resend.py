@@ -396,3 +396,20 @@ async def test_a_fenced_fair_try_does_not_queue_its_owner_again_after_it_left(
         done.set()
         await holding
     assert not await lock.is_locked()
+
+
+async def test_marks_past_their_time_are_pruned_when_a_fence_is_added(
+    aiolock_client: aiolock.Client, redis: Redis
+) -> None:
+    """The meta hash of a lock in steady use never expires as a whole (each release keeps it
+    alive), so the per-request marks it gathers under faults are pruned once past their time,
+    where new ones are added."""
+    lock = aiolock_client.lock("pruned")
+    owner, _ = lock._owner()
+    meta = lock._keys.meta
+    await redis.hset(meta, mapping={f"{owner}/{n}": 1 for n in range(40)})  # long past
+    await redis.hset(meta, "released", f"{owner}/99")
+    await redis.pexpire(meta, 60_000)
+    await lock._fence(owner, [1000])
+    assert sorted(await redis.hkeys(meta)) == sorted(["released", f"{owner}/1000"])
+    assert 0 < await redis.pttl(meta) <= 60_000

@@ -21,9 +21,25 @@ local function mark(meta, field, value, ms)
     keep(meta, ms)
 end
 
--- Mark acquire request (owner/n) as one that must never apply (see stale).
+-- How many fields the meta hash may hold before the marks past their time are pruned.
+local PRUNE_ABOVE = 32
+
+-- Mark acquire request (owner/n) as one that must never apply (see stale), for MARK_MS: the
+-- field's value is the server time until which it is kept.  The hash of a lock in steady use
+-- never expires as a whole (each release keeps it alive), so marks past their time are pruned
+-- here, where they are added (after faults only: a resend, or an acquire undone unapplied).
 local function fence_off(meta, request)
-    mark(meta, request, 1, MARK_MS)
+    local now = now_ms()
+    mark(meta, request, now + MARK_MS, MARK_MS)
+    if redis.call('HLEN', meta) > PRUNE_ABOVE then
+        local fields = redis.call('HGETALL', meta)
+        for i = 1, #fields, 2 do
+            local until_ms = tonumber(fields[i + 1])
+            if until_ms and until_ms < now and string.find(fields[i], '/', 1, true) then
+                redis.call('HDEL', meta, fields[i])
+            end
+        end
+    end
 end
 
 -- Whether request is older than last, the owner's last request applied: a late copy of a call

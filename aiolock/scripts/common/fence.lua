@@ -9,9 +9,10 @@
 -- ARGV[1]  owner id
 -- ARGV[2..] the acquire request ids to fence off
 --
--- Returns how many were fenced.  A field per request, named '<owner>/<request>', kept with
--- the hash for MARK_MS at least: resends are rare (a connection failed mid-call), so the
--- hash gains a few fields only while faults last, and goes a minute after the last.
+-- Returns how many were fenced.  A field per request, named '<owner>/<request>', whose value
+-- is the server time until which it is kept (MARK_MS from now): resends are rare (a
+-- connection failed mid-call), so the hash gains a few fields only while faults last; they go
+-- with the hash a minute after the last, or are pruned once past their time (fence_off).
 --@include common/_time
 --@include common/_requests
 for i = 2, #ARGV do

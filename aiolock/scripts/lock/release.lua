@@ -1,7 +1,8 @@
 -- Release one hold of a reentrant lock; the last release deletes it and wakes a waiter.
 --
 -- KEYS[1]  the lock hash
--- KEYS[2]  the meta hash: 'released' -> the request that last deleted the lock
+-- KEYS[2]  the meta hash: 'released' -> the request that last deleted the lock; an undo of an
+--          acquire that was not applied marks '<owner>/<n>' (see common/_requests.lua)
 -- KEYS[3]  optional: the lock's channel (a key, so Cluster routes it with the lock); a kind
 --          whose waiters do not subscribe (the spin lock) passes none, and nothing is published
 -- ARGV[1]  owner id
