@@ -84,6 +84,26 @@ async def hold_as_stranger(redis: Redis, lock: aiolock.AsyncRLock, lease_ms: int
     await redis.pexpire(lock._keys.lock, lease_ms)
 
 
+@contextlib.asynccontextmanager
+async def held_by_another_task(lock: Any) -> AsyncIterator[None]:
+    """``lock`` (a lock object of its own, or a read or write lock) held by a task of its own,
+    so by another owner than the caller, until the block ends; then released."""
+    holding, done = asyncio.Event(), asyncio.Event()
+
+    async def holder() -> None:
+        async with lock.acquire(wait=5):
+            holding.set()
+            await done.wait()
+
+    task = asyncio.create_task(holder())
+    try:
+        await asyncio.wait_for(holding.wait(), 5)
+        yield
+    finally:
+        done.set()
+        await task
+
+
 def parked(client: aiolock.Client, lock: aiolock.AsyncRLock) -> int:
     """How many of ``client``'s tasks are parked on ``lock``'s channel."""
     entry = client._services.pubsub._entries.get(lock._keys.channel.encode())

@@ -22,7 +22,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 import aiolock
 from aiolock import _scripts
-from tests.helpers import eventually
+from tests.helpers import eventually, held_by_another_task
 
 from .proxy import FreezableProxy
 
@@ -262,8 +262,17 @@ async def test_d_a_block_exit_with_a_lost_release_reply_leaves_the_lock_free(
 # -- acquires whose resend answered ----------------------------------------------------------
 
 
+@pytest.fixture
+async def resending(proxied: Callable[..., aiolock.Client], redis: Redis) -> aiolock.Client:
+    """A client behind the proxy whose calls redis-py resends once after a lost reply."""
+    # Cached up front: a cut EVALSHA must be answered by the script, not by NOSCRIPT.
+    for script in (_scripts.FENCE, _scripts.LOCK_ACQUIRE, _scripts.LOCK_RELEASE):
+        await redis.script_load(script.source)
+    return proxied(retry=Retry(NoBackoff(), 1))
+
+
 async def test_e_a_resent_grant_is_fenced_off_before_its_release(
-    proxied: Callable[..., aiolock.Client],
+    resending: aiolock.Client,
     proxy: FreezableProxy,
     redis: Redis,
     aiolock_client: aiolock.Client,
@@ -274,10 +283,7 @@ async def test_e_a_resent_grant_is_fenced_off_before_its_release(
     still be on its way (a slow path delivers it late): the client fences it off before the
     release that ends the hold, so that the copy grants nothing afterwards, even once another
     owner's release has replaced the marker of the owner's own."""
-    await redis.script_load(_scripts.FENCE.source)
-    for script in (_scripts.LOCK_ACQUIRE, _scripts.LOCK_RELEASE):
-        await redis.script_load(script.source)
-    client = proxied(retry=Retry(NoBackoff(), 1))  # one resend
+    client = resending
     lock = client.lock("resent")
     reply = proxy.cut_next_request(ACQUIRE)
     await lock.lock()  # the resend's answer
@@ -305,7 +311,7 @@ async def test_e_a_resent_grant_is_fenced_off_before_its_release(
 
 
 async def test_e_a_resent_try_that_was_refused_is_fenced_off_at_once(
-    proxied: Callable[..., aiolock.Client],
+    resending: aiolock.Client,
     proxy: FreezableProxy,
     redis: Redis,
     aiolock_client: aiolock.Client,
@@ -313,29 +319,13 @@ async def test_e_a_resent_try_that_was_refused_is_fenced_off_at_once(
     """A try found the lock held; its connection was cut before the reply, and the resend
     was refused as well.  Its first copy may still arrive once the lock is free: the client
     fences it off at once, so that it then grants nothing."""
-    await redis.script_load(_scripts.FENCE.source)
-    for script in (_scripts.LOCK_ACQUIRE, _scripts.LOCK_RELEASE):
-        await redis.script_load(script.source)
-    client = proxied(retry=Retry(NoBackoff(), 1))  # one resend
+    client = resending
     lock = client.lock("resent-try")
-    holder_in = asyncio.Event()
-    done = asyncio.Event()
-
-    async def holder() -> None:
-        async with aiolock_client.lock("resent-try").acquire(wait=5):
-            holder_in.set()
-            await done.wait()
-
-    holding = asyncio.create_task(holder())
-    try:
-        await asyncio.wait_for(holder_in.wait(), 5)
+    async with held_by_another_task(aiolock_client.lock("resent-try")):
         reply = proxy.cut_next_request(ACQUIRE)
         assert not await lock.try_lock(wait=0)  # the resend's answer: busy
         assert not (await dropped(reply)).startswith(b"*")  # the first copy: busy too
         await settled(client)  # the fence runs in the background
-    finally:
-        done.set()
-        await holding
     owner, _ = lock._owner()
     fenced = [
         field for field in await redis.hkeys(lock._keys.meta) if str(field).startswith(f"{owner}/")

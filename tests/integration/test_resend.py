@@ -19,7 +19,7 @@ from redis.exceptions import ResponseError
 import aiolock
 from aiolock import _scripts
 from aiolock.pytest_plugin import ServerInfo
-from tests.helpers import evalsha_calls, eventually, stall_server
+from tests.helpers import evalsha_calls, eventually, held_by_another_task, stall_server
 
 pytestmark = pytest.mark.anyio
 
@@ -101,6 +101,17 @@ async def test_redis_py_resends_do_not_double_count(
 
 # Every kind whose acquire a late copy could apply: the reentrant locks and both read-write modes.
 LATE_KINDS = ["lock", "fair_lock", "read", "write"]
+
+
+async def _late_copy_refused(client: aiolock.Client, lock: Any, acquire: Any) -> None:
+    """``acquire``'s first copy arrives late: it grants nothing, and the owner's own next call
+    is granted as usual."""
+    reply = await client._services.calls.run(*acquire)
+    assert not isinstance(reply, list)  # refused, not granted
+    assert not await lock.is_locked()
+    assert await lock.try_lock()
+    await lock.unlock()
+    assert not await lock.is_locked()
 
 
 def _lock(client: aiolock.Client, kind: str, name: str) -> Any:
@@ -198,12 +209,7 @@ async def test_a_late_copy_of_an_answered_acquire_grants_nothing_once_the_owner_
     if nested:
         await lock.unlock()  # and the outer one
     assert not await lock.is_locked()
-    reply = await services.calls.run(*acquire)  # the first copy, late
-    assert not isinstance(reply, list)  # refused, not granted
-    assert not await lock.is_locked()
-    assert await lock.try_lock()  # the owner's own next call is granted as usual
-    await lock.unlock()
-    assert not await lock.is_locked()
+    await _late_copy_refused(aiolock_client, lock, acquire)
 
 
 @pytest.mark.parametrize("released", [False, True], ids=["undone", "released"])
@@ -290,12 +296,7 @@ async def test_a_fenced_acquire_grants_nothing_after_another_owner_released(
     release = lock._release_call(owner, services.owners.next_request(), None)
     assert await services.calls.run(*release) == 0
     await _another_owner_takes_and_releases(aiolock_client, kind, "fenced")
-    reply = await services.calls.run(*acquire)  # the first copy, late
-    assert not isinstance(reply, list)  # refused, not granted
-    assert not await lock.is_locked()
-    assert await lock.try_lock()  # the owner's own next call is granted as usual
-    await lock.unlock()
-    assert not await lock.is_locked()
+    await _late_copy_refused(aiolock_client, lock, acquire)
 
 
 async def test_a_fenced_read_grants_nothing_while_other_readers_keep_the_lock(
@@ -308,17 +309,7 @@ async def test_a_fenced_read_grants_nothing_while_other_readers_keep_the_lock(
     lock = rw.read_lock()
     owner, _ = lock._owner()
     services = aiolock_client._services
-    other_holds = asyncio.Event()
-    done = asyncio.Event()
-
-    async def other_reader() -> None:
-        async with rw.read_lock().acquire(wait=5):
-            other_holds.set()
-            await done.wait()
-
-    other = asyncio.create_task(other_reader())
-    try:
-        await asyncio.wait_for(other_holds.wait(), 5)
+    async with held_by_another_task(rw.read_lock()):  # another reader keeps the lock alive
         acquire = lock._attempt(owner, services.owners.next_request(), 30_000)
         assert (await services.calls.run(*acquire))[1] == 1  # the resend lands
         await lock._fence(owner, [acquire[2][2]])
@@ -327,9 +318,6 @@ async def test_a_fenced_read_grants_nothing_while_other_readers_keep_the_lock(
         reply = await services.calls.run(*acquire)  # the first copy, late
         assert not isinstance(reply, list)  # refused, not granted
         assert await redis.hget(lock._keys.lock, f"r:{owner}") is None
-    finally:
-        done.set()
-        await other
     assert not await redis.exists(lock._keys.lock)
 
 
@@ -356,11 +344,7 @@ async def test_a_late_copy_of_an_undone_acquire_stays_refused_after_other_undos(
         assert await services.calls.run(*call) is None
 
     await asyncio.create_task(another_owner_undoes())
-    reply = await services.calls.run(*acquire)  # the first copy, late
-    assert not isinstance(reply, list)  # refused, not granted
-    assert not await lock.is_locked()
-    assert await lock.try_lock()  # the owner's own next call is granted as usual
-    await lock.unlock()
+    await _late_copy_refused(aiolock_client, lock, acquire)
 
 
 async def test_a_fenced_fair_try_does_not_queue_its_owner_again_after_it_left(
@@ -371,17 +355,7 @@ async def test_a_fenced_fair_try_does_not_queue_its_owner_again_after_it_left(
     try, arriving now, must not queue the owner again: a place nobody waits in, which would
     hold up the queue behind it."""
     lock = aiolock_client.fair_lock("fenced-queue")
-    holder_in = asyncio.Event()
-    done = asyncio.Event()
-
-    async def holder() -> None:
-        async with aiolock_client.fair_lock("fenced-queue").acquire(wait=5):
-            holder_in.set()
-            await done.wait()
-
-    holding = asyncio.create_task(holder())
-    try:
-        await asyncio.wait_for(holder_in.wait(), 5)
+    async with held_by_another_task(aiolock_client.fair_lock("fenced-queue")):
         owner, _ = lock._owner()
         services = aiolock_client._services
         queue = lock._script_keys()[2]
@@ -392,9 +366,6 @@ async def test_a_fenced_fair_try_does_not_queue_its_owner_again_after_it_left(
         assert await services.calls.run(*lock._leave_call(owner)) == 1  # it gave up
         assert not isinstance(await services.calls.run(*try_call), list)  # the late copy
         assert await redis.zscore(queue, owner) is None  # not queued again
-    finally:
-        done.set()
-        await holding
     assert not await lock.is_locked()
 
 
