@@ -138,9 +138,15 @@ class _Counting(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self._diagnostics.library_logs[f"{record.name} {record.levelname}"] += 1
+        # The owner ties the record to the attempts in the history (their "owner").
+        owner = getattr(record, "aiolock_owner", None)
+        if record.levelno >= logging.WARNING:
+            # Into the worker's stderr file, which ``--keep`` keeps with the histories: what
+            # the library said before a diagnostic, in order, for the post-mortem.
+            whose = f" (owner {owner})" if owner else ""
+            line = f"{now()} {record.levelname} {record.name}: {record.getMessage()}{whose}"
+            print(line, file=sys.stderr)
         if record.levelno >= logging.ERROR:
-            # The owner ties the record to the attempts in the history (their "owner").
-            owner = getattr(record, "aiolock_owner", None)
             at = f" (owner {owner}, at {now()} ns)" if owner else ""
             self._diagnostics.problems.append(f"log {record.name}: {record.getMessage()}{at}")
 
