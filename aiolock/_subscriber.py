@@ -183,6 +183,10 @@ class Subscriber:
                 waiting.remove(awaited)
                 if not waiting:
                     del self._confirmations[key]
+            if confirmation.done() and not confirmation.cancelled():
+                # Failed while the SUBSCRIBE was being written (the connection was lost):
+                # retrieved here, since nobody awaits it after a write that did not go out.
+                confirmation.exception()
 
     async def unsubscribe(self, entry: Entry) -> None:
         """Stop carrying ``entry``'s channel (nothing to do if it has moved elsewhere)."""

@@ -6,11 +6,14 @@ to a SUBSCRIBE confirms the entry it was written for, no other."""
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import AsyncIterator
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
 from redis.asyncio import ConnectionPool
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from aiolock._pubsub import Entry, Home, PubSub
 from aiolock.pytest_plugin import ServerInfo
@@ -148,5 +151,35 @@ async def test_a_reply_confirms_only_the_entry_its_subscribe_was_for(
         assert await subscriber.subscribe(new)
         assert confirmed_with == [0]  # by its own reply, the last one due
     finally:
+        await asyncio.wait_for(pubsub.aclose(), 10)
+        await live.aclose()
+
+
+async def test_a_confirmation_failed_while_its_subscribe_was_written_is_not_left_unretrieved(
+    aiolock_server: ServerInfo,
+) -> None:
+    """The connection is lost while a SUBSCRIBE is being written: the reader fails the
+    confirmations awaited, and the write reports that nothing went out, so nobody awaits that
+    confirmation.  Its exception must still be retrieved (a long chaos run logged "Future
+    exception was never retrieved")."""
+    live = ConnectionPool.from_url(aiolock_server.url)
+    pubsub = PubSub(_TwoNodes(live, live), concurrency=1, ping_interval=60)
+    subscriber = pubsub._subscriber(Home("live", lambda: live))
+    loop = asyncio.get_running_loop()
+    unretrieved: list[dict[str, Any]] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _, context: unretrieved.append(context))
+    try:
+
+        async def lost_while_writing(command: str, key: bytes, entry: Entry | None = None) -> bool:
+            subscriber.fail_confirmations(RedisConnectionError("lost while writing"))
+            return False
+
+        subscriber._send = lost_while_writing  # type: ignore[method-assign]
+        assert not await subscriber.subscribe(Entry(b"{live}:channel"))
+        gc.collect()  # an unretrieved exception is reported when its future is collected
+        assert unretrieved == []
+    finally:
+        loop.set_exception_handler(previous)
         await asyncio.wait_for(pubsub.aclose(), 10)
         await live.aclose()
