@@ -9,6 +9,9 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.exceptions import ClusterDownError, TryAgainError
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 import aiolock
 from aiolock._calls import write
@@ -102,6 +105,29 @@ async def held_by_another_task(lock: Any) -> AsyncIterator[None]:
     finally:
         done.set()
         await task
+
+
+async def take_and_release_across_failover(
+    lock: Any, wait: float, lease: float | None = None
+) -> bool:
+    """Wait for ``lock`` (``try_lock``), then give it back; after a connection error, try again
+    until ``wait`` runs out, as a caller must while a failover is under way: a call meets the
+    dead primary, or outlasts the redirect budget of a Cluster call, and the error propagates
+    (documented).  The tests that kill a primary under a parked waiter use it: a waiter tries
+    whenever it is woken, also during the failover (clean-clone CI runs saw both happen)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait
+    while True:
+        try:
+            if not await lock.try_lock(wait=max(deadline - loop.time(), 0.0), lease=lease):
+                return False
+        except (RedisConnectionError, RedisTimeoutError, ClusterDownError, TryAgainError):
+            if loop.time() >= deadline:
+                raise
+            await asyncio.sleep(0)  # the next try gets a fresh connection and topology
+            continue
+        await lock.unlock()
+        return True
 
 
 def parked(client: aiolock.Client, lock: aiolock.AsyncRLock) -> int:

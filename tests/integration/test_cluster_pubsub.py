@@ -30,7 +30,7 @@ from aiolock._subscriber import Subscriber
 from aiolock.embedded import EmbeddedCluster
 from aiolock.pytest_plugin import ServerInfo
 from tests.conftest import SERVERS
-from tests.helpers import cluster_clients, eventually
+from tests.helpers import cluster_clients, eventually, take_and_release_across_failover
 from tests.integration.test_cluster import migrate_slot
 
 pytestmark = pytest.mark.anyio
@@ -306,7 +306,7 @@ async def test_a_waiter_on_a_killed_primary_moves_to_its_replica(
     waiter_client = replicated_clients()
     holder, waiter = holder_client.lock("failover"), waiter_client.lock("failover")
     await holder.lock(lease=60)
-    waiting = asyncio.create_task(_take_and_release(waiter, wait=45))
+    waiting = asyncio.create_task(take_and_release_across_failover(waiter, 45, lease=5))
     pubsub = waiter_client._services.pubsub
     await eventually(lambda: any(e.confirmed for e in pubsub._entries.values()), what="subscribed")
     channel = waiter._keys.channel.encode()

@@ -18,12 +18,11 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 from redis.asyncio.sentinel import Sentinel
-from redis.exceptions import ConnectionError as RedisConnectionError
 
 import aiolock
 from aiolock.embedded import EmbeddedSentinel, EmbeddedServer
 from tests.conftest import SERVERS
-from tests.helpers import eventually, parked
+from tests.helpers import eventually, parked, take_and_release_across_failover
 
 pytestmark = pytest.mark.anyio
 
@@ -85,22 +84,6 @@ async def _take_and_release(lock: aiolock.AsyncRLock, wait: float) -> bool:
         return False
     await lock.unlock()
     return True
-
-
-async def _take_and_release_across_failover(lock: aiolock.AsyncRLock, wait: float) -> bool:
-    """:func:`_take_and_release`, trying again after a ``ConnectionError``, as a caller must
-    while a failover is under way: a ``master_for`` pool has no retries, so a try that meets a
-    connection to the dead primary raises (a waiter tries whenever it is woken or its pause
-    ends; a clean-clone CI run saw one do so during the failover)."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + wait
-    while True:
-        try:
-            return await _take_and_release(lock, max(deadline - loop.time(), 0.0))
-        except RedisConnectionError:
-            if loop.time() >= deadline:
-                raise
-            await asyncio.sleep(0)  # the next try discards the dead connection
 
 
 def _server(server: EmbeddedServer) -> Redis:
@@ -166,7 +149,7 @@ async def test_synced_holds_survive_the_primary_killed(
     for lock in locks:
         assert await lock.try_lock(wait=0)
     rival = contender.lock("k-lock")
-    waiting = asyncio.ensure_future(_take_and_release_across_failover(rival, 60))
+    waiting = asyncio.ensure_future(take_and_release_across_failover(rival, 60))
     await eventually(lambda: parked(contender, rival) == 1, what="the waiter parked")
 
     new = await asyncio.to_thread(group.failover, kill=True)
