@@ -115,16 +115,12 @@ class Calls:
         on_resend: Callable[[], object] | None = None,
     ) -> tuple[Any, int]:
         evalsha = ("EVALSHA", script.sha, len(keys), *keys, *args)
-        try:
-            return await self._call(evalsha, orphan, sync, on_resend)
-        except NoScriptError:
-            # EVAL caches the script, so the next EVALSHA on this server finds it.
-            evaluate = ("EVAL", script.source, len(keys), *keys, *args)
-            return await self._call(evaluate, orphan, sync, on_resend)
+        return await self._call(evalsha, script, orphan, sync, on_resend)
 
     async def _call(
         self,
-        command: tuple[Any, ...],
+        evalsha: tuple[Any, ...],
+        script: Script,
         orphan: Orphan | None,
         sync: tuple[int, float] | None,
         on_resend: Callable[[], object] | None = None,
@@ -135,24 +131,26 @@ class Calls:
             _orphaned(orphan, NotSent())
             raise
         sent = False  # some attempt reached the socket: the script may have run
+        resend = False  # the current attempt follows one that reached the socket
         in_flight = False  # this connection owes the reply of the current attempt
         connecting: asyncio.Task[None] | None = None
+        wait = () if sync is None else (("WAIT", *_wait_args(sync)),)
 
         async def attempt() -> tuple[Any, int]:
-            nonlocal sent, in_flight, connecting
+            nonlocal sent, resend, in_flight, connecting
             if not conn.is_connected:
                 # redis-py's handshake writes through asyncio.wait_for, which on Python 3.11
                 # may swallow our caller's cancellation: connect in a task of its own.
                 connecting = asyncio.ensure_future(conn.connect())  # type: ignore[no-untyped-call]
                 await asyncio.shield(connecting)
                 connecting = None
-            if sent and on_resend is not None:
+            resend = sent
+            if resend and on_resend is not None:
                 on_resend()  # an earlier copy went out on a connection that then failed
             in_flight = True  # set first: a cancel inside write() comes after the bytes left
             sent = True
-            await write(conn, command, *([] if sync is None else [("WAIT", *_wait_args(sync))]))
             # Not disconnected on cancellation: the reply is then read in the background.
-            reply, synced = await _read_replies(conn, sync)
+            reply, synced = await _evaluate(conn, evalsha, script, wait, sync)
             in_flight = False
             return reply, synced
 
@@ -167,7 +165,7 @@ class Calls:
             if in_flight:
                 # The scripts are idempotent per request, so this reply is the call's outcome,
                 # even when it answers a resend.
-                self._spawn(self._finish(conn, sync), orphan)
+                self._spawn(self._finish(conn, sync, resend), orphan)
             else:
                 self._spawn(self._discard(conn, after=connecting), None)
                 _orphaned(
@@ -186,12 +184,22 @@ class Calls:
         self._give_back(conn)
         return reply
 
-    async def _finish(self, conn: AbstractConnection, sync: tuple[int, float] | None) -> Any:
-        """Read the reply of a call whose caller was cancelled, then give the connection back."""
+    async def _finish(
+        self, conn: AbstractConnection, sync: tuple[int, float] | None, resend: bool
+    ) -> Any:
+        """Read the reply of a call whose caller was cancelled, then give the connection back.
+
+        ``resend``: that attempt followed one that reached the server, whose outcome a NOSCRIPT
+        answer to this one leaves unknown (a restart in between empties the script cache).
+        """
         try:
             reply, _ = await _read_replies(conn, sync, disconnect_on_error=True)
         except NoScriptError:
             self._give_back(conn)
+            if resend:
+                raise RedisConnectionError(
+                    "resent after a restart; an earlier copy may have run"
+                ) from None
             raise NotSent() from None
         except BaseException:
             await self._discard(conn)
@@ -295,6 +303,27 @@ async def write(conn: AbstractConnection, *commands: tuple[Any, ...]) -> None:
         await writer.drain()
     except OSError as exc:
         raise RedisConnectionError(f"error while writing to the socket: {exc!r}") from exc
+
+
+async def _evaluate(
+    conn: AbstractConnection,
+    evalsha: tuple[Any, ...],
+    script: Script,
+    wait: tuple[tuple[Any, ...], ...],
+    sync: tuple[int, float] | None,
+) -> tuple[Any, int]:
+    """One attempt: EVALSHA, and on NOSCRIPT the source by EVAL on the same connection (EVAL
+    caches it, so the next EVALSHA on this server finds it).
+
+    Within the attempt, so that NOSCRIPT never reads as "nothing ran" to the caller: a restart
+    empties the cache, and an earlier copy of the call may have run before it.
+    """
+    await write(conn, evalsha, *wait)
+    try:
+        return await _read_replies(conn, sync)
+    except NoScriptError:
+        await write(conn, ("EVAL", script.source, *evalsha[2:]), *wait)
+        return await _read_replies(conn, sync)
 
 
 # WAIT blocks for up to its own timeout, which a socket timeout must not cut short.

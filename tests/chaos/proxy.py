@@ -30,6 +30,7 @@ class FreezableProxy:
     >>> proxy.refuse = True   # new connections are reset at once; open ones keep flowing
     >>> reply = proxy.cut_next_request(b"EVALSHA")  # one-shot, see below
     >>> await reply           # what the server answered, which the client never got
+    >>> await proxy.next_request(b"EVALSHA")  # one-shot: such a request is on its way
 
     ``cut_next_request(match)`` arms a one-shot cut: the next client-to-server chunk that
     contains ``match`` (any chunk, by default) is forwarded to the server, and from then on
@@ -54,6 +55,7 @@ class FreezableProxy:
         # The armed cut, (match, future), until a request matches it; then the pair it cuts.
         self._cut_armed: tuple[bytes, asyncio.Future[bytes]] | None = None
         self._cutting: dict[_Pair, asyncio.Future[bytes]] = {}
+        self._watched: list[tuple[bytes, asyncio.Future[None]]] = []
 
     @property
     def frozen(self) -> bool:
@@ -87,6 +89,14 @@ class FreezableProxy:
         reply: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
         self._cut_armed = (match, reply)
         return reply
+
+    def next_request(self, match: bytes = b"") -> asyncio.Future[None]:
+        """A future set when the proxy reads the next client-to-server chunk containing
+        ``match``: the client has written such a request, and it is on its way (a frozen or
+        slowed path holds it).  One-shot; it does not change what flows."""
+        seen: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._watched.append((match, seen))
+        return seen
 
     def disarm_cut(self) -> None:
         """Drop an armed cut that no request has matched yet (its future is cancelled); a cut
@@ -152,6 +162,8 @@ class FreezableProxy:
     ) -> None:
         with contextlib.suppress(OSError):
             while data := await reader.read(_CHUNK):
+                if to_server and self._watched:
+                    self._notice(data)
                 await self._flowing.wait()  # frozen: hold the bytes, read nothing more
                 if self.delay:
                     await asyncio.sleep(self.delay)
@@ -172,3 +184,14 @@ class FreezableProxy:
                     self._cutting[pair] = armed[1]
                 writer.write(data)
                 await writer.drain()
+
+    def _notice(self, data: bytes) -> None:
+        """Set the ``next_request`` futures whose match ``data`` contains."""
+        waiting = []
+        for match, seen in self._watched:
+            if match in data:
+                if not seen.done():
+                    seen.set_result(None)
+            else:
+                waiting.append((match, seen))
+        self._watched = waiting

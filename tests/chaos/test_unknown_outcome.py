@@ -335,3 +335,43 @@ async def test_e_a_resent_try_that_was_refused_is_fenced_off_at_once(
     late = lock._attempt(owner, request, 30_000)  # the first copy, arriving once it is free
     assert not isinstance(await aiolock_client._services.calls.run(*late), list)
     await assert_free(redis, lock)
+
+
+# -- a resend that meets an empty script cache -------------------------------------------------
+
+
+async def test_f_a_resend_answered_noscript_still_settles_its_first_copy(
+    resending: aiolock.Client,
+    proxy: FreezableProxy,
+    redis: Redis,
+    no_unknown_holds: Callable[[], None],
+) -> None:
+    """A restart empties the server's script cache (AOF keeps the data, not the scripts).  A
+    nested acquire's first copy ran, its connection was cut before the reply, and redis-py's
+    resend met the empty cache: NOSCRIPT.  That answer speaks for the resend only, so the
+    first copy's grant is still unknown; the caller, cancelled (its ``wait`` ran out) while
+    the resend was in flight, must leave that grant settled, not take NOSCRIPT for 'nothing
+    ran'.  (The long chaos run's unexplained extra hold: a nested ``try_lock`` timed out across
+    a restart, and the outer release found one hold left.)"""
+    client = resending
+    lock = client.lock("noscript", owner="nest")
+    await lock.lock()
+    cut = proxy.cut_next_request(ACQUIRE)
+    cut.add_done_callback(lambda _: proxy.freeze())  # the resend waits for the flush
+    nested = asyncio.create_task(lock.try_lock(wait=30))
+    _, count = grant(await dropped(cut))
+    assert count == 2  # the first copy re-entered the lock
+    await redis.script_flush()
+    resend = proxy.next_request(ACQUIRE)
+    proxy.delay = 0.05  # the NOSCRIPT answer comes after the caller has gone
+    proxy.thaw()
+    async with asyncio.timeout(5):
+        await resend
+    nested.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await nested
+    await settled(client)
+    assert await server_counts(redis, lock) == [1]  # the first copy's grant was undone
+    await lock.unlock()
+    await assert_free(redis, lock)
+    no_unknown_holds()
