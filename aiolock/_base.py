@@ -109,8 +109,6 @@ class LockKind(Guarded[int]):
     kind: ClassVar[str]
     """The kind's name: part of its keys (so kinds never share keys) and of its registries."""
     _renew: ClassVar[Script]
-    _fences: ClassVar[bool] = True
-    """Whether the kind's acquire scripts honour fenced requests in the meta hash (fence.lua)."""
 
     def __init__(self, services: Services, name: str, owner: str | None) -> None:
         self._services = services
@@ -152,6 +150,11 @@ class LockKind(Guarded[int]):
 
     def _force_call(self) -> Call:
         raise NotImplementedError
+
+    def _fence_call(self, owner: str, requests: list[int]) -> Call:
+        """Mark the owner's acquire ``requests`` as ones that must never grant: by default in
+        the meta hash (``common/fence.lua``), which the acquire scripts read."""
+        return (_scripts.FENCE, (self._keys.meta,), (owner, *requests))
 
     def _waiting(self, owner: str) -> Waiting:
         raise NotImplementedError
@@ -462,7 +465,7 @@ class LockKind(Guarded[int]):
                 return None
             raise refusal from None
         if not isinstance(reply, list):
-            if resent and self._fences:
+            if resent:
                 # Not granted, but its first copy may still arrive, once the lock is free.  In
                 # the background: the caller may be cancelled (the owner's next call waits).
                 fence = self._fence(owner, [request])
@@ -518,7 +521,7 @@ class LockKind(Guarded[int]):
             renew_keys=self._renew_keys(),
             channel=self._channel(),
         )
-        if resent and self._fences:
+        if resent:
             hold.resent.append(request)  # its first copy may still arrive, after the release
         if hold.watchdog:
             services.watchdog.start()
@@ -570,7 +573,7 @@ class LockKind(Guarded[int]):
 
     async def _fence(self, owner: str, requests: list[int]) -> None:
         """Make sure that late copies of the owner's resent acquire ``requests`` grant nothing
-        once the owner does not hold the lock (``fence.lua``).  Run before the release that
+        once the owner does not hold the lock (:meth:`_fence_call`).  Run before the release that
         ends a hold whose acquires were resent, for a resent try that was refused, and in the
         settlement of a resent call whose caller left.
 
@@ -579,9 +582,8 @@ class LockKind(Guarded[int]):
         would grant a hold nobody knows of.  A failure is logged and the caller goes on: the
         lease still bounds such a hold.
         """
-        call = (_scripts.FENCE, (self._keys.meta,), (owner, *requests))
         try:
-            await self._services.calls.run(*call)
+            await self._services.calls.run(*self._fence_call(owner, requests))
         except _FAILURES as exc:
             logger.warning(
                 "could not fence off %d resent acquire(s) of %r: %r",
@@ -680,7 +682,7 @@ class LockKind(Guarded[int]):
         failure = work.exception()
         if isinstance(failure, NotSent):
             return
-        if resent and self._fences:
+        if resent:
             await self._fence(owner, [acquire_request])  # a first copy may still arrive
         if failure is None and not isinstance(work.result(), list):
             return  # the lock was busy: nothing was granted

@@ -40,6 +40,7 @@ __all__ = [
     "RW_STATE",
     "RW_WRITE",
     "SEMAPHORE_ACQUIRE",
+    "SEMAPHORE_FENCE",
     "SEMAPHORE_HELD",
     "SEMAPHORE_RELEASE",
     "SEMAPHORE_RENEW",
@@ -105,6 +106,7 @@ SEMAPHORE_ACQUIRE = Script.load("semaphore", "acquire")
 SEMAPHORE_RELEASE = Script.load("semaphore", "release")
 SEMAPHORE_RENEW = Script.load("semaphore", "renew")
 SEMAPHORE_HELD = Script.load("semaphore", "held")
+SEMAPHORE_FENCE = Script.load("semaphore", "fence")
 
 RW_READ = Script.load("rw", "read")
 RW_WRITE = Script.load("rw", "write")

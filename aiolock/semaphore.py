@@ -36,7 +36,6 @@ class _Permits(LockKind):
 
     kind: ClassVar[str] = "semaphore"
     _renew = _scripts.SEMAPHORE_RENEW
-    _fences = False  # its meta key is the list of the last releases, which its acquire reads
 
     def __init__(self, services: Services, name: str, limit: int) -> None:
         super().__init__(services, name, None)
@@ -59,6 +58,10 @@ class _Permits(LockKind):
 
     def _force_call(self) -> Call:
         raise NotImplementedError("a semaphore has no force_unlock")
+
+    def _fence_call(self, owner: str, requests: list[int]) -> Call:
+        # Its meta key is the list of the last releases: the marks live with the permits.
+        return (_scripts.SEMAPHORE_FENCE, (self._keys.lock,), (owner, *requests))
 
     def _channel(self) -> str:
         return self._keys.channel

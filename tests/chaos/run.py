@@ -317,9 +317,9 @@ async def leftovers_on(
 ) -> list[str]:
     """Keys and subscriptions that remain once every worker has drained, after ``grace``
     seconds for in-flight expiries.  Only the meta hashes (resend markers that expire a while
-    after their lock) and the fencing counters (one per key prefix: the RedLocks' servers have
-    their own; on a Cluster one per slot and prefix) may stay; anything else is left behind: a
-    lock
+    after their lock), a sorted set holding fence marks alone (negative scores, dropped past
+    their time) and the fencing counters (one per key prefix: the RedLocks' servers have their
+    own; on a Cluster one per slot and prefix) may stay; anything else is left behind: a lock
     hash of any kind, a fair lock's queue (``<prefix>:fair:{name}:q`` and its deadlines
     ``:qd``: every waiter that gave up must have left it), a subscription (a release channel,
     or a fair lock's wake-up channel).
@@ -373,9 +373,11 @@ async def leftovers_on(
                     if not field.startswith(b":")
                 ]
                 if kind == b"zset":  # a semaphore's permits (or readers): id -> lease end
+                    if not await redis.zcount(key, "(0", "+inf"):
+                        continue  # fence marks only (negative scores): they expire by themselves
                     seconds, micros = await redis.time()
                     now = seconds * 1000 + micros / 1000
-                    members = await redis.zrange(key, 0, 4, withscores=True)
+                    members = await redis.zrangebyscore(key, "(0", "+inf", 0, 5, withscores=True)
                     owners = [f"{_text(m)} ({score - now:+.0f} ms)" for m, score in members]
                 token = _text(fields.get(b":fence", b"?"))
                 found.append(

@@ -384,3 +384,63 @@ async def test_marks_past_their_time_are_pruned_when_a_fence_is_added(
     await lock._fence(owner, [1000])
     assert sorted(await redis.hkeys(meta)) == sorted(["released", f"{owner}/1000"])
     assert 0 < await redis.pttl(meta) <= 60_000
+
+
+async def _cycle_permits(semaphore: aiolock.AsyncSemaphore, times: int) -> None:
+    """Other acquisitions take and release a permit ``times`` times (each a permit id of its
+    own), pushing earlier ones out of the semaphore's list of its last releases."""
+    for _ in range(times):
+        async with semaphore.acquire(wait=1):
+            pass
+
+
+@pytest.mark.parametrize("how", ["undone", "fenced", "refused"])
+async def test_a_late_copy_of_a_fenced_permit_acquire_grants_nothing_however_late(
+    aiolock_client: aiolock.Client, redis: Redis, how: str
+) -> None:
+    """A permit's acquire that may still arrive late is fenced off with a mark in the permits
+    set itself: undone before it arrived; resent, answered, and the permit released since; or
+    resent and refused (no permit was free), its take given up.  Its late copy must grant no
+    permit however many releases came in between (the list of the last releases keeps 32)."""
+    semaphore = aiolock_client.semaphore("fenced-permits", 1)
+    permits = semaphore._permits
+    services = aiolock_client._services
+    permit = "fenced-permit"  # a permit id: one acquisition's own owner
+    late = services.owners.next_request()
+    acquire = permits._attempt(permit, late, 30_000)
+    if how == "undone":
+        undo = permits._release_call(permit, services.owners.next_request(), late)
+        assert await services.calls.run(*undo) is None  # nothing held: nothing undone
+    elif how == "fenced":
+        assert isinstance(await services.calls.run(*acquire), list)  # the resend lands
+        await permits._fence(permit, [late])
+        release = permits._release_call(permit, services.owners.next_request(), None)
+        assert await services.calls.run(*release) == 0
+    else:
+        async with semaphore.acquire(wait=1):  # another task holds the only permit
+            assert not isinstance(await services.calls.run(*acquire), list)  # refused
+        await permits._fence(permit, [late])
+    await _cycle_permits(semaphore, 40)
+    assert await semaphore.available() == 1  # marks are not permits
+    assert not isinstance(await services.calls.run(*acquire), list)  # the late copy
+    assert await semaphore.available() == 1
+    assert await redis.zscore(permits._keys.lock, permit) is None
+
+
+async def test_permit_marks_past_their_time_are_dropped(
+    aiolock_client: aiolock.Client, redis: Redis
+) -> None:
+    """A fence mark lives a minute: past its time the next call that looks drops it, and the
+    permits set goes with its last mark (no key outlives its semaphore for long)."""
+    semaphore = aiolock_client.semaphore("old-marks", 2)
+    key = semaphore._permits._keys.lock
+    seconds, micros = await redis.time()
+    now = seconds * 1000 + micros // 1000
+    await redis.zadd(key, {"gone/1": -(now - 1), "kept/2": -(now + 60_000)})
+    await redis.pexpire(key, 60_000)
+    assert await semaphore.available() == 2
+    assert await redis.zrange(key, 0, -1) == ["kept/2"]
+    async with semaphore.acquire(wait=1):
+        assert await semaphore.available() == 1  # the mark is no permit
+    assert await redis.zrange(key, 0, -1) == ["kept/2"]
+    assert 0 < await redis.pttl(key) <= 60_000

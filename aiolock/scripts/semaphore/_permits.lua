@@ -1,11 +1,26 @@
--- The semaphore's permits, included by its scripts (not run alone).
+-- The semaphore's permits, included by its scripts after common/_time and common/_requests
+-- (not run alone).
 --
 -- KEYS[1] is a sorted set: permit id -> the server time in ms at which its lease ends.  A
--- permit past its lease is no longer held: it is dropped by the next call that looks.
+-- permit past its lease is no longer held: it is dropped by the next call that looks.  It
+-- also keeps fence marks, '<permit id>/<request>' -> minus the server time until which that
+-- acquire request must grant nothing (a late copy of it may still arrive: it was resent, or
+-- undone before it was applied); a negative score, so that marks never count as permits.
 
--- Drop the permits whose lease ended; returns the time used.
+-- Drop the permits whose lease ended and the marks past their time; returns the time used.
 local function drop_expired()
     local now = now_ms()
-    redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+    redis.call('ZREMRANGEBYSCORE', KEYS[1], '(' .. -now, now)
     return now
+end
+
+-- How many permits are held (after drop_expired).
+local function held()
+    return redis.call('ZCOUNT', KEYS[1], '(0', '+inf')
+end
+
+-- Mark acquire request (permit id/request id) as one that must never grant, for MARK_MS.
+local function fence(request, now)
+    redis.call('ZADD', KEYS[1], -(now + MARK_MS), request)
+    keep(KEYS[1], MARK_MS)
 end

@@ -1,16 +1,18 @@
 -- Take a permit of a semaphore, if fewer than the caller's limit are held.
 --
--- KEYS[1]  the permits: permit id -> lease end (server time, ms)
+-- KEYS[1]  the permits: permit id -> lease end (server time, ms); fence marks (see _permits)
 -- KEYS[2]  the meta list of the last releases (see release.lua)
 -- ARGV[1]  lease in milliseconds
 -- ARGV[2]  the permit id (unique per acquisition; the owner of the permit)
--- ARGV[3]  request id (unused: the permit id makes the call idempotent)
+-- ARGV[3]  request id (the permit id makes the call idempotent; a fence mark names both)
 -- ARGV[4]  the most permits that may be held at once (the caller's limit)
 --
 -- Returns {0, 1, lease left} when granted (a resend returns the same grant), else the ms until
 -- the earliest permit's lease ends (a permit may come back without a release).  A late copy
--- of the call, once that permit was released or its acquire undone, grants nothing.
+-- of the call grants nothing once that permit was released, or that request fenced off
+-- (resent, or undone before it arrived).
 --@include common/_time
+--@include common/_requests
 --@include semaphore/_permits
 local lease = tonumber(ARGV[1])
 local limit = tonumber(ARGV[4])
@@ -29,13 +31,14 @@ if ends then
     end
     return {0, 1, ends - now}
 end
-if redis.call('LPOS', KEYS[2], ARGV[2]) then
+if redis.call('ZSCORE', KEYS[1], ARGV[2] .. '/' .. ARGV[3])
+    or redis.call('LPOS', KEYS[2], ARGV[2]) then
     return 1  -- a late copy of an acquisition that ended (released or undone): its caller is gone
 end
-if redis.call('ZCARD', KEYS[1]) < limit then
+if held() < limit then
     redis.call('ZADD', KEYS[1], now + lease, ARGV[2])
     keep(KEYS[1], lease)
     return {0, 1, lease}
 end
-local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+local first = redis.call('ZRANGEBYSCORE', KEYS[1], '(0', '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
 return math.max(tonumber(first[2]) - now, 1)

@@ -1,16 +1,16 @@
 -- Give a permit back, and wake one waiter.
 --
--- KEYS[1]  the permits: permit id -> lease end (server time, ms)
+-- KEYS[1]  the permits: permit id -> lease end (server time, ms); fence marks (see _permits)
 -- KEYS[2]  the meta list: the last 32 releases, each as its request (permit id/request id),
 --          so that a resend of a release that landed is recognised (and a second release of a
 --          permit is not), and as its permit id, so that a late copy of that permit's acquire
---          grants nothing (also for an acquire undone before it arrived); it lives as long as
---          the longest lease the released permits had left, a minute after an undo
+--          grants nothing; it lives as long as the longest lease the released permits had left
 -- KEYS[3]  the semaphore's channel
 -- ARGV[1]  the permit id
 -- ARGV[2]  request id, unique per call; a resent call carries the same id
--- ARGV[3]  optional: undo mode (an acquire whose outcome its caller never saw); the permit id
---          names that acquisition alone, so it is released the same way
+-- ARGV[3]  optional: undo mode, the id of an acquire request whose outcome its caller never
+--          saw; the permit id names that acquisition alone, so it is released the same way,
+--          and if it is not held, that request is fenced off (a late copy of it grants nothing)
 --
 -- Returns 0 when released (also for a resend of a release that landed), nil when the permit
 -- was not held (its lease had ended).
@@ -35,8 +35,6 @@ if redis.call('LPOS', KEYS[2], request) then
 end
 if ARGV[3] then
     -- That acquire was not applied (or its lease ended): a late copy of it must not grant.
-    redis.call('LPUSH', KEYS[2], ARGV[1])
-    redis.call('LTRIM', KEYS[2], 0, 63)
-    keep(KEYS[2], MARK_MS)
+    fence(ARGV[1] .. '/' .. ARGV[3], now)
 end
 return nil

@@ -7,6 +7,7 @@
 -- Returns one entry per key: 1 when renewed, 0 when the permit is no longer held (its lease
 -- ended, or it was released).  A longer lease already set is kept.
 --@include common/_time
+--@include common/_requests
 --@include semaphore/_permits
 local lease = tonumber(ARGV[1])
 if not lease or lease < 1 or lease > 1e12 then

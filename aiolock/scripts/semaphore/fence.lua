@@ -1,0 +1,20 @@
+-- Fence off acquires of one permit whose late copies may still be on their way (the
+-- semaphore's common/fence.lua): each was resent, its first copy went out on a connection
+-- that failed, so that copy can still arrive after the permit was released (or, for a try
+-- that was refused, once a permit is free).  From then on a copy of any of these requests
+-- grants nothing.
+--
+-- KEYS[1]  the permits: permit id -> lease end (server time, ms); fence marks (see _permits)
+-- ARGV[1]  the permit id
+-- ARGV[2..] the acquire request ids to fence off
+--
+-- Returns how many were fenced.  Each mark lives MARK_MS; they are dropped past their time by
+-- the next call that looks, and the key lives at least as long as its marks.
+--@include common/_time
+--@include common/_requests
+--@include semaphore/_permits
+local now = drop_expired()
+for i = 2, #ARGV do
+    fence(ARGV[1] .. '/' .. ARGV[i], now)
+end
+return #ARGV - 1
