@@ -522,6 +522,8 @@ class LockKind(Guarded[int]):
             channel=self._channel(),
         )
         if resent:
+            if not hold.resent:
+                hold.listeners.append(lambda: self._fence_lost(hold))
             hold.resent.append(request)  # its first copy may still arrive, after the release
         if hold.watchdog:
             services.watchdog.start()
@@ -558,7 +560,8 @@ class LockKind(Guarded[int]):
         if hold is not None and believed == 0 and hold.resent:
             # In the background, like a settlement: a cancellation of this call must not lose
             # it (the release is then settled after it).
-            services.holds.defer(self._keys.lock, owner, self._fence(owner, list(hold.resent)))
+            fenced, hold.resent = hold.resent, []
+            services.holds.defer(self._keys.lock, owner, self._fence(owner, fenced))
             try:
                 await services.holds.settle(self._keys.lock, owner)
             except asyncio.CancelledError:
@@ -592,6 +595,14 @@ class LockKind(Guarded[int]):
                 exc,
                 extra=lock_extra(self.kind, self.name, owner),
             )
+
+    def _fence_lost(self, hold: Hold) -> None:
+        """A hold whose acquires were resent was lost (its lease ran out, it was forced): no
+        release will fence them off, so it is done now, in the background."""
+        if hold.resent:
+            fenced, hold.resent = hold.resent, []
+            fence = self._fence(hold.owner, fenced)
+            self._services.holds.defer(self._keys.lock, hold.owner, fence)
 
     def _check_count(self, owner: str, believed: int | None, remaining: int | None) -> None:
         """A release left more holds on the server than the client knew of: drop the extra.

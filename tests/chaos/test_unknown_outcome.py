@@ -337,6 +337,37 @@ async def test_e_a_resent_try_that_was_refused_is_fenced_off_at_once(
     await assert_free(redis, lock)
 
 
+async def test_e_a_resent_grant_whose_lease_ran_out_is_fenced_off_when_lost(
+    resending: aiolock.Client,
+    proxy: FreezableProxy,
+    redis: Redis,
+    aiolock_client: aiolock.Client,
+) -> None:
+    """A resent grant with a fixed lease was never released: its lease ran out, and the
+    client took it for lost.  No release fences its first copy off, so the loss does: that
+    copy, arriving once the lock is gone, grants nothing."""
+    client = resending
+    lock = client.lock("resent-lost")
+    reply = proxy.cut_next_request(ACQUIRE)
+    await lock.lock(lease=0.3)  # the resend's answer
+    grant(await dropped(reply))
+    owner, _ = lock._owner()
+    hold = client._services.holds.get(lock._hold_key, owner)
+    assert hold is not None
+    request = hold.resent[0]
+    await eventually(lambda: hold.lost, what="the lease to run out")
+    await settled(client)
+    assert await redis.hget(lock._keys.meta, f"{owner}/{request}") is not None  # fenced off
+    await eventually(lambda: _gone(redis, lock), what="the lock to expire on the server")
+    late = lock._attempt(owner, request, 30_000)  # the first copy, arriving now
+    assert not isinstance(await aiolock_client._services.calls.run(*late), list)
+    await assert_free(redis, lock)
+
+
+async def _gone(redis: Redis, lock: aiolock.AsyncRLock) -> bool:
+    return not await redis.exists(lock._keys.lock)
+
+
 # -- a resend that meets an empty script cache -------------------------------------------------
 
 
