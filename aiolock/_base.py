@@ -452,10 +452,16 @@ class LockKind(Guarded[int]):
         call = self._attempt(owner, request, round(lease_s * 1000))
         try:
             if services.sync is None:
-                reply = await services.calls.run(*call, orphan=unknown, on_resend=resending)
+                reply = await services.calls.run(
+                    *call, orphan=unknown, on_resend=resending, mark_resends=True
+                )
             else:
                 reply, synced = await services.calls.run_synced(
-                    *call, sync=services.sync, orphan=unknown, on_resend=resending
+                    *call,
+                    sync=services.sync,
+                    orphan=unknown,
+                    on_resend=resending,
+                    mark_resends=True,
                 )
         except ResponseError as error:
             refusal = self._refusal(error)
@@ -465,11 +471,8 @@ class LockKind(Guarded[int]):
                 return None
             raise refusal from None
         if not isinstance(reply, list):
-            if resent:
-                # Not granted, but its first copy may still arrive, once the lock is free.  In
-                # the background: the caller may be cancelled (the owner's next call waits).
-                fence = self._fence(owner, [request])
-                services.holds.defer(self._keys.lock, owner, fence)
+            # A resend that was refused fenced its request off itself: its first copy may still
+            # arrive, and must not grant once the lock is free.
             pttl = int(reply)
             return math.inf if pttl < 0 else pttl / 1000
         holds = services.holds
@@ -577,13 +580,13 @@ class LockKind(Guarded[int]):
     async def _fence(self, owner: str, requests: list[int]) -> None:
         """Make sure that late copies of the owner's resent acquire ``requests`` grant nothing
         once the owner does not hold the lock (:meth:`_fence_call`).  Run before the release that
-        ends a hold whose acquires were resent, for a resent try that was refused, and in the
-        settlement of a resent call whose caller left.
+        ends a hold whose acquires were resent, when such a hold is lost, and in the settlement
+        of a resent call whose caller left.  (A resent try that is refused fences itself off,
+        in its own script: see ``mark_resends`` in ``Calls.run``.)
 
         Without it, a copy arriving after another owner's release replaced the marker of the
-        owner's own last release (or a refused try's copy arriving once the lock is free)
-        would grant a hold nobody knows of.  A failure is logged and the caller goes on: the
-        lease still bounds such a hold.
+        owner's own last release would grant a hold nobody knows of.  A failure is logged and
+        the caller goes on: the lease still bounds such a hold.
         """
         try:
             await self._services.calls.run(*self._fence_call(owner, requests))

@@ -77,6 +77,7 @@ class Calls:
         *,
         orphan: Orphan | None = None,
         on_resend: Callable[[], object] | None = None,
+        mark_resends: bool = False,
     ) -> Any:
         """Run ``script`` by SHA (its source once on NOSCRIPT) and return the reply.
 
@@ -85,8 +86,13 @@ class Calls:
         after some attempt was written, ``orphan`` receives that error and the caller it too.
         ``on_resend`` is called when an attempt is sent after an earlier one was written on a
         connection that failed: that first copy may still reach the server, later.
+        ``mark_resends``: such an attempt carries one more argument, ``1``, so that the script
+        knows it (an acquire script then fences a refused request off, see ``refused`` in
+        ``common/_requests.lua``).
         """
-        reply, _ = await self._run(script, keys, args, orphan, None, on_resend=on_resend)
+        reply, _ = await self._run(
+            script, keys, args, orphan, None, on_resend=on_resend, mark_resends=mark_resends
+        )
         return reply
 
     async def run_synced(
@@ -98,11 +104,14 @@ class Calls:
         sync: tuple[int, float],
         orphan: Orphan | None = None,
         on_resend: Callable[[], object] | None = None,
+        mark_resends: bool = False,
     ) -> tuple[Any, int]:
         """:meth:`run`, then ``WAIT`` on the same connection (WAIT covers the writes of its own
         connection) for ``sync = (replicas, seconds)``: the reply, and how many replicas have
         the script's writes."""
-        return await self._run(script, keys, args, orphan, sync, on_resend=on_resend)
+        return await self._run(
+            script, keys, args, orphan, sync, on_resend=on_resend, mark_resends=mark_resends
+        )
 
     async def _run(
         self,
@@ -113,13 +122,15 @@ class Calls:
         sync: tuple[int, float] | None,
         *,
         on_resend: Callable[[], object] | None = None,
+        mark_resends: bool = False,
     ) -> tuple[Any, int]:
         evalsha = ("EVALSHA", script.sha, len(keys), *keys, *args)
-        return await self._call(evalsha, script, orphan, sync, on_resend)
+        resent = (*evalsha, 1) if mark_resends else evalsha
+        return await self._call((evalsha, resent), script, orphan, sync, on_resend)
 
     async def _call(
         self,
-        evalsha: tuple[Any, ...],
+        commands: tuple[tuple[Any, ...], tuple[Any, ...]],
         script: Script,
         orphan: Orphan | None,
         sync: tuple[int, float] | None,
@@ -150,6 +161,7 @@ class Calls:
             in_flight = True  # set first: a cancel inside write() comes after the bytes left
             sent = True
             # Not disconnected on cancellation: the reply is then read in the background.
+            evalsha = commands[resend]  # a resend may carry a mark (``mark_resends``)
             reply, synced = await _evaluate(conn, evalsha, script, wait, sync)
             in_flight = False
             return reply, synced

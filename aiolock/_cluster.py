@@ -102,13 +102,19 @@ class ClusterCalls:
         *,
         orphan: Orphan | None = None,
         on_resend: Callable[[], object] | None = None,
+        mark_resends: bool = False,
     ) -> Any:
         """:meth:`Calls.run` on the node of ``keys[0]``'s slot, following redirections (a
         redirected call did not run: sending it on is not a resend)."""
         return await self._routed(
             keys[0],
             lambda calls, orphan: calls.run(
-                self._variant(script), keys, args, orphan=orphan, on_resend=on_resend
+                self._variant(script),
+                keys,
+                args,
+                orphan=orphan,
+                on_resend=on_resend,
+                mark_resends=mark_resends,
             ),
             orphan,
         )
@@ -122,13 +128,20 @@ class ClusterCalls:
         sync: tuple[int, float],
         orphan: Orphan | None = None,
         on_resend: Callable[[], object] | None = None,
+        mark_resends: bool = False,
     ) -> tuple[Any, int]:
         """:meth:`Calls.run_synced` on the node of ``keys[0]``'s slot (WAIT counts that
         primary's replicas), following redirections."""
         return await self._routed(
             keys[0],
             lambda calls, orphan: calls.run_synced(
-                self._variant(script), keys, args, sync=sync, orphan=orphan, on_resend=on_resend
+                self._variant(script),
+                keys,
+                args,
+                sync=sync,
+                orphan=orphan,
+                on_resend=on_resend,
+                mark_resends=mark_resends,
             ),
             orphan,
         )

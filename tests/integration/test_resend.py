@@ -444,3 +444,35 @@ async def test_permit_marks_past_their_time_are_dropped(
         assert await semaphore.available() == 1  # the mark is no permit
     assert await redis.zrange(key, 0, -1) == ["kept/2"]
     assert 0 < await redis.pttl(key) <= 60_000
+
+
+@pytest.mark.parametrize("kind", [*LATE_KINDS, "semaphore"])
+async def test_a_resent_acquire_that_is_refused_fences_itself_off(
+    aiolock_client: aiolock.Client, kind: str
+) -> None:
+    """A resend carries a mark (one more argument).  This one found the lock taken, and its
+    script fenced the request off in the same call: the first copy, arriving once the lock is
+    free, grants nothing, with no round trip in between in which it could have."""
+    name = "resent-refused"
+    services = aiolock_client._services
+    semaphore = aiolock_client.semaphore(name, 1)
+    if kind == "semaphore":
+        lock: Any = semaphore._permits
+        owner = "resent-permit"
+        blocker: Any = aiolock_client.semaphore(name, 1)
+    else:
+        lock = _lock(aiolock_client, kind, name)
+        owner, _ = lock._owner()
+        blocker = _lock(aiolock_client, "write" if kind == "read" else kind, name)
+    script, keys, args = lock._attempt(owner, services.owners.next_request(), 30_000)
+    async with held_by_another_task(blocker):
+        resend = await services.calls.run(script, keys, (*args, 1))
+        assert not isinstance(resend, list)  # refused
+    late = await services.calls.run(script, keys, args)  # the first copy, once it is free
+    assert not isinstance(late, list)  # refused too: fenced off
+    if kind == "semaphore":
+        assert await semaphore.available() == 1
+    else:
+        assert not await lock.is_locked()
+        assert await lock.try_lock()  # the owner's own next try is granted as usual
+        await lock.unlock()

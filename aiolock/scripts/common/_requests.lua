@@ -61,3 +61,12 @@ local function stale(meta, owner, request)
     local marks = redis.call('HMGET', meta, 'undone', 'released', request)
     return marks[1] == request or marks[3] ~= false or older(owner, request, marks[2])
 end
+
+-- Whether an acquire script's reply refuses (no grant: a pause, or an error).  A resent
+-- acquire (the client sent it again after its first copy went out on a connection that
+-- failed) carries one more ARGV, set; when it is refused, the script fences its request off
+-- at once, in the same call: the first copy may still arrive, and once the lock is free it
+-- would grant a hold nobody knows of (between a refusal and a fence call of its own, it can).
+local function refused(reply)
+    return type(reply) ~= 'table' or reply.err ~= nil
+end

@@ -11,15 +11,17 @@
 -- ARGV[2]  owner id (<client id>:<task or explicit owner>)
 -- ARGV[3]  request id, unique per call of this owner; a resent call carries the same id
 -- ARGV[4]  the fair wait timeout in milliseconds: how long a silent waiter keeps its place
+-- ARGV[5]  optional: set on a resend; if refused, the request is fenced off (see refused)
 --
 -- Returns {fencing token, hold count, PTTL} when granted, else how many ms to wait before the
 -- next try: the lock's lease, or the wait timeout (the client keeps the place of a waiting
 -- owner with keep.lua every third of the wait timeout; a hand-off message wakes it sooner).
 --
--- Granted only when the lock is free and the queue is empty or starts with this owner.  A resend never counts a second hold or
--- takes a second place.  Every command is paid per acquisition, so each path reads only what
--- it needs: the lock hash once; the queue's head only when the lock is free; the clock only
--- when a deadline is set; vanished waiters are dropped by releases and keep-alives only.
+-- Granted only when the lock is free and the queue is empty or starts with this owner.  A
+-- resend never counts a second hold or takes a second place.  Every command is paid per
+-- acquisition, so each path reads only what it needs: the lock hash once; the queue's head
+-- only when the lock is free; the clock only when a deadline is set; vanished waiters are
+-- dropped by releases and keep-alives only.
 --@include common/_time
 --@include common/_requests
 --@include common/_hold
@@ -35,58 +37,66 @@ if not wait or wait < 3 or wait > 1e12 then
     return redis.error_reply('ERR aiolock: wait timeout must be 3 to 1e12 milliseconds')
 end
 
--- The whole lock hash in one read (an owner, its token, the last request, undo markers): it
--- says whether the lock exists and what re-entering needs.
-local fields = redis.call('HGETALL', KEYS[1])
-local locked = #fields > 0
-local map = {}
-for i = 1, #fields, 2 do
-    map[fields[i]] = fields[i + 1]
-end
-local held = {map[owner], map[':req'], map[':fence'], map['x:' .. owner]}
-local first
-if locked then
-    local again = reenter_read(KEYS[1], held, owner, request, lease)
-    if again then
-        return again
-    elseif again == false or stale(KEYS[2], owner, request) then
-        -- A late copy of an undone or fenced-off call: its caller is gone (it queues nothing).
-        return math.max(redis.call('PTTL', KEYS[1]), 1)
+local function attempt()
+    -- The whole lock hash in one read (an owner, its token, the last request, undo markers): it
+    -- says whether the lock exists and what re-entering needs.
+    local fields = redis.call('HGETALL', KEYS[1])
+    local locked = #fields > 0
+    local map = {}
+    for i = 1, #fields, 2 do
+        map[fields[i]] = fields[i + 1]
     end
-elseif stale(KEYS[2], owner, request) then
-    return 1  -- a late copy of an undone or answered call: its caller is gone (it queues nothing)
-else
-    first = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
-    if not first or first == owner then
-        if first then
-            redis.call('ZREM', KEYS[3], owner)
-            redis.call('ZREM', KEYS[4], owner)
+    local held = {map[owner], map[':req'], map[':fence'], map['x:' .. owner]}
+    local first
+    if locked then
+        local again = reenter_read(KEYS[1], held, owner, request, lease)
+        if again then
+            return again
+        elseif again == false or stale(KEYS[2], owner, request) then
+            -- A late copy of an undone or fenced-off call: its caller is gone (it queues nothing).
+            return math.max(redis.call('PTTL', KEYS[1]), 1)
         end
-        return grant(KEYS[1], KEYS[6], owner, request, lease)
+    elseif stale(KEYS[2], owner, request) then
+        return 1  -- a late copy of an undone or answered call: its caller is gone (no queuing)
+    else
+        first = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+        if not first or first == owner then
+            if first then
+                redis.call('ZREM', KEYS[3], owner)
+                redis.call('ZREM', KEYS[4], owner)
+            end
+            return grant(KEYS[1], KEYS[6], owner, request, lease)
+        end
+        -- Free, and another waiter is first: its hand-off message is on the way (or, if it
+        -- vanished, the keep-alive of a client still waiting drops it and wakes the next).
     end
-    -- Free, and another waiter is first: its hand-off message is on the way (or, if it
-    -- vanished, the keep-alive of a client still waiting drops it and wakes the next).
+
+    local now = now_ms()
+    local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
+    redis.call('ZADD', KEYS[3], 'NX', last[2] and tonumber(last[2]) + 1 or 1, owner)
+    redis.call('ZADD', KEYS[4], now + wait, owner)
+    if not last[1] then
+        -- A new queue: it outlives its last live waiter by one to two wait timeouts, re-armed by
+        -- the keep-alives of the clients waiting (keep.lua), not by every try.
+        redis.call('PEXPIRE', KEYS[3], 2 * wait)
+        redis.call('PEXPIRE', KEYS[4], 2 * wait)
+    end
+
+    -- Parked until the hand-off message names this owner; meanwhile its client's keep-alive keeps
+    -- its place.  It tries again by itself only when the holder's lease runs out (a holder that
+    -- died releases nothing), or after a wait timeout in any case.
+    local pause = wait
+    if locked then
+        local pttl = redis.call('PTTL', KEYS[1])
+        if pttl > 0 then
+            pause = pttl
+        end
+    end
+    return math.max(pause, 1)
 end
 
-local now = now_ms()
-local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
-redis.call('ZADD', KEYS[3], 'NX', last[2] and tonumber(last[2]) + 1 or 1, owner)
-redis.call('ZADD', KEYS[4], now + wait, owner)
-if not last[1] then
-    -- A new queue: it outlives its last live waiter by one to two wait timeouts, re-armed by
-    -- the keep-alives of the clients waiting (keep.lua), not by every try.
-    redis.call('PEXPIRE', KEYS[3], 2 * wait)
-    redis.call('PEXPIRE', KEYS[4], 2 * wait)
+local reply = attempt()
+if ARGV[5] and refused(reply) then
+    fence_off(KEYS[2], request)
 end
-
--- Parked until the hand-off message names this owner; meanwhile its client's keep-alive keeps
--- its place.  It tries again by itself only when the holder's lease runs out (a holder that
--- died releases nothing), or after a wait timeout in any case.
-local pause = wait
-if locked then
-    local pttl = redis.call('PTTL', KEYS[1])
-    if pttl > 0 then
-        pause = pttl
-    end
-end
-return math.max(pause, 1)
+return reply

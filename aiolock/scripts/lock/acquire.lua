@@ -7,6 +7,7 @@
 -- ARGV[1]  lease in milliseconds
 -- ARGV[2]  owner id (client UUID + task or explicit token)
 -- ARGV[3]  request id, unique per call of this owner; a resent call carries the same id
+-- ARGV[4]  optional: set on a resend; if refused, the request is fenced off (see refused)
 --
 -- Returns {fencing token, hold count, PTTL} when granted, else the lock's PTTL (an integer;
 -- -1 if it has no expiry).
@@ -24,14 +25,22 @@ if not lease or lease < 1 or lease > 1e12 then
     return redis.error_reply('ERR aiolock: lease must be 1 to 1e12 milliseconds')
 end
 
-if redis.call('EXISTS', KEYS[1]) == 0 then
-    if stale(KEYS[2], ARGV[2], request) then
-        return 1  -- a late copy of an undone or answered call: its caller is gone
+local function attempt()
+    if redis.call('EXISTS', KEYS[1]) == 0 then
+        if stale(KEYS[2], ARGV[2], request) then
+            return 1  -- a late copy of an undone or answered call: its caller is gone
+        end
+        return grant(KEYS[1], KEYS[3], ARGV[2], request, lease)
     end
-    return grant(KEYS[1], KEYS[3], ARGV[2], request, lease)
+    local again = reenter(KEYS[1], ARGV[2], request, lease)
+    if again then
+        return again
+    end
+    return redis.call('PTTL', KEYS[1])  -- held by another owner, or a late copy of an undone call
 end
-local again = reenter(KEYS[1], ARGV[2], request, lease)
-if again then
-    return again
+
+local reply = attempt()
+if ARGV[4] and refused(reply) then
+    fence_off(KEYS[2], request)
 end
-return redis.call('PTTL', KEYS[1])  -- held by another owner, or a late copy of an undone call
+return reply

@@ -6,6 +6,7 @@
 -- ARGV[2]  owner id
 -- ARGV[3]  request id, unique per call of this owner; a resent call carries the same id
 -- ARGV[4]  unused (the writers' wait timeout, taken by the write script)
+-- ARGV[5]  optional: set on a resend; if refused, the request is fenced off (see refused)
 --
 -- Returns {token, read count, ms until this owner's read holds end} when granted (a fresh
 -- read hold gets a new token; a reentrant one shares it), else the ms to wait before trying
@@ -20,37 +21,45 @@ if not lease or lease < 1 or lease > 1e12 then
 end
 local owner = ARGV[2]
 local request = owner .. '/' .. ARGV[3]
-local now = now_ms()
-expire(now)
+local function attempt()
+    local now = now_ms()
+    expire(now)
 
-local held = redis.call('HMGET', KEYS[1], 'w', 'r:' .. owner, 'q:' .. owner, 't:' .. owner,
-    'x:' .. owner)
-if held[3] == request and held[2] then
-    -- A resend counts nothing, but its lease runs from now as the first copy's did: a resend
-    -- that comes after a stall must not answer with a hold about to end.
+    local held = redis.call('HMGET', KEYS[1], 'w', 'r:' .. owner, 'q:' .. owner, 't:' .. owner,
+        'x:' .. owner)
+    if held[3] == request and held[2] then
+        -- A resend counts nothing, but its lease runs from now as the first copy's did: a resend
+        -- that comes after a stall must not answer with a hold about to end.
+        local ends = lengthen(owner, now, lease)
+        retime(now)
+        return {tonumber(held[4]), tonumber(held[2]), ends - now}
+    end
+    if late_copy(owner, request, held[3], held[5]) then
+        return 1  -- its caller is gone
+    end
+    if held[1] and held[1] ~= owner then
+        return math.max(write_left(now), 1)
+    end
+    if not held[1] and not held[2] and waiting_writers() > 0 then
+        -- A writer waits: queue behind it, until it has had its turn or stopped waiting.
+        local first = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
+        return math.max(tonumber(first[2]) - now, 1)
+    end
+
+    local token = tonumber(held[4])
+    if not token then
+        token = redis.call('INCR', KEYS[7])
+        redis.call('HSET', KEYS[1], 't:' .. owner, token)
+    end
+    local count = redis.call('HINCRBY', KEYS[1], 'r:' .. owner, 1)
+    redis.call('HSET', KEYS[1], 'q:' .. owner, request)
     local ends = lengthen(owner, now, lease)
     retime(now)
-    return {tonumber(held[4]), tonumber(held[2]), ends - now}
-end
-if late_copy(owner, request, held[3], held[5]) then
-    return 1  -- its caller is gone
-end
-if held[1] and held[1] ~= owner then
-    return math.max(write_left(now), 1)
-end
-if not held[1] and not held[2] and waiting_writers() > 0 then
-    -- A writer waits: queue behind it, until it has had its turn or stopped waiting.
-    local first = redis.call('ZRANGE', KEYS[4], 0, 0, 'WITHSCORES')
-    return math.max(tonumber(first[2]) - now, 1)
+    return {token, count, ends - now}
 end
 
-local token = tonumber(held[4])
-if not token then
-    token = redis.call('INCR', KEYS[7])
-    redis.call('HSET', KEYS[1], 't:' .. owner, token)
+local reply = attempt()
+if ARGV[5] and refused(reply) then
+    fence_off(KEYS[2], request)
 end
-local count = redis.call('HINCRBY', KEYS[1], 'r:' .. owner, 1)
-redis.call('HSET', KEYS[1], 'q:' .. owner, request)
-local ends = lengthen(owner, now, lease)
-retime(now)
-return {token, count, ends - now}
+return reply

@@ -10,6 +10,7 @@
 -- Returns {fencing token, write count, ms until the write hold ends} when granted, else the
 -- ms to wait before trying again (the writer then holds back new readers of other owners until
 -- ARGV[4] has passed since its last try).  An owner that reads and does not write gets an
+-- ARGV[5]  optional: set on a resend; if refused, the request is fenced off (see refused)
 -- error: an upgrade could deadlock.
 --@include common/_time
 --@include common/_requests
@@ -21,42 +22,50 @@ if not lease or lease < 1 or lease > 1e12 then
 end
 local owner = ARGV[2]
 local request = owner .. '/' .. ARGV[3]
-local now = now_ms()
-expire(now)
+local function attempt()
+    local now = now_ms()
+    expire(now)
 
-local held = redis.call('HMGET', KEYS[1], 'w', 'wc', 'r:' .. owner, 'q:' .. owner, ':fence', 'we',
-    'x:' .. owner)
-if held[4] ~= request and late_copy(owner, request, held[4], held[7]) then
-    return 1  -- its caller is gone
-end
-if held[1] == owner then
-    local count, ends = tonumber(held[2]), tonumber(held[6])
-    if held[4] ~= request then  -- else a resend: it counts nothing
-        count = count + 1
-        redis.call('HSET', KEYS[1], 'wc', count, 'q:' .. owner, request)
+    local held = redis.call('HMGET', KEYS[1], 'w', 'wc', 'r:' .. owner, 'q:' .. owner, ':fence',
+        'we', 'x:' .. owner)
+    if held[4] ~= request and late_copy(owner, request, held[4], held[7]) then
+        return 1  -- its caller is gone
     end
-    -- The lease runs from now, never shortened (also for a resend that comes after a stall:
-    -- it must not answer with a hold about to end).
-    if ends < now + lease then
-        ends = now + lease
-        redis.call('HSET', KEYS[1], 'we', ends)
+    if held[1] == owner then
+        local count, ends = tonumber(held[2]), tonumber(held[6])
+        if held[4] ~= request then  -- else a resend: it counts nothing
+            count = count + 1
+            redis.call('HSET', KEYS[1], 'wc', count, 'q:' .. owner, request)
+        end
+        -- The lease runs from now, never shortened (also for a resend that comes after a stall:
+        -- it must not answer with a hold about to end).
+        if ends < now + lease then
+            ends = now + lease
+            redis.call('HSET', KEYS[1], 'we', ends)
+        end
+        retime(now)
+        return {tonumber(held[5]), count, ends - now}
     end
+    if held[3] then
+        return redis.error_reply('ERR aiolock: upgrade refused: the owner holds the read lock')
+    end
+    if held[1] or live_readers(now) > 0 then
+        redis.call('ZADD', KEYS[4], now + wait, owner)
+        keep(KEYS[4], 2 * wait)
+        local left = math.max(write_left(now), read_left(now))
+        return math.max(math.min(math.floor(wait / 3), left > 0 and left or wait), 1)
+    end
+
+    redis.call('ZREM', KEYS[4], owner)
+    local token = redis.call('INCR', KEYS[7])
+    redis.call('HSET', KEYS[1], 'w', owner, 'wc', 1, 'we', now + lease, ':fence', token,
+        'q:' .. owner, request)
     retime(now)
-    return {tonumber(held[5]), count, ends - now}
-end
-if held[3] then
-    return redis.error_reply('ERR aiolock: upgrade refused: the owner holds the read lock')
-end
-if held[1] or live_readers(now) > 0 then
-    redis.call('ZADD', KEYS[4], now + wait, owner)
-    keep(KEYS[4], 2 * wait)
-    local left = math.max(write_left(now), read_left(now))
-    return math.max(math.min(math.floor(wait / 3), left > 0 and left or wait), 1)
+    return {token, 1, lease}
 end
 
-redis.call('ZREM', KEYS[4], owner)
-local token = redis.call('INCR', KEYS[7])
-redis.call('HSET', KEYS[1], 'w', owner, 'wc', 1, 'we', now + lease, ':fence', token,
-    'q:' .. owner, request)
-retime(now)
-return {token, 1, lease}
+local reply = attempt()
+if ARGV[5] and refused(reply) then
+    fence_off(KEYS[2], request)
+end
+return reply

@@ -6,6 +6,7 @@
 -- ARGV[2]  the permit id (unique per acquisition; the owner of the permit)
 -- ARGV[3]  request id (the permit id makes the call idempotent; a fence mark names both)
 -- ARGV[4]  the most permits that may be held at once (the caller's limit)
+-- ARGV[5]  optional: set on a resend; if refused, the request is fenced off (see refused)
 --
 -- Returns {0, 1, lease left} when granted (a resend returns the same grant), else the ms until
 -- the earliest permit's lease ends (a permit may come back without a release).  A late copy
@@ -20,25 +21,34 @@ if not lease or lease < 1 or lease > 1e12 then
     return redis.error_reply('ERR aiolock: lease must be 1 to 1e12 milliseconds')
 end
 local now = drop_expired()
-local ends = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[2]))
-if ends then
-    -- A resend: its lease runs from now as the first copy's did (after a stall it must not
-    -- answer with a permit about to end).
-    if ends < now + lease then
-        ends = now + lease
-        redis.call('ZADD', KEYS[1], ends, ARGV[2])
-        keep(KEYS[1], lease)
+
+local function attempt()
+    local ends = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[2]))
+    if ends then
+        -- A resend: its lease runs from now as the first copy's did (after a stall it must not
+        -- answer with a permit about to end).
+        if ends < now + lease then
+            ends = now + lease
+            redis.call('ZADD', KEYS[1], ends, ARGV[2])
+            keep(KEYS[1], lease)
+        end
+        return {0, 1, ends - now}
     end
-    return {0, 1, ends - now}
+    if redis.call('ZSCORE', KEYS[1], ARGV[2] .. '/' .. ARGV[3])
+        or redis.call('LPOS', KEYS[2], ARGV[2]) then
+        return 1  -- a late copy of an acquisition that ended (released, undone, fenced off)
+    end
+    if held() < limit then
+        redis.call('ZADD', KEYS[1], now + lease, ARGV[2])
+        keep(KEYS[1], lease)
+        return {0, 1, lease}
+    end
+    local first = redis.call('ZRANGEBYSCORE', KEYS[1], '(0', '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
+    return math.max(tonumber(first[2]) - now, 1)
 end
-if redis.call('ZSCORE', KEYS[1], ARGV[2] .. '/' .. ARGV[3])
-    or redis.call('LPOS', KEYS[2], ARGV[2]) then
-    return 1  -- a late copy of an acquisition that ended (released or undone): its caller is gone
+
+local reply = attempt()
+if ARGV[5] and refused(reply) then
+    fence(ARGV[2] .. '/' .. ARGV[3], now)
 end
-if held() < limit then
-    redis.call('ZADD', KEYS[1], now + lease, ARGV[2])
-    keep(KEYS[1], lease)
-    return {0, 1, lease}
-end
-local first = redis.call('ZRANGEBYSCORE', KEYS[1], '(0', '+inf', 'WITHSCORES', 'LIMIT', 0, 1)
-return math.max(tonumber(first[2]) - now, 1)
+return reply
