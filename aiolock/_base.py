@@ -579,10 +579,11 @@ class LockKind(Guarded[int]):
 
     async def _fence(self, owner: str, requests: list[int]) -> None:
         """Make sure that late copies of the owner's resent acquire ``requests`` grant nothing
-        once the owner does not hold the lock (:meth:`_fence_call`).  Run before the release that
-        ends a hold whose acquires were resent, when such a hold is lost, and in the settlement
-        of a resent call whose caller left.  (A resent try that is refused fences itself off,
-        in its own script: see ``mark_resends`` in ``Calls.run``.)
+        once the owner does not hold the lock (:meth:`_fence_call`).  A resend fences itself
+        off in its own script (``mark_resends`` in ``Calls.run``), for a minute; a hold may
+        outlive that, so this runs again before the release that ends a hold whose acquires
+        were resent, when such a hold is lost, and in the settlement of a resent call whose
+        caller left.
 
         Without it, a copy arriving after another owner's release replaced the marker of the
         owner's own last release would grant a hold nobody knows of.  A failure is logged and

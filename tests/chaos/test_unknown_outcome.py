@@ -295,6 +295,8 @@ async def test_e_a_resent_grant_is_fenced_off_before_its_release(
     assert hold.token == token  # the same grant, answered twice
     assert len(hold.resent) == 1
     request = hold.resent[0]
+    # The resend's own mark lives a minute: as if this hold had outlived it.
+    assert await redis.hdel(lock._keys.meta, f"{owner}/{request}") == 1
     await lock.unlock()
     assert await redis.hget(lock._keys.meta, f"{owner}/{request}") is not None  # fenced off
     await assert_free(redis, lock)
@@ -345,8 +347,9 @@ async def test_e_a_resent_grant_whose_lease_ran_out_is_fenced_off_when_lost(
     aiolock_client: aiolock.Client,
 ) -> None:
     """A resent grant with a fixed lease was never released: its lease ran out, and the
-    client took it for lost.  No release fences its first copy off, so the loss does: that
-    copy, arriving once the lock is gone, grants nothing."""
+    client took it for lost.  The resend's own mark had run out too (a hold may outlive its
+    minute), and no release will fence the first copy off, so the loss does: that copy,
+    arriving once the lock is gone, grants nothing."""
     client = resending
     lock = client.lock("resent-lost")
     reply = proxy.cut_next_request(ACQUIRE)
@@ -356,6 +359,8 @@ async def test_e_a_resent_grant_whose_lease_ran_out_is_fenced_off_when_lost(
     hold = client._services.holds.get(lock._hold_key, owner)
     assert hold is not None
     request = hold.resent[0]
+    # The resend's own mark lives a minute: as if this hold had outlived it.
+    assert await redis.hdel(lock._keys.meta, f"{owner}/{request}") == 1
     await eventually(lambda: hold.lost, what="the lease to run out")
     await settled(client)
     assert await redis.hget(lock._keys.meta, f"{owner}/{request}") is not None  # fenced off

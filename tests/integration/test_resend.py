@@ -446,14 +446,17 @@ async def test_permit_marks_past_their_time_are_dropped(
     assert 0 < await redis.pttl(key) <= 60_000
 
 
+@pytest.mark.parametrize("outcome", ["refused", "granted"])
 @pytest.mark.parametrize("kind", [*LATE_KINDS, "semaphore"])
-async def test_a_resent_acquire_that_is_refused_fences_itself_off(
-    aiolock_client: aiolock.Client, kind: str
+async def test_a_resent_acquire_fences_itself_off(
+    aiolock_client: aiolock.Client, kind: str, outcome: str
 ) -> None:
-    """A resend carries a mark (one more argument).  This one found the lock taken, and its
-    script fenced the request off in the same call: the first copy, arriving once the lock is
-    free, grants nothing, with no round trip in between in which it could have."""
-    name = "resent-refused"
+    """A resend carries a mark (one more argument), and its script fences the request off in
+    the same call, granted or refused: the first copy, arriving once the lock is free (or
+    once the hold the resend got has ended, and another owner's release has replaced the
+    marker of the owner's own), grants nothing, with no round trip of the client's in
+    between in which it could have."""
+    name = f"resent-{outcome}"
     services = aiolock_client._services
     semaphore = aiolock_client.semaphore(name, 1)
     if kind == "semaphore":
@@ -465,11 +468,21 @@ async def test_a_resent_acquire_that_is_refused_fences_itself_off(
         owner, _ = lock._owner()
         blocker = _lock(aiolock_client, "write" if kind == "read" else kind, name)
     script, keys, args = lock._attempt(owner, services.owners.next_request(), 30_000)
-    async with held_by_another_task(blocker):
+    if outcome == "refused":
+        async with held_by_another_task(blocker):
+            resend = await services.calls.run(script, keys, (*args, 1))
+            assert not isinstance(resend, list)
+    else:
         resend = await services.calls.run(script, keys, (*args, 1))
-        assert not isinstance(resend, list)  # refused
-    late = await services.calls.run(script, keys, args)  # the first copy, once it is free
-    assert not isinstance(late, list)  # refused too: fenced off
+        assert isinstance(resend, list)
+        release = lock._release_call(owner, services.owners.next_request(), None)
+        assert await services.calls.run(*release) == 0  # no fence call of the client's
+        async with held_by_another_task(blocker):  # another owner's release comes after
+            pass
+        if kind == "semaphore":
+            await _cycle_permits(semaphore, 40)
+    late = await services.calls.run(script, keys, args)  # the first copy, arriving now
+    assert not isinstance(late, list)  # fenced off
     if kind == "semaphore":
         assert await semaphore.available() == 1
     else:

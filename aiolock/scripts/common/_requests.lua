@@ -62,11 +62,9 @@ local function stale(meta, owner, request)
     return marks[1] == request or marks[3] ~= false or older(owner, request, marks[2])
 end
 
--- Whether an acquire script's reply refuses (no grant: a pause, or an error).  A resent
--- acquire (the client sent it again after its first copy went out on a connection that
--- failed) carries one more ARGV, set; when it is refused, the script fences its request off
--- at once, in the same call: the first copy may still arrive, and once the lock is free it
--- would grant a hold nobody knows of (between a refusal and a fence call of its own, it can).
-local function refused(reply)
-    return type(reply) ~= 'table' or reply.err ~= nil
-end
+-- A resent acquire (the client sent it again after its first copy went out on a connection
+-- that failed) carries one more ARGV, set.  The acquire scripts then fence its request off at
+-- the end of the same call, granted or refused: the first copy may still arrive, and must
+-- grant nothing once the owner does not hold the lock (after a refusal, once the lock is
+-- free; after a grant, once that hold has ended, by a release or by its lease).  Marks live
+-- MARK_MS; the client fences a longer hold's resent requests again when it ends.

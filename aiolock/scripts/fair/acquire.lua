@@ -11,7 +11,7 @@
 -- ARGV[2]  owner id (<client id>:<task or explicit owner>)
 -- ARGV[3]  request id, unique per call of this owner; a resent call carries the same id
 -- ARGV[4]  the fair wait timeout in milliseconds: how long a silent waiter keeps its place
--- ARGV[5]  optional: set on a resend; if refused, the request is fenced off (see refused)
+-- ARGV[5]  optional: set on a resend, whose request is then fenced off (common/_requests)
 --
 -- Returns {fencing token, hold count, PTTL} when granted, else how many ms to wait before the
 -- next try: the lock's lease, or the wait timeout (the client keeps the place of a waiting
@@ -96,7 +96,7 @@ local function attempt()
 end
 
 local reply = attempt()
-if ARGV[5] and refused(reply) then
+if ARGV[5] then  -- a resend: its first copy may still arrive
     fence_off(KEYS[2], request)
 end
 return reply

@@ -7,7 +7,7 @@
 -- ARGV[1]  lease in milliseconds
 -- ARGV[2]  owner id (client UUID + task or explicit token)
 -- ARGV[3]  request id, unique per call of this owner; a resent call carries the same id
--- ARGV[4]  optional: set on a resend; if refused, the request is fenced off (see refused)
+-- ARGV[4]  optional: set on a resend, whose request is then fenced off (common/_requests)
 --
 -- Returns {fencing token, hold count, PTTL} when granted, else the lock's PTTL (an integer;
 -- -1 if it has no expiry).
@@ -40,7 +40,7 @@ local function attempt()
 end
 
 local reply = attempt()
-if ARGV[4] and refused(reply) then
+if ARGV[4] then  -- a resend: its first copy may still arrive
     fence_off(KEYS[2], request)
 end
 return reply

@@ -6,7 +6,7 @@
 -- ARGV[2]  owner id
 -- ARGV[3]  request id, unique per call of this owner; a resent call carries the same id
 -- ARGV[4]  unused (the writers' wait timeout, taken by the write script)
--- ARGV[5]  optional: set on a resend; if refused, the request is fenced off (see refused)
+-- ARGV[5]  optional: set on a resend, whose request is then fenced off (common/_requests)
 --
 -- Returns {token, read count, ms until this owner's read holds end} when granted (a fresh
 -- read hold gets a new token; a reentrant one shares it), else the ms to wait before trying
@@ -59,7 +59,7 @@ local function attempt()
 end
 
 local reply = attempt()
-if ARGV[5] and refused(reply) then
+if ARGV[5] then  -- a resend: its first copy may still arrive
     fence_off(KEYS[2], request)
 end
 return reply

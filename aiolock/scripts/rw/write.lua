@@ -10,7 +10,7 @@
 -- Returns {fencing token, write count, ms until the write hold ends} when granted, else the
 -- ms to wait before trying again (the writer then holds back new readers of other owners until
 -- ARGV[4] has passed since its last try).  An owner that reads and does not write gets an
--- ARGV[5]  optional: set on a resend; if refused, the request is fenced off (see refused)
+-- ARGV[5]  optional: set on a resend, whose request is then fenced off (common/_requests)
 -- error: an upgrade could deadlock.
 --@include common/_time
 --@include common/_requests
@@ -65,7 +65,7 @@ local function attempt()
 end
 
 local reply = attempt()
-if ARGV[5] and refused(reply) then
+if ARGV[5] then  -- a resend: its first copy may still arrive
     fence_off(KEYS[2], request)
 end
 return reply

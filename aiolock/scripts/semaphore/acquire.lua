@@ -6,7 +6,7 @@
 -- ARGV[2]  the permit id (unique per acquisition; the owner of the permit)
 -- ARGV[3]  request id (the permit id makes the call idempotent; a fence mark names both)
 -- ARGV[4]  the most permits that may be held at once (the caller's limit)
--- ARGV[5]  optional: set on a resend; if refused, the request is fenced off (see refused)
+-- ARGV[5]  optional: set on a resend, whose request is then fenced off (common/_requests)
 --
 -- Returns {0, 1, lease left} when granted (a resend returns the same grant), else the ms until
 -- the earliest permit's lease ends (a permit may come back without a release).  A late copy
@@ -48,7 +48,7 @@ local function attempt()
 end
 
 local reply = attempt()
-if ARGV[5] and refused(reply) then
+if ARGV[5] then  -- a resend: its first copy may still arrive
     fence(ARGV[2] .. '/' .. ARGV[3], now)
 end
 return reply
