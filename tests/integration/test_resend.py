@@ -212,32 +212,6 @@ async def test_a_late_copy_of_an_answered_acquire_grants_nothing_once_the_owner_
     await _late_copy_refused(aiolock_client, lock, acquire)
 
 
-@pytest.mark.parametrize("released", [False, True], ids=["undone", "released"])
-async def test_a_late_copy_of_a_semaphore_acquire_grants_no_permit(
-    aiolock_client: aiolock.Client, released: bool
-) -> None:
-    """A permit's acquire whose acquisition has ended (undone before the request arrived, or
-    granted and released since) arrives late: it must not take a permit nobody holds."""
-    semaphore = aiolock_client.semaphore("late-permits", 1)
-    permits = semaphore._permits
-    services = aiolock_client._services
-    permit = "late-permit"  # a permit id: one acquisition's own owner
-    late = services.owners.next_request()
-    acquire = permits._attempt(permit, late, 30_000)
-    if released:
-        assert isinstance(await services.calls.run(*acquire), list)  # granted
-        release = permits._release_call(permit, services.owners.next_request(), None)
-        assert await services.calls.run(*release) == 0
-    else:
-        undo = permits._release_call(permit, services.owners.next_request(), late)
-        assert await services.calls.run(*undo) is None  # nothing held: nothing undone
-    reply = await services.calls.run(*acquire)  # the late copy
-    assert not isinstance(reply, list)  # refused, not granted
-    assert await semaphore.available() == 1
-    async with semaphore.acquire(wait=1):  # the permit is free for everybody
-        assert await semaphore.available() == 0
-
-
 @pytest.mark.parametrize("kind", [*LATE_KINDS, "semaphore"])
 async def test_a_resend_after_a_stall_answers_with_a_lease_from_now(
     aiolock_client: aiolock.Client, redis: Redis, kind: str
@@ -394,37 +368,42 @@ async def _cycle_permits(semaphore: aiolock.AsyncSemaphore, times: int) -> None:
             pass
 
 
-@pytest.mark.parametrize("how", ["undone", "fenced", "refused"])
-async def test_a_late_copy_of_a_fenced_permit_acquire_grants_nothing_however_late(
+@pytest.mark.parametrize("how", ["released", "undone", "fenced", "refused"])
+async def test_a_late_copy_of_a_permit_acquire_grants_nothing(
     aiolock_client: aiolock.Client, redis: Redis, how: str
 ) -> None:
-    """A permit's acquire that may still arrive late is fenced off with a mark in the permits
-    set itself: undone before it arrived; resent, answered, and the permit released since; or
-    resent and refused (no permit was free), its take given up.  Its late copy must grant no
-    permit however many releases came in between (the list of the last releases keeps 32)."""
-    semaphore = aiolock_client.semaphore("fenced-permits", 1)
+    """A permit's acquire whose acquisition has ended arrives late: it must not take a permit
+    nobody holds.  Released since: the list of the last releases names the permit.  Its
+    copies that may arrive much later are fenced off with a mark in the permits set itself,
+    which holds however many releases came in between (the list keeps 32): undone before it
+    arrived; resent, answered, and the permit released since; resent and refused (no permit
+    was free), its take given up."""
+    semaphore = aiolock_client.semaphore("late-permits", 1)
     permits = semaphore._permits
     services = aiolock_client._services
-    permit = "fenced-permit"  # a permit id: one acquisition's own owner
+    permit = "late-permit"  # a permit id: one acquisition's own owner
     late = services.owners.next_request()
     acquire = permits._attempt(permit, late, 30_000)
     if how == "undone":
         undo = permits._release_call(permit, services.owners.next_request(), late)
         assert await services.calls.run(*undo) is None  # nothing held: nothing undone
-    elif how == "fenced":
-        assert isinstance(await services.calls.run(*acquire), list)  # the resend lands
-        await permits._fence(permit, [late])
-        release = permits._release_call(permit, services.owners.next_request(), None)
-        assert await services.calls.run(*release) == 0
-    else:
+    elif how == "refused":
         async with semaphore.acquire(wait=1):  # another task holds the only permit
             assert not isinstance(await services.calls.run(*acquire), list)  # refused
         await permits._fence(permit, [late])
-    await _cycle_permits(semaphore, 40)
+    else:
+        assert isinstance(await services.calls.run(*acquire), list)  # granted
+        if how == "fenced":
+            await permits._fence(permit, [late])
+        release = permits._release_call(permit, services.owners.next_request(), None)
+        assert await services.calls.run(*release) == 0
+    await _cycle_permits(semaphore, 0 if how == "released" else 40)
     assert await semaphore.available() == 1  # marks are not permits
     assert not isinstance(await services.calls.run(*acquire), list)  # the late copy
     assert await semaphore.available() == 1
     assert await redis.zscore(permits._keys.lock, permit) is None
+    async with semaphore.acquire(wait=1):  # the permit is free for everybody
+        assert await semaphore.available() == 0
 
 
 async def test_permit_marks_past_their_time_are_dropped(
