@@ -317,12 +317,13 @@ async def leftovers_on(
 ) -> list[str]:
     """Keys and subscriptions that remain once every worker has drained, after ``grace``
     seconds for in-flight expiries.  Only the meta hashes (resend markers that expire a while
-    after their lock), a sorted set holding fence marks alone (negative scores, dropped past
-    their time) and the fencing counters (one per key prefix: the RedLocks' servers have their
-    own; on a Cluster one per slot and prefix) may stay; anything else is left behind: a lock
-    hash of any kind, a fair lock's queue (``<prefix>:fair:{name}:q`` and its deadlines
-    ``:qd``: every waiter that gave up must have left it), a subscription (a release channel,
-    or a fair lock's wake-up channel).
+    after their lock), a sorted set holding no live lease (fence marks, with negative scores,
+    keep it alive a minute; the next call drops them and the leases that ended) and the fencing
+    counters (one per key prefix: the RedLocks' servers have their own; on a Cluster one per
+    slot and prefix) may stay; anything else is left behind: a lock hash of any kind, a fair
+    lock's queue (``<prefix>:fair:{name}:q`` and its deadlines ``:qd``: every waiter that gave
+    up must have left it), a subscription (a release channel, or a fair lock's wake-up
+    channel).
 
     ``clients`` names the workers' clients by id, to say whose owners a leftover names."""
 
@@ -373,10 +374,12 @@ async def leftovers_on(
                     if not field.startswith(b":")
                 ]
                 if kind == b"zset":  # a semaphore's permits (or readers): id -> lease end
-                    if not await redis.zcount(key, "(0", "+inf"):
-                        continue  # fence marks only (negative scores): they expire by themselves
                     seconds, micros = await redis.time()
-                    now = seconds * 1000 + micros / 1000
+                    now = seconds * 1000 + micros // 1000
+                    if not await redis.zcount(key, f"({now}", "+inf"):
+                        # Fence marks (negative scores) and leases that ended, which the next
+                        # call drops: nothing is held, and the key expires with its marks.
+                        continue
                     members = await redis.zrangebyscore(key, "(0", "+inf", 0, 5, withscores=True)
                     owners = [f"{_text(m)} ({score - now:+.0f} ms)" for m, score in members]
                 token = _text(fields.get(b":fence", b"?"))
