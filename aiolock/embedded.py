@@ -172,6 +172,26 @@ class EmbeddedServer(_Managed):
 _SLOTS = 16384
 
 
+def _wait_for_replicas(primary: Any, timeout: float) -> bool:
+    """Wait until every online replica of ``primary`` (a redis-py ``Redis``) has replicated
+    what it had written by now; ``False`` if ``timeout`` seconds ran out first."""
+    info = primary.info("replication")
+    written = int(info["master_repl_offset"])
+    deadline = time.monotonic() + timeout
+    while True:
+        replicas = [
+            value
+            for name, value in info.items()
+            if name.startswith("slave") and isinstance(value, dict)
+        ]
+        if all(int(r["offset"]) >= written for r in replicas if r.get("state") == "online"):
+            return True
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+        info = primary.info("replication")
+
+
 class EmbeddedCluster(_Managed):
     """A Redis Cluster on ``127.0.0.1``: ``primaries`` servers sharing the 16384 slots evenly,
     each with ``replicas`` replicas; a context manager that starts it, waits until every node
@@ -323,7 +343,12 @@ class EmbeddedCluster(_Managed):
         """Move ``slot``, keys and all, to primary ``to`` (the next primary by default), as
         ``redis-cli --cluster reshard`` does (``SETSLOT IMPORTING``/``MIGRATING``, ``MIGRATE``
         in batches, ``SETSLOT NODE`` on every primary); returns the new owner.  Keys keep their
-        TTLs; clients meanwhile get ``ASK`` and ``TRYAGAIN``, then ``MOVED``."""
+        TTLs; clients meanwhile get ``ASK`` and ``TRYAGAIN``, then ``MOVED``.
+
+        Then it waits (up to 5 s) until the new owner's replicas have the moved keys: ``MIGRATE``
+        writes them there as any write, replicated asynchronously, and a primary that died
+        before its replica had them would lose them (see the deployment docs, which advise
+        the same after resharding)."""
         from redis import Redis
 
         nodes: list[Any] = [Redis(host=node.host, port=node.port) for node in self.primaries]
@@ -344,6 +369,7 @@ class EmbeddedCluster(_Managed):
                 )
             for node in nodes:
                 node.execute_command("CLUSTER", "SETSLOT", slot, "NODE", ids[target])
+            _wait_for_replicas(nodes[target], timeout=5.0)
             return new
         finally:
             for node in nodes:

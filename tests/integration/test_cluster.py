@@ -189,27 +189,11 @@ async def test_cancellation_leaves_nothing_behind(
 
 
 def migrate_slot(cluster: EmbeddedCluster, slot: int) -> None:
-    """Move ``slot`` to the next primary, keys and all, as ``redis-cli --cluster reshard`` does."""
-    nodes = [Redis(host=node.host, port=node.port) for node in cluster.primaries]
-    try:
-        ids = [node.execute_command("CLUSTER", "MYID").decode() for node in nodes]
-        ports = [node.port for node in cluster.primaries]
-        ranges = nodes[0].execute_command("CLUSTER", "SLOTS")
-        primary_port = next(int(r[2][1]) for r in ranges if r[0] <= slot <= r[1])
-        source = ports.index(primary_port)
-        target = (source + 1) % len(nodes)
-        nodes[target].execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", ids[source])
-        nodes[source].execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", ids[target])
-        while keys := nodes[source].execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100):
-            host, port = cluster.primaries[target].host, ports[target]
-            nodes[source].execute_command("MIGRATE", host, port, "", 0, 5000, "KEYS", *keys)
-        for node in nodes:
-            node.execute_command("CLUSTER", "SETSLOT", slot, "NODE", ids[target])
-        assert nodes[source].execute_command("CLUSTER", "COUNTKEYSINSLOT", slot) == 0
-        assert nodes[target].execute_command("CLUSTER", "COUNTKEYSINSLOT", slot) > 0
-    finally:
-        for node in nodes:
-            node.close()
+    """Move ``slot`` to the next primary, keys and all (:meth:`EmbeddedCluster.move_slot`), and
+    check that its keys went along."""
+    new = cluster.move_slot(slot)
+    with Redis(host=new.host, port=new.port) as target:
+        assert target.execute_command("CLUSTER", "COUNTKEYSINSLOT", slot) > 0
 
 
 async def test_a_slot_that_moves_keeps_its_hold_and_wakes_its_waiter(
