@@ -87,7 +87,7 @@ class Calls:
         ``on_resend`` is called when an attempt is sent after an earlier one was written on a
         connection that failed: that first copy may still reach the server, later.
         ``mark_resends``: such an attempt carries one more argument, ``1``, so that the script
-        knows it (an acquire script then fences a refused request off, see ``refused`` in
+        knows it (an acquire script then fences that request off, granted or refused: see
         ``common/_requests.lua``).
         """
         reply, _ = await self._run(

@@ -172,9 +172,9 @@ class EmbeddedServer(_Managed):
 _SLOTS = 16384
 
 
-def _wait_for_replicas(primary: Any, timeout: float) -> bool:
+def _wait_for_replicas(primary: Any, timeout: float) -> None:
     """Wait until every online replica of ``primary`` (a redis-py ``Redis``) has replicated
-    what it had written by now; ``False`` if ``timeout`` seconds ran out first."""
+    what it had written by now, or ``timeout`` seconds ran out."""
     info = primary.info("replication")
     written = int(info["master_repl_offset"])
     deadline = time.monotonic() + timeout
@@ -184,10 +184,9 @@ def _wait_for_replicas(primary: Any, timeout: float) -> bool:
             for name, value in info.items()
             if name.startswith("slave") and isinstance(value, dict)
         ]
-        if all(int(r["offset"]) >= written for r in replicas if r.get("state") == "online"):
-            return True
-        if time.monotonic() > deadline:
-            return False
+        caught_up = all(int(r["offset"]) >= written for r in replicas if r.get("state") == "online")
+        if caught_up or time.monotonic() > deadline:
+            return
         time.sleep(0.01)
         info = primary.info("replication")
 

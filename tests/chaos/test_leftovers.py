@@ -2,25 +2,14 @@
 
 from __future__ import annotations
 
-from typing import cast
-from urllib.parse import urlsplit
-
 import pytest
 from redis.asyncio import Redis
 
-from aiolock.embedded import EmbeddedServer
 from aiolock.pytest_plugin import ServerInfo
 
 from .run import PREFIX, leftovers_on
 
 pytestmark = pytest.mark.anyio
-
-
-class _Address:
-    def __init__(self, url: str) -> None:
-        parts = urlsplit(url)
-        self.host = parts.hostname or "127.0.0.1"
-        self.port = parts.port or 6379
 
 
 async def test_a_permits_set_with_no_live_lease_is_not_left_behind(
@@ -29,7 +18,9 @@ async def test_a_permits_set_with_no_live_lease_is_not_left_behind(
     """A semaphore's fence marks keep its permits set alive a minute, with a permit whose
     lease ended still in it (the next call drops both): nothing is held there.  A live lease
     in it is a leftover."""
-    server = cast(EmbeddedServer, _Address(aiolock_server.url))
+    server = aiolock_server.server
+    if server is None:
+        pytest.skip("reads every key of the embedded server")
     key = f"{PREFIX}:semaphore:{{leftover-check}}"
     seconds, micros = await redis.time()
     now = seconds * 1000 + micros // 1000
