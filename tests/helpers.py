@@ -111,10 +111,12 @@ async def take_and_release_across_failover(
     lock: Any, wait: float, lease: float | None = None
 ) -> bool:
     """Wait for ``lock`` (``try_lock``), then give it back; after a connection error, try again
-    until ``wait`` runs out, as a caller must while a failover is under way: a call meets the
-    dead primary, or outlasts the redirect budget of a Cluster call, and the error propagates
-    (documented).  The tests that kill a primary under a parked waiter use it: a waiter tries
-    whenever it is woken, also during the failover (clean-clone CI runs saw both happen)."""
+    until ``wait`` runs out, as a caller must while a failover is under way: a try in flight
+    when the primary dies, or one that outlasts the redirect budget of a Cluster call, raises
+    (documented).  The tests that kill a primary under a parked waiter use it, after waiting
+    until no try is in flight (:func:`settled`): the waiter still tries whenever it is woken
+    during the failover (its channel moved to the promoted replica, or its subscriber
+    reconnected), and such a try may meet a node that is going or not yet ready."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + wait
     while True:
@@ -134,6 +136,19 @@ def parked(client: aiolock.Client, lock: aiolock.AsyncRLock) -> int:
     """How many of ``client``'s tasks are parked on ``lock``'s channel."""
     entry = client._services.pubsub._entries.get(lock._keys.channel.encode())
     return 0 if entry is None else entry.parked
+
+
+def settled(client: aiolock.Client, lock: aiolock.AsyncRLock, count: int = 1) -> bool:
+    """Whether ``count`` of ``client``'s tasks are parked on ``lock``'s channel, its SUBSCRIBE
+    confirmed, and no call of theirs is in flight.
+
+    A waiter parks after its first try, before the server confirms the SUBSCRIBE; the
+    confirmation then wakes it for one more try (a release may have come in between), and it
+    parks again once that try is back.  ``parked() == 1`` holds in both parks: a test that
+    kills the server, or counts the messages a release brings, must wait for the second.
+    """
+    entry = client._services.pubsub._entries.get(lock._keys.channel.encode())
+    return entry is not None and entry.confirmed and entry.parked == count
 
 
 @contextlib.asynccontextmanager

@@ -30,7 +30,12 @@ from aiolock._subscriber import Subscriber
 from aiolock.embedded import EmbeddedCluster
 from aiolock.pytest_plugin import ServerInfo
 from tests.conftest import SERVERS
-from tests.helpers import cluster_clients, eventually, take_and_release_across_failover
+from tests.helpers import (
+    cluster_clients,
+    eventually,
+    settled,
+    take_and_release_across_failover,
+)
 from tests.integration.test_cluster import migrate_slot
 
 pytestmark = pytest.mark.anyio
@@ -307,8 +312,9 @@ async def test_a_waiter_on_a_killed_primary_moves_to_its_replica(
     holder, waiter = holder_client.lock("failover"), waiter_client.lock("failover")
     await holder.lock(lease=60)
     waiting = asyncio.create_task(take_and_release_across_failover(waiter, 45, lease=5))
-    pubsub = waiter_client._services.pubsub
-    await eventually(lambda: any(e.confirmed for e in pubsub._entries.values()), what="subscribed")
+    # Not before the try that the SUBSCRIBE's confirmation wakes is back: a try in flight when
+    # the primary dies raises, and the waiter leaves (a clean-clone CI run saw it).
+    await eventually(lambda: settled(waiter_client, waiter), what="parked, subscribed")
     channel = waiter._keys.channel.encode()
     dead = owner_port(replicated.url, channel)
     [primary] = [node for node in replicated.primaries if node.port == dead]
