@@ -10,6 +10,12 @@ finished without releasing is dropped, and its lock expires within one lease.
 The batches of a round run concurrently, each retrying on its own: on a Cluster a batch whose
 node is dead (until its replica takes over) must not hold up the renewals of the other nodes'
 holds.  A batch still retrying when the next round comes is not started twice.
+
+With ``sync_replicas``, a renewal waits (``WAIT``) for the replicas as a grant does, and one
+they do not confirm in time extends nothing and is retried: a failover to a replica that never
+had it forgets it, and the lock then ends there when the last renewal the replica had says.
+Counting on it would let the holder believe in a hold that another client can be granted on
+the promoted replica.
 """
 
 from __future__ import annotations
@@ -38,10 +44,17 @@ class Watchdog:
     """Renews the watched holds of :class:`~aiolock._holds.Holds` (see the module docstring)."""
 
     def __init__(
-        self, calls: Calls | ClusterCalls, holds: Holds, *, lease: float, per_slot: bool = False
+        self,
+        calls: Calls | ClusterCalls,
+        holds: Holds,
+        *,
+        lease: float,
+        per_slot: bool = False,
+        sync: tuple[int, float] | None = None,
     ) -> None:
         self._calls = calls
         self._per_slot = per_slot  # a Cluster: one script call may only touch keys of one slot
+        self._sync = sync  # (replicas, seconds) each renewal waits for, as grants do
         self._holds = holds
         self.lease = lease
         self.period = lease / 3
@@ -112,7 +125,7 @@ class Watchdog:
                 for start in range(0, len(holds), _BATCH):
                     await self._renew(holds[start : start + _BATCH])
                 return
-            except (RedisError, OSError) as exc:
+            except (RedisError, OSError, _Unconfirmed) as exc:
                 # Retried within the lease; each hold's timer marks it lost if the lease runs
                 # out before a renewal lands.
                 self.failures += 1
@@ -125,15 +138,26 @@ class Watchdog:
         sent_at = loop.time()
         keys = tuple(key for hold in holds for key in hold.renew_keys)
         args = (round(self.lease * 1000), *(hold.owner for hold in holds))
-        replies = await self._calls.run(holds[0].renew, keys, args)
+        sync, unconfirmed = self._sync, ""
+        if sync is None:
+            replies = await self._calls.run(holds[0].renew, keys, args)
+        else:
+            replies, replicas = await self._calls.run_synced(holds[0].renew, keys, args, sync=sync)
+            if replicas < sync[0]:
+                unconfirmed = (
+                    f"{replicas} of the {sync[0]} replica(s) asked for confirmed the renewal of "
+                    f"{len(holds)} hold(s) within {sync[1]}s"
+                )
         for hold, reply in zip(holds, replies, strict=True):
             if hold.lost or self._holds.get(hold.key, hold.owner) is not hold:
                 continue  # released or replaced while the call was in flight
-            if _RENEWED[int(reply)]:
+            if not _RENEWED[int(reply)]:
+                self._holds.lose(hold, "the watchdog found it expired or held by another owner")
+            elif not unconfirmed:
                 self._holds.extend(hold, sent_at + self.lease)  # counts the hold's renewal
                 self.renewals += 1
-            else:
-                self._holds.lose(hold, "the watchdog found it expired or held by another owner")
+        if unconfirmed:
+            raise _Unconfirmed(unconfirmed)
 
     def _owner_alive(self, hold: Hold) -> bool:
         if hold.task is None or not hold.task.done():
@@ -148,6 +172,10 @@ class Watchdog:
         )
         self._holds.forget(hold)
         return False
+
+
+class _Unconfirmed(Exception):
+    """Fewer replicas than ``sync_replicas`` confirmed a renewal in time: it extends nothing."""
 
 
 _Group = tuple[str, int]

@@ -71,7 +71,9 @@ class Client:
         (its process died) keeps its place in the queue.
     :param sync_replicas: make every grant wait (``WAIT``) until that many replicas have it; a
         grant they do not confirm within ``sync_timeout`` seconds is undone, and the call
-        raises :class:`~aiolock.LockSyncError`.  0 (the default): grants do not wait.
+        raises :class:`~aiolock.LockSyncError`.  The watchdog's renewals wait too: one they do
+        not confirm extends nothing (a failover would forget it).  0 (the default): nothing
+        waits.
 
     Use it as an async context manager, or call :meth:`aclose` when done.  Closing stops the
     watchdog and the subscriber connection; locks still held then expire by their leases.
@@ -125,6 +127,7 @@ class Client:
 
         recorder = metrics()  # None without opentelemetry: nothing is recorded
         holds = Holds(on_loss=on_loss, metrics=recorder)
+        sync = (options.sync_replicas, options.sync_timeout) if options.sync_replicas else None
         self._services = Services(
             redis=redis,
             calls=calls,
@@ -135,6 +138,7 @@ class Client:
                 holds,
                 lease=options.watchdog_timeout,
                 per_slot=isinstance(redis, RedisCluster),
+                sync=sync,
             ),
             owners=Owners(self.id),
             key_prefix=options.key_prefix,
@@ -142,7 +146,7 @@ class Client:
             fair_wait_timeout=options.fair_wait_timeout,
             metrics=recorder,
             cluster=isinstance(redis, RedisCluster),
-            sync=(options.sync_replicas, options.sync_timeout) if options.sync_replicas else None,
+            sync=sync,
         )
 
     @property

@@ -6,6 +6,8 @@ replicas than asked confirm within ``sync_timeout`` is undone and raises ``LockS
 
 from __future__ import annotations
 
+import os
+import signal
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
@@ -133,6 +135,44 @@ async def test_a_stopped_replica_fails_synced_grants(
     assert await held.hold_count() == 1
     await held.unlock()
     assert not await held.is_locked()
+
+
+async def test_renewals_the_replica_does_not_confirm_do_not_extend_a_hold(
+    clients: Callable[..., aiolock.Client], pair: Pair
+) -> None:
+    """A watched hold's renewals wait for the replicas as its grant did.  A renewal the replica
+    never had is forgotten by a failover to it, where the hold then ends when the last one it
+    had says: so must it for the holder, or another client could be granted the lock on the
+    promoted replica while the holder still believes in it."""
+    client = clients(sync_replicas=1, sync_timeout=0.1, watchdog_timeout=1.5)
+    lock = client.lock("renewed")
+    with pytest.raises(aiolock.LockLostError):
+        async with lock.acquire(wait=0) as guard:
+            os.kill(_pid(pair.replica), signal.SIGSTOP)  # it keeps the grant's expiry
+            try:
+                await eventually(lambda: guard.lost, timeout=10, what="the hold reported lost")
+                async with Redis.from_url(pair.primary.url) as primary:
+                    assert await primary.exists(lock._keys.lock)  # renewed there all along
+            finally:
+                os.kill(_pid(pair.replica), signal.SIGCONT)
+
+    # A lost hold is not released (see LockGuard): the primary's copy runs out within a lease.
+    async def expired() -> bool:
+        return not await lock.is_locked()
+
+    await eventually(expired, timeout=5, what="the primary's copy ran out")
+    # Confirmed again, renewals keep a hold as usual: three leases' worth of them.
+    renewals = client.statistics().renewals
+    async with lock.acquire(wait=0) as guard:
+        await eventually(
+            lambda: client.statistics().renewals >= renewals + 9, timeout=15, what="renewals"
+        )
+        assert not guard.lost
+
+
+def _pid(server: EmbeddedServer) -> int:
+    assert server.pid is not None
+    return server.pid
 
 
 @pytest.mark.parametrize(
