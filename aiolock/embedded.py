@@ -455,8 +455,8 @@ def _epochs_agree(nodes: list[EmbeddedServer]) -> bool:
     from redis import Redis
     from redis.exceptions import RedisError
 
-    views: dict[str, dict[str, int]] = {}
-    own: dict[str, int] = {}
+    views: list[dict[str, int]] = []  # each node's: primary id -> config epoch
+    own: dict[str, int] = {}  # each primary's own
     for node in nodes:
         if not node.running:
             continue
@@ -465,7 +465,8 @@ def _epochs_agree(nodes: list[EmbeddedServer]) -> bool:
                 text = str(redis.execute_command("CLUSTER", "NODES"))
         except RedisError:
             return False
-        view = views[str(node.port)] = {}
+        view: dict[str, int] = {}
+        views.append(view)
         for line in text.splitlines():
             # <id> <address> <flags> <primary> <ping sent> <pong received> <config epoch> ...
             fields = line.split()
@@ -475,9 +476,7 @@ def _epochs_agree(nodes: list[EmbeddedServer]) -> bool:
                 if "myself" in flags:
                     own[node_id] = epoch
     return all(
-        view.get(node_id, epoch) == epoch
-        for view in views.values()
-        for node_id, epoch in own.items()
+        view.get(node_id, epoch) == epoch for view in views for node_id, epoch in own.items()
     )
 
 

@@ -144,7 +144,9 @@ async def test_renewals_the_replica_does_not_confirm_do_not_extend_a_hold(
     never had is forgotten by a failover to it, where the hold then ends when the last one it
     had says: so must it for the holder, or another client could be granted the lock on the
     promoted replica while the holder still believes in it."""
-    client = clients(sync_replicas=1, sync_timeout=0.1, watchdog_timeout=1.5)
+    # The default sync_timeout (1 s): each renewal the stopped replica cannot confirm waits it
+    # out, and the 1.5 s lease still ends first.
+    client = clients(sync_replicas=1, watchdog_timeout=1.5)
     lock = client.lock("renewed")
     with pytest.raises(aiolock.LockLostError):
         async with lock.acquire(wait=0) as guard:
