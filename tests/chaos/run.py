@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import contextlib
 import json
 import os
@@ -117,9 +118,12 @@ class PhaseSpec:
 class WorkerProcess:
     """One ``tests.chaos.worker`` subprocess and its line protocol."""
 
-    def __init__(self, process: asyncio.subprocess.Process, config: WorkerConfig) -> None:
+    def __init__(
+        self, process: asyncio.subprocess.Process, config: WorkerConfig, stderr: Path
+    ) -> None:
         self.process = process
         self.config = config
+        self.stderr = stderr
 
     @classmethod
     async def spawn(cls, config: WorkerConfig, stderr: Path) -> WorkerProcess:
@@ -134,7 +138,7 @@ class WorkerProcess:
                 stdout=asyncio.subprocess.PIPE,
                 stderr=errors,
             )
-        return cls(process, config)
+        return cls(process, config, stderr)
 
     async def expect(self, word: str, timeout: float) -> Any:
         assert self.process.stdout is not None
@@ -291,6 +295,8 @@ async def _drive(
             phase.problems += [f"worker {worker.config.proc}: {p}" for p in done["problems"]]
             _print_logs(worker.config.proc, done["logs"])
             _print_lag(worker.config.proc, done["lag"])
+            if any(problem.startswith("stranded") for problem in done["problems"]):
+                _print_stranded(worker.config.proc, worker.stderr)
             await worker.finish()
             phase.attempts += read_attempts(Path(worker.config.out))
             phase.lag[worker.config.proc] = read_lag(Path(worker.config.out + ".lag"))
@@ -469,6 +475,19 @@ def _print_logs(proc: int, logs: dict[str, int]) -> None:
     if logs:
         text = ", ".join(f"{key} x{count}" for key, count in sorted(logs.items()))
         print(f"   worker {proc} library log: {text}")
+
+
+def _print_stranded(proc: int, stderr: Path) -> None:
+    """Where a worker's stranded tasks waited: the innermost frames of each task stack it
+    dumped that ran library code, alike ones counted once (the temporary directory with the
+    whole dump is gone after a CI run)."""
+    stacks: collections.Counter[str] = collections.Counter()
+    for block in ("\n" + stderr.read_text(errors="replace")).split("\ntask ")[1:]:
+        frames = [line.strip() for line in block.splitlines()[1:] if line.startswith("  ")]
+        if any("/aiolock/" in frame for frame in frames):
+            stacks[" <- ".join(frame.rsplit("/", 1)[-1] for frame in reversed(frames[-4:]))] += 1
+    for stack, count in stacks.most_common(12):
+        print(f"   worker {proc} stranded x{count}: {stack}")
 
 
 def _print_lag(proc: int, lag: dict[str, float]) -> None:
