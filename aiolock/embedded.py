@@ -26,7 +26,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
@@ -172,23 +172,40 @@ class EmbeddedServer(_Managed):
 _SLOTS = 16384
 
 
-def _wait_for_replicas(primary: Any, timeout: float) -> None:
+def _poll(
+    ready: Callable[[], bool],
+    deadline: float,
+    failure: Callable[[], str] | None = None,
+    *,
+    every: float = 0.05,
+) -> bool:
+    """Call ``ready`` every ``every`` seconds until it is true, or ``deadline`` (of
+    ``time.monotonic()``) has passed: then raise ``TimeoutError(failure())``, or without a
+    ``failure`` return False."""
+    while not ready():
+        if time.monotonic() > deadline:
+            if failure is None:
+                return False
+            raise TimeoutError(failure())
+        time.sleep(every)
+    return True
+
+
+def _wait_for_replicas(primary: Any, deadline: float) -> None:
     """Wait until every online replica of ``primary`` (a redis-py ``Redis``) has replicated
-    what it had written by now, or ``timeout`` seconds ran out."""
-    info = primary.info("replication")
-    written = int(info["master_repl_offset"])
-    deadline = time.monotonic() + timeout
-    while True:
+    what it had written by now, or ``deadline`` has passed."""
+    written = int(primary.info("replication")["master_repl_offset"])
+
+    def caught_up() -> bool:
+        info = primary.info("replication")
         replicas = [
             value
             for name, value in info.items()
             if name.startswith("slave") and isinstance(value, dict)
         ]
-        caught_up = all(int(r["offset"]) >= written for r in replicas if r.get("state") == "online")
-        if caught_up or time.monotonic() > deadline:
-            return
-        time.sleep(0.01)
-        info = primary.info("replication")
+        return all(int(r["offset"]) >= written for r in replicas if r.get("state") == "online")
+
+    _poll(caught_up, deadline, every=0.01)
 
 
 class EmbeddedCluster(_Managed):
@@ -276,29 +293,28 @@ class EmbeddedCluster(_Managed):
         self._wait(lambda info, _: info["cluster_state"] == "ok", deadline)
         for node in self.replicas:
             with Redis(host=node.host, port=node.port, decode_responses=True) as redis:
-                while redis.info("replication").get("master_link_status") != "up":
-                    if time.monotonic() > deadline:
-                        raise TimeoutError(f"a replica did not sync in time: {self!r}")
-                    time.sleep(0.05)
-        while not _epochs_agree(self.nodes):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the nodes did not agree on config epochs: {self!r}")
-            time.sleep(0.05)
+                _poll(
+                    lambda: redis.info("replication").get("master_link_status") == "up",
+                    deadline,
+                    lambda: f"a replica did not sync in time: {self!r}",
+                )
+        _poll(
+            lambda: _epochs_agree(self.nodes),
+            deadline,
+            lambda: f"the nodes did not agree on config epochs: {self!r}",
+        )
 
     def _wait(self, ready: Any, deadline: float) -> None:
         from redis import Redis
 
-        while True:
+        def every_node() -> bool:
             states = []
             for node in self.nodes:
                 with Redis(host=node.host, port=node.port, decode_responses=True) as redis:
-                    info = redis.cluster("INFO")
-                    states.append(ready(info, node))
-            if all(states):
-                return
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the embedded cluster was not ready in time: {self!r}")
-            time.sleep(0.05)
+                    states.append(ready(redis.cluster("INFO"), node))
+            return all(states)
+
+        _poll(every_node, deadline, lambda: f"the embedded cluster was not ready in time: {self!r}")
 
     def failover(
         self, primary: EmbeddedServer | None = None, *, timeout: float = 30.0
@@ -317,20 +333,23 @@ class EmbeddedCluster(_Managed):
         if old.running:
             old.kill()
         live = [node for node in self.nodes if node is not old]
-        deadline = time.monotonic() + timeout
-        while True:
-            new = next((node for node in candidates if self._role(node) == "master"), None)
-            if (
-                new is not None
-                and all(self._agrees(node, old, new) for node in live)
+        promoted: list[EmbeddedServer] = []
+
+        def taken_over() -> bool:
+            promoted[:] = [node for node in candidates if self._role(node) == "master"][:1]
+            return (
+                bool(promoted)
+                and all(self._agrees(node, old, promoted[0]) for node in live)
                 and _epochs_agree(live)  # the next failover's election needs them
-            ):
-                break
-            if time.monotonic() > deadline:
-                views = "; ".join(f"{node.port}: {self._view(node)}" for node in live)
-                said = "".join(f"\n{node.port} logged:\n{_failover_log(node)}" for node in live)
-                raise TimeoutError(f"the failover did not finish in time: {self!r} ({views}){said}")
-            time.sleep(0.05)
+            )
+
+        def failure() -> str:
+            views = "; ".join(f"{node.port}: {self._view(node)}" for node in live)
+            said = "".join(f"\n{node.port} logged:\n{_failover_log(node)}" for node in live)
+            return f"the failover did not finish in time: {self!r} ({views}){said}"
+
+        _poll(taken_over, time.monotonic() + timeout, failure)
+        new = promoted[0]
         self.primaries[self.primaries.index(old)] = new
         self.replicas[self.replicas.index(new)] = old
         return new
@@ -343,15 +362,17 @@ class EmbeddedCluster(_Managed):
         if node not in self.replicas:
             raise ValueError(f"{node!r} is not a replica of {self!r}")
         node.restart()
-        deadline = time.monotonic() + timeout
-        while True:
+
+        def in_sync() -> bool:
             with Redis(host=node.host, port=node.port, decode_responses=True) as redis:
                 info = redis.info("replication")
-            if info["role"] == "slave" and info.get("master_link_status") == "up":
-                return
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{node!r} did not rejoin in time: {self!r}")
-            time.sleep(0.05)
+            return bool(info["role"] == "slave" and info.get("master_link_status") == "up")
+
+        _poll(
+            in_sync,
+            time.monotonic() + timeout,
+            lambda: f"{node!r} did not rejoin in time: {self!r}",
+        )
 
     def move_slot(self, slot: int, to: EmbeddedServer | None = None) -> EmbeddedServer:
         """Move ``slot``, keys and all, to primary ``to`` (the next primary by default), as
@@ -385,11 +406,10 @@ class EmbeddedCluster(_Managed):
             for node in nodes:
                 node.execute_command("CLUSTER", "SETSLOT", slot, "NODE", ids[target])
             deadline = time.monotonic() + 5.0
-            _wait_for_replicas(nodes[target], timeout=5.0)
+            _wait_for_replicas(nodes[target], deadline)
             # SETSLOT NODE gave the new owner a new config epoch; its replica must have heard
             # of it before it can win an election (see start).
-            while not _epochs_agree(self.nodes) and time.monotonic() < deadline:
-                time.sleep(0.01)
+            _poll(lambda: _epochs_agree(self.nodes), deadline, every=0.01)
             return new
         finally:
             for node in nodes:
@@ -649,11 +669,11 @@ class EmbeddedSentinel(_Managed):
         replica and the other Sentinels, and every replica is in sync with the primary."""
         from redis import Redis
 
-        deadline = time.monotonic() + timeout
-        while not self._ready(Redis):
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the Sentinel group was not ready in time: {self!r}")
-            time.sleep(0.05)
+        _poll(
+            lambda: self._ready(Redis),
+            time.monotonic() + timeout,
+            lambda: f"the Sentinel group was not ready in time: {self!r}",
+        )
 
     def _ready(self, redis: Any) -> bool:
         primary = self._primary
@@ -697,21 +717,24 @@ class EmbeddedSentinel(_Managed):
         else:
             with Redis(host=self.host, port=self._ports[0]) as sentinel:
                 sentinel.execute_command("SENTINEL", "FAILOVER", self.service)
-        while True:
+
+        def promoted() -> bool:
             named = set()
             for sentinel_port in self._ports:
                 with Redis(host=self.host, port=sentinel_port, decode_responses=True) as sentinel:
                     host, port = sentinel.sentinel_get_master_addr_by_name(self.service)
                     named.add((host, int(port)))
-            if len(named) == 1 and (address := named.pop()) != (old.host, old.port):
-                new = next(s for s in self.servers if (s.host, s.port) == address)
-                with Redis(host=new.host, port=new.port, decode_responses=True) as redis:
-                    if redis.info("replication")["role"] == "master":
-                        self._primary = new
-                        return new
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"the failover did not finish in time: {self!r}")
-            time.sleep(0.05)
+            if len(named) != 1 or (address := named.pop()) == (old.host, old.port):
+                return False
+            new = next(s for s in self.servers if (s.host, s.port) == address)
+            with Redis(host=new.host, port=new.port, decode_responses=True) as redis:
+                if redis.info("replication")["role"] != "master":
+                    return False
+            self._primary = new
+            return True
+
+        _poll(promoted, deadline, lambda: f"the failover did not finish in time: {self!r}")
+        return self._primary
 
     def stop(self) -> None:
         """Stop the Sentinels and the servers and remove their temporary directories."""
