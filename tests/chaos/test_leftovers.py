@@ -1,13 +1,16 @@
-"""The chaos run's last check, on a real server: what may stay once every worker has drained."""
+"""The chaos run's last checks: what may stay once every worker has drained (on a real server),
+and where a worker's stranded tasks waited (from its stack dump)."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 from redis.asyncio import Redis
 
 from aiolock.pytest_plugin import ServerInfo
 
-from .run import PREFIX, leftovers_on
+from .run import PREFIX, _print_stranded, leftovers_on
 
 pytestmark = pytest.mark.anyio
 
@@ -33,3 +36,23 @@ async def test_a_permits_set_with_no_live_lease_is_not_left_behind(
         assert "live-permit" in found
     finally:
         await redis.delete(key)
+
+
+def test_stranded_tasks_are_shown_where_they_wait(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A worker's stack dump (its stderr) becomes one line per distinct library stack, with
+    how many stranded tasks wait there; stacks of the harness alone are left out."""
+    stderr = tmp_path / "cluster-0.stderr"
+    wait = "  /r/aiolock/_base.py:396 _wait_for_grant\n  /r/aiolock/_waiting.py:104 park\n"
+    stderr.write_text(
+        "12 WARNING aiolock.lock: a line of the library's log\n"
+        f"task Task-1:\n  /r/tests/chaos/worker.py:300 task_loop\n{wait}"
+        f"task Task-2:\n  /r/tests/chaos/worker.py:300 task_loop\n{wait}"
+        "task Task-3:\n  /r/tests/chaos/worker.py:90 run\n"
+    )
+    _print_stranded(0, stderr)
+    assert capsys.readouterr().out.splitlines() == [
+        "   worker 0 stranded x2: _waiting.py:104 park <- _base.py:396 _wait_for_grant"
+        " <- worker.py:300 task_loop"
+    ]
