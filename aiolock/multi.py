@@ -1,9 +1,14 @@
 """``MultiLock``: several locks held as one, all or nothing.
 
-The parts are taken one at a time in one global order (by server, key), whatever order they
-were given in, so two tasks that take (A, B) and (B, A) can never deadlock: both go for the
-same one first.  The wait bounds the whole attempt; a failure, a timeout or a cancellation
-releases whatever was taken before it propagates.
+The parts are taken one at a time in one global order (by key, then server), whatever order
+they were given in, so two tasks that take (A, B) and (B, A) can never deadlock: both go for
+the same one first.  The key comes first because every client names a lock by the same key,
+while one server may be known by several addresses: two host names, or on a Cluster the node
+each client's URL names.  Parts of the same key on two servers are ordered by the addresses
+their clients were given, so those must be written alike everywhere.
+
+The wait bounds the whole attempt; a failure, a timeout or a cancellation releases whatever
+was taken before it propagates.
 """
 
 from __future__ import annotations
@@ -49,9 +54,9 @@ class MultiLock(Guarded[tuple[int, ...]]):
             raise ValueError(f"locks must name at least two locks, got {len(locks)}")
         self.locks = locks
         self.name = "+".join(lock.name for lock in locks)
-        # One global order for every MultiLock of every process: by server, then key.
+        # One global order for every MultiLock of every process (see the module docstring).
         self._order = sorted(
-            range(len(locks)), key=lambda i: (locks[i]._services.server, locks[i]._keys.lock)
+            range(len(locks)), key=lambda i: (locks[i]._keys.lock, locks[i]._services.server)
         )
         self._guards = None
 

@@ -242,3 +242,56 @@ async def test_the_subscriber_has_a_node_before_the_topology_is_known(
     finally:
         await calls.aclose(grace=0)
         await redis.aclose()
+
+
+@pytest.mark.parametrize("swapped", [False, True])
+async def test_multilocks_order_their_parts_alike_across_clients(
+    aiolock_cluster: ServerInfo, clients: Callable[..., aiolock.Client], swapped: bool
+) -> None:
+    """Two MultiLocks over the same two locks, their parts made through two clients whose URLs
+    name different nodes of the Cluster, take the parts in one order.
+
+    An order by where each part's client connects would differ between the two MultiLocks,
+    and with ``wait=None`` they would deadlock: ``first`` queues on the fair lock ``a`` behind
+    a holder; ``second`` takes ``b`` (if its order says so) and queues on ``a`` behind
+    ``first``; the hand-off gives ``a`` to ``first``, which then waits for ``b`` for ever.
+    Both arrangements of the two clients are run, since which one such an order would put
+    first depends on how the nodes' addresses compare.
+    """
+    here = clients()
+    async with RedisCluster.from_url(aiolock_cluster.url) as redis:
+        url_node = aiolock_cluster.url.removeprefix("redis://").removesuffix("/0")
+        node = next(node for node in redis.get_primaries() if node.name != url_node)
+    there = aiolock.Client.from_url(
+        f"redis://{node.name}/0", cluster=True, key_prefix=here.key_prefix
+    )
+    holder_client = clients()
+    one, other = (there, here) if swapped else (here, there)
+    first = aiolock.MultiLock(one.fair_lock("a", owner="first"), other.lock("b", owner="first"))
+    second = aiolock.MultiLock(other.fair_lock("a", owner="second"), one.lock("b", owner="second"))
+    entered: list[str] = []
+
+    async def take(multi: aiolock.MultiLock, label: str) -> None:
+        await multi.lock()
+        entered.append(label)
+        await multi.unlock()
+
+    def waiting(multi: aiolock.MultiLock) -> bool:
+        return any(part.statistics().waiters for part in multi.locks)
+
+    holder = holder_client.fair_lock("a", owner="holder")
+    assert await holder.try_lock(wait=0)
+    tasks = [asyncio.create_task(take(first, "first"))]
+    try:
+        await eventually(lambda: waiting(first), what="first queued")
+        tasks.append(asyncio.create_task(take(second, "second")))
+        await eventually(lambda: waiting(second), what="second queued")
+        await holder.unlock()
+        done, _ = await asyncio.wait(tasks, timeout=10)
+        assert len(done) == 2, f"deadlocked: entered {entered}"
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await there.aclose()
+    assert entered == ["first", "second"]
