@@ -50,19 +50,13 @@ class Services:
         default_factory=weakref.WeakValueDictionary
     )
 
-    @property
-    def server(self) -> str:
-        """Where the client connects, without credentials (``redis://host:port/db``)."""
-        if isinstance(self.redis, RedisCluster):
-            nodes = self.redis.nodes_manager.startup_nodes.values()
-            return "redis-cluster://" + ",".join(sorted(node.name for node in nodes))
-        kwargs = self.redis.connection_pool.connection_kwargs
-        if "path" in kwargs:
-            return f"unix://{kwargs['path']}"
-        secure = "SSL" in self.redis.connection_pool.connection_class.__name__
-        scheme = "rediss" if secure else "redis"
-        host, port, db = kwargs.get("host", "?"), kwargs.get("port", "?"), kwargs.get("db", 0)
-        return f"{scheme}://{host}:{port}/{db}"
+    # Where the client connects, without credentials (``redis://host:port/db``), as it was
+    # given: fixed here, since a Cluster client's known nodes change with its first call and
+    # with failovers (a MultiLock orders parts of the same key on two servers by it).
+    server: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.server = _address(self.redis)
 
     def check_open(self) -> Services:
         if self.closed:
@@ -76,3 +70,16 @@ class Services:
             state = build()
             self._names[(kind, name)] = state
         return state  # type: ignore[return-value]
+
+
+def _address(redis: Redis | RedisCluster) -> str:
+    if isinstance(redis, RedisCluster):
+        nodes = redis.nodes_manager.startup_nodes.values()
+        return "redis-cluster://" + ",".join(sorted(node.name for node in nodes))
+    kwargs = redis.connection_pool.connection_kwargs
+    if "path" in kwargs:
+        return f"unix://{kwargs['path']}"
+    secure = "SSL" in redis.connection_pool.connection_class.__name__
+    scheme = "rediss" if secure else "redis"
+    host, port, db = kwargs.get("host", "?"), kwargs.get("port", "?"), kwargs.get("db", 0)
+    return f"{scheme}://{host}:{port}/{db}"
