@@ -478,16 +478,18 @@ def _print_logs(proc: int, logs: dict[str, int]) -> None:
 
 
 def _print_stranded(proc: int, stderr: Path) -> None:
-    """Where a worker's stranded tasks waited: the innermost frames of each task stack it
-    dumped that ran library code, alike ones counted once (the temporary directory with the
-    whole dump is gone after a CI run)."""
+    """Where a worker's tasks waited when some were stranded: the innermost frames of each
+    task stack it dumped that ran library code, alike ones counted once (the temporary
+    directory with the whole dump is gone after a CI run).  The stranded operations are among
+    them, beside the library's own tasks (subscriber readers, the watchdog) and the
+    operations still running normally."""
     stacks: collections.Counter[str] = collections.Counter()
     for block in ("\n" + stderr.read_text(errors="replace")).split("\ntask ")[1:]:
         frames = [line.strip() for line in block.splitlines()[1:] if line.startswith("  ")]
         if any("/aiolock/" in frame for frame in frames):
             stacks[" <- ".join(frame.rsplit("/", 1)[-1] for frame in reversed(frames[-4:]))] += 1
     for stack, count in stacks.most_common(12):
-        print(f"   worker {proc} stranded x{count}: {stack}")
+        print(f"   worker {proc} tasks waiting x{count}: {stack}")
 
 
 def _print_lag(proc: int, lag: dict[str, float]) -> None:

@@ -53,6 +53,6 @@ def test_stranded_tasks_are_shown_where_they_wait(
     )
     _print_stranded(0, stderr)
     assert capsys.readouterr().out.splitlines() == [
-        "   worker 0 stranded x2: _waiting.py:104 park <- _base.py:396 _wait_for_grant"
+        "   worker 0 tasks waiting x2: _waiting.py:104 park <- _base.py:396 _wait_for_grant"
         " <- worker.py:300 task_loop"
     ]
