@@ -54,7 +54,7 @@ MAKERS: dict[str, Callable[[aiolock.Client, str], Kind]] = {
     "lock": lambda client, name: client.lock(name),
     "fair": lambda client, name: client.fair_lock(name),
     "spin": lambda client, name: client.spin_lock(name),
-    "write": lambda client, name: client.rw_lock(name).write_lock(),  # type: ignore[dict-item]
+    "write": lambda client, name: client.rw_lock(name).write_lock(),  # type: ignore[dict-item,return-value]
 }
 
 
@@ -242,6 +242,20 @@ async def test_the_subscriber_has_a_node_before_the_topology_is_known(
     finally:
         await calls.aclose(grace=0)
         await redis.aclose()
+
+
+async def test_a_clients_address_is_the_one_it_was_given(
+    aiolock_cluster: ServerInfo, clients: Callable[..., aiolock.Client]
+) -> None:
+    """Learning the topology (the first call, a failover) does not rename the client."""
+    client = clients()
+    given = "redis-cluster://" + aiolock_cluster.url.removeprefix("redis://").removesuffix("/0")
+    assert repr(client).split()[2] == given
+    lock = client.lock("named")
+    assert await lock.try_lock(wait=0)
+    await lock.unlock()
+    assert len(client.redis.get_nodes()) > 1  # type: ignore[union-attr]
+    assert repr(client).split()[2] == given
 
 
 @pytest.mark.parametrize("swapped", [False, True])
