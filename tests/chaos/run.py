@@ -20,14 +20,14 @@ worker's event loop was blocked ("wait-loop": the machine's share) is shown, not
 
 ``--cluster`` runs one phase instead, on a Cluster of 3 primaries with a replica each
 (:class:`~aiolock.embedded.EmbeddedCluster`, a 1.5 s node timeout).  The workers connect to
-the nodes directly (``cluster=True``; no proxies) with ``sync_replicas=1``, so that a failover
-keeps every hold it did not report lost.  The faults move the slots of the run's lock names to
-other primaries while they are held and waited for, stall a primary (``CLIENT PAUSE``), drop
-connections on the primaries, and kill one primary mid-run: its replica takes over, and the
-killed node then rejoins as the new primary's replica (until it does, that primary confirms no
-grant: every grant there waits ``sync_timeout`` and fails with ``LockSyncError``).  The checker
-is the same: exclusion of the holds not reported lost, fencing order, nothing stuck, nothing
-left on any primary.
+the nodes directly (``cluster=True``, each from another primary's address; no proxies) with
+``sync_replicas=1``, so that a failover keeps every hold it did not report lost.  The faults
+move the slots of the run's lock names to other primaries while they are held and waited for,
+stall a primary (``CLIENT PAUSE``), drop connections on the primaries, and kill one primary
+mid-run: its replica takes over, and the killed node then rejoins as the new primary's
+replica (until it does, that primary confirms no grant: every grant there waits
+``sync_timeout`` and fails with ``LockSyncError``).  The checker is the same: exclusion of the
+holds not reported lost, fencing order, nothing stuck, nothing left on any primary.
 """
 
 from __future__ import annotations
@@ -216,7 +216,11 @@ async def run_cluster_phase(
             seed=seed,
             workdir=workdir,
             schedule=schedule,
-            urls=[cluster.url] * profile.workers,
+            # Each worker starts from another node: its clients name the Cluster by another
+            # address (which must not change the order MultiLocks take their parts in).
+            urls=[
+                cluster.primaries[i % len(cluster.primaries)].url for i in range(profile.workers)
+            ],
             injector=ClusterInjector(cluster, NAMES, PREFIX, seed=seed),
             server=cluster.primaries[0],
             left=lambda clients: leftovers(cluster.primaries, clients),
