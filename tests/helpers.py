@@ -153,13 +153,14 @@ def settled(client: aiolock.Client, lock: aiolock.AsyncRLock, count: int = 1) ->
 
 @contextlib.asynccontextmanager
 async def cluster_clients(url: str, prefix: str) -> AsyncIterator[Callable[..., aiolock.Client]]:
-    """A maker of clients on the Cluster at ``url`` that share the key ``prefix`` (unless given
-    one); every client made is closed on the way out."""
+    """A maker of clients on the Cluster at ``url`` (or at the node ``at``, ``host:port``) that
+    share the key ``prefix`` (unless given one); every client made is closed on the way out."""
     made: list[aiolock.Client] = []
 
-    def make(**options: Any) -> aiolock.Client:
+    def make(at: str | None = None, **options: Any) -> aiolock.Client:
         options.setdefault("key_prefix", prefix)
-        client = aiolock.Client.from_url(url, cluster=True, **options)
+        where = url if at is None else f"redis://{at}/0"
+        client = aiolock.Client.from_url(where, cluster=True, **options)
         made.append(client)
         return client
 

@@ -42,6 +42,11 @@ async def clients(aiolock_cluster: ServerInfo) -> AsyncIterator[Callable[..., ai
                 await redis.unlink(key)
 
 
+def node_name(url: str) -> str:
+    """``host:port`` of the node a ``redis://host:port/0`` URL names."""
+    return url.removeprefix("redis://").removesuffix("/0")
+
+
 async def keys_on_cluster(url: str, prefix: str) -> list[str]:
     async with RedisCluster.from_url(url, decode_responses=True) as redis:
         found: list[str] = []
@@ -234,9 +239,7 @@ async def test_the_subscriber_has_a_node_before_the_topology_is_known(
     redis = RedisCluster.from_url(aiolock_cluster.url)  # not entered: entering initializes it
     calls = ClusterCalls(redis)
     try:
-        assert [node.node.name for node in calls.nodes()] == [
-            aiolock_cluster.url.removeprefix("redis://").removesuffix("/0")
-        ]
+        assert [node.node.name for node in calls.nodes()] == [node_name(aiolock_cluster.url)]
         await calls.initialize()
         assert len(calls.nodes()) == 3
     finally:
@@ -247,9 +250,9 @@ async def test_the_subscriber_has_a_node_before_the_topology_is_known(
 async def test_a_clients_address_is_the_one_it_was_given(
     aiolock_cluster: ServerInfo, clients: Callable[..., aiolock.Client]
 ) -> None:
-    """Learning the topology (the first call, a failover) does not rename the client."""
+    """Learning the topology (at the first call, as at a failover) does not rename the client."""
     client = clients()
-    given = "redis-cluster://" + aiolock_cluster.url.removeprefix("redis://").removesuffix("/0")
+    given = "redis-cluster://" + node_name(aiolock_cluster.url)
     assert repr(client).split()[2] == given
     lock = client.lock("named")
     assert await lock.try_lock(wait=0)
@@ -272,14 +275,10 @@ async def test_multilocks_order_their_parts_alike_across_clients(
     Both arrangements of the two clients are run, since which one such an order would put
     first depends on how the nodes' addresses compare.
     """
-    here = clients()
     async with RedisCluster.from_url(aiolock_cluster.url) as redis:
-        url_node = aiolock_cluster.url.removeprefix("redis://").removesuffix("/0")
-        node = next(node for node in redis.get_primaries() if node.name != url_node)
-    there = aiolock.Client.from_url(
-        f"redis://{node.name}/0", cluster=True, key_prefix=here.key_prefix
-    )
-    holder_client = clients()
+        primaries = [node.name for node in redis.get_primaries()]
+    [elsewhere, *_] = [name for name in primaries if name != node_name(aiolock_cluster.url)]
+    here, there, holder_client = clients(), clients(at=elsewhere), clients()
     one, other = (there, here) if swapped else (here, there)
     first = aiolock.MultiLock(one.fair_lock("a", owner="first"), other.lock("b", owner="first"))
     second = aiolock.MultiLock(other.fair_lock("a", owner="second"), one.lock("b", owner="second"))
@@ -307,5 +306,4 @@ async def test_multilocks_order_their_parts_alike_across_clients(
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        await there.aclose()
     assert entered == ["first", "second"]
