@@ -570,9 +570,13 @@ class LockKind(Guarded[int]):
             except asyncio.CancelledError:
                 unknown(not_sent())
                 raise
-        remaining = _remaining(
-            await services.calls.run(*self._release_call(owner, request, None), orphan=unknown)
-        )
+        # While it is in flight, a renewal of this hold may be answered "not held" because of
+        # it: the watchdog leaves the verdict to this reply (Holds.in_release).
+        with services.holds.releasing(key, owner):
+            reply = await services.calls.run(
+                *self._release_call(owner, request, None), orphan=unknown
+            )
+        remaining = _remaining(reply)
         services.holds.released(key, owner, remaining)
         self._check_count(owner, believed, remaining)
         return remaining

@@ -14,8 +14,9 @@ hold counts stay exact.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -109,6 +110,9 @@ class Holds:
         # When a background release of each (lock, owner) last gave up (loop time, oldest
         # first): a hold it left may still be met for a while, and that is no bug.
         self._abandoned: dict[tuple[str, str], float] = {}
+        # Releases in flight per (key, owner): a renewal answered meanwhile may find the hold
+        # gone because of one of them, which is no loss (see in_release).
+        self._releasing: dict[tuple[str, str], int] = {}
         self.changed = asyncio.Event()  # set when a watchdog hold is added
 
     def __len__(self) -> int:
@@ -263,6 +267,28 @@ class Holds:
         hold.timer = loop.call_at(
             hold.expires_at, self.lose, hold, "its lease ran out while it was held"
         )
+
+    @contextlib.contextmanager
+    def releasing(self, key: str, owner: str) -> Iterator[None]:
+        """Mark a release of the owner's hold on ``key`` as in flight while the block runs."""
+        at = (key, owner)
+        self._releasing[at] = self._releasing.get(at, 0) + 1
+        try:
+            yield
+        finally:
+            if self._releasing[at] == 1:
+                del self._releasing[at]
+            else:
+                self._releasing[at] -= 1
+
+    def in_release(self, hold: Hold) -> bool:
+        """Whether a release of ``hold``'s owner on its key is in flight.
+
+        A renewal that the server applied after that release finds the lock gone, and its
+        answer can be read before the release's: it says nothing about a loss.  The release's
+        own reply does (``released``), one round trip later.
+        """
+        return (hold.key, hold.owner) in self._releasing
 
     # -- pending background settlements ------------------------------------------------------
 

@@ -152,6 +152,8 @@ class Watchdog:
             if hold.lost or self._holds.get(hold.key, hold.owner) is not hold:
                 continue  # released or replaced while the call was in flight
             if not _RENEWED[int(reply)]:
+                if self._holds.in_release(hold):
+                    continue  # the owner's own release may have ended it: its reply tells
                 self._holds.lose(hold, "the watchdog found it expired or held by another owner")
             elif not unconfirmed:
                 self._holds.extend(hold, sent_at + self.lease)  # counts the hold's renewal

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
-__all__ = ["FreezableProxy"]
+__all__ = ["FreezableProxy", "HeldReply"]
 
 _CHUNK = 65536
 
@@ -31,6 +31,9 @@ class FreezableProxy:
     >>> reply = proxy.cut_next_request(b"EVALSHA")  # one-shot, see below
     >>> await reply           # what the server answered, which the client never got
     >>> await proxy.next_request(b"EVALSHA")  # one-shot: such a request is on its way
+    >>> held = proxy.hold_next_reply(b"EVALSHA")  # one-shot, see below
+    >>> await held.arrived    # the server answered (the command ran); the client waits on
+    >>> held.let_go()         # the reply flows on
 
     ``cut_next_request(match)`` arms a one-shot cut: the next client-to-server chunk that
     contains ``match`` (any chunk, by default) is forwarded to the server, and from then on
@@ -39,6 +42,11 @@ class FreezableProxy:
     connection are aborted: the client sees its connection closed with no byte of the reply.
     The returned future gets the dropped reply chunk (``b""`` if the connection ended before
     the server answered).  Other connections, and later ones, flow as usual.
+
+    ``hold_next_reply(match)`` arms a one-shot hold: the next client-to-server chunk containing
+    ``match`` is forwarded as usual, but the server's reply to it waits at the proxy until
+    ``let_go()``.  The client sees a slow reply, nothing else; its other connections flow, so
+    a call it makes meanwhile can reach the server after the held one and be answered first.
     """
 
     def __init__(self, upstream_port: int, host: str = "127.0.0.1") -> None:
@@ -56,6 +64,8 @@ class FreezableProxy:
         self._cut_armed: tuple[bytes, asyncio.Future[bytes]] | None = None
         self._cutting: dict[_Pair, asyncio.Future[bytes]] = {}
         self._watched: list[tuple[bytes, asyncio.Future[None]]] = []
+        self._hold_armed: tuple[bytes, HeldReply] | None = None
+        self._holding: dict[_Pair, HeldReply] = {}
 
     @property
     def frozen(self) -> bool:
@@ -97,6 +107,12 @@ class FreezableProxy:
         seen: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._watched.append((match, seen))
         return seen
+
+    def hold_next_reply(self, match: bytes = b"") -> HeldReply:
+        """Hold the reply to the next request containing ``match`` (see the class docstring)."""
+        held = HeldReply()
+        self._hold_armed = (match, held)
+        return held
 
     def disarm_cut(self) -> None:
         """Drop an armed cut that no request has matched yet (its future is cancelled); a cut
@@ -182,6 +198,13 @@ class FreezableProxy:
                 if to_server and armed is not None and armed[0] in data:
                     self._cut_armed = None
                     self._cutting[pair] = armed[1]
+                hold = self._hold_armed
+                if to_server and hold is not None and hold[0] in data:
+                    self._hold_armed = None
+                    self._holding[pair] = hold[1]
+                if not to_server and (held := self._holding.pop(pair, None)) is not None:
+                    held.arrived.set_result(None)
+                    await held.released.wait()
                 writer.write(data)
                 await writer.drain()
 
@@ -195,3 +218,15 @@ class FreezableProxy:
             else:
                 waiting.append((match, seen))
         self._watched = waiting
+
+
+class HeldReply:
+    """A reply the proxy holds back (:meth:`FreezableProxy.hold_next_reply`)."""
+
+    def __init__(self) -> None:
+        self.arrived: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.released = asyncio.Event()
+
+    def let_go(self) -> None:
+        """Let the held reply (and everything after it on its connection) flow on."""
+        self.released.set()
