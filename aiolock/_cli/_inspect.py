@@ -1,11 +1,11 @@
 """What ``aiolock inspect`` reads: one lock's state on the server, in one MULTI/EXEC.
 
-Each kind's keys come from a lock object built through the :class:`~aiolock.Client` (its
-``_keys``), never from names put together here; how each kind stores its state is described in
-the headers of its scripts (``scripts/<kind>/``).  The reads of one kind run in a single
-transaction with the server's ``TIME``, so the holders, leases, queue and counter are one
-consistent snapshot, and deadlines kept on the server's clock are turned into seconds left
-without trusting this machine's clock.
+Each kind's keys come from a lock object built through the :class:`~aiolock.Client` (through
+its :class:`~aiolock._base.Seam`), never from names put together here; how each kind stores
+its state is described in the headers of its scripts (``scripts/<kind>/``).  The reads of one
+kind run in a single transaction with the server's ``TIME``, so the holders, leases, queue and
+counter are one consistent snapshot, and deadlines kept on the server's clock are turned into
+seconds left without trusting this machine's clock.
 
 On a Redis Cluster every key of a lock, its slot's fencing counter included, shares one hash
 slot, so the same transaction runs on the primary that serves it.  Waiting clients may be
@@ -23,11 +23,13 @@ from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.client import Pipeline
 from redis.exceptions import ResponseError
 
+from .._base import Seam
 from .._cluster import node_of
 from .._keys import LockKeys
 from ..client import Client
 from ..fair import FairKeys
 from ..rw import RWKeys
+from ..semaphore import seam_of
 
 __all__ = ["KINDS", "Holder", "Report", "Waiter", "inspect", "queue_fencing_counter"]
 
@@ -127,7 +129,7 @@ async def inspect(client: Client, kind: str, name: str, *, permits: int | None =
 
 async def _reentrant(client: Client, kind: str, name: str) -> Report:
     lock = client.spin_lock(name) if kind == "spin" else client.lock(name)
-    keys = lock._keys
+    keys = Seam(lock).keys
 
     def reads(pipe: Pipeline) -> None:
         pipe.hgetall(keys.lock)
@@ -150,7 +152,7 @@ async def _spin(client: Client, name: str, permits: int | None) -> Report:
 
 
 async def _fair(client: Client, name: str, permits: int | None) -> Report:
-    keys = client.fair_lock(name)._keys
+    keys = Seam(client.fair_lock(name)).keys
     assert isinstance(keys, FairKeys)
 
     def reads(pipe: Pipeline) -> None:
@@ -176,7 +178,7 @@ async def _fair(client: Client, name: str, permits: int | None) -> Report:
 
 
 async def _rw(client: Client, name: str, permits: int | None) -> Report:
-    keys = client.rw_lock(name).write_lock()._keys
+    keys = Seam(client.rw_lock(name).write_lock()).keys
     assert isinstance(keys, RWKeys)
 
     def reads(pipe: Pipeline) -> None:
@@ -214,7 +216,7 @@ async def _rw(client: Client, name: str, permits: int | None) -> Report:
 
 
 async def _semaphore(client: Client, name: str, permits: int | None) -> Report:
-    keys = client.semaphore(name, permits or 1)._permits._keys
+    keys = seam_of(client.semaphore(name, permits or 1)).keys
 
     def reads(pipe: Pipeline) -> None:
         pipe.time()

@@ -207,7 +207,8 @@ def _shown(url: str) -> str:
         if parts.password is None:
             return url
         host = parts.netloc.rpartition("@")[2]  # as written: brackets and port kept
-        return urlunsplit(parts._replace(netloc=f"{parts.username or ''}:***@{host}"))
+        netloc = f"{parts.username or ''}:***@{host}"
+        return urlunsplit((parts.scheme, netloc, parts.path, parts.query, parts.fragment))
     except ValueError:
         return "the server"
 
