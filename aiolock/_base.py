@@ -445,22 +445,26 @@ class LockKind(Guarded[int]):
 
         resent = False
 
-        def resending() -> None:
-            nonlocal resent
-            resent = True
+        def sending(resend: bool) -> None:
+            # The reply's lease runs from when the server ran the copy that answered (a resend
+            # too: the scripts restart its lease), which was written now: a reconnect or a
+            # retry's backoff before it must not eat into the lease the client counts.
+            nonlocal resent, sent_at
+            resent = resent or resend
+            sent_at = asyncio.get_running_loop().time()
 
         call = self._attempt(owner, request, round(lease_s * 1000))
         try:
             if services.sync is None:
                 reply = await services.calls.run(
-                    *call, orphan=unknown, on_resend=resending, mark_resends=True
+                    *call, orphan=unknown, on_send=sending, mark_resends=True
                 )
             else:
                 reply, synced = await services.calls.run_synced(
                     *call,
                     sync=services.sync,
                     orphan=unknown,
-                    on_resend=resending,
+                    on_send=sending,
                     mark_resends=True,
                 )
         except ResponseError as error:

@@ -76,7 +76,7 @@ class Calls:
         args: tuple[Any, ...],
         *,
         orphan: Orphan | None = None,
-        on_resend: Callable[[], object] | None = None,
+        on_send: Callable[[bool], object] | None = None,
         mark_resends: bool = False,
     ) -> Any:
         """Run ``script`` by SHA (its source once on NOSCRIPT) and return the reply.
@@ -84,14 +84,16 @@ class Calls:
         If the caller is cancelled, ``orphan`` receives a future of the call's outcome: the
         reply, :class:`NotSent`, or the error that left the outcome unknown.  If the call fails
         after some attempt was written, ``orphan`` receives that error and the caller it too.
-        ``on_resend`` is called when an attempt is sent after an earlier one was written on a
-        connection that failed: that first copy may still reach the server, later.
+        ``on_send(resend)`` is called right before each attempt is written (after a reconnect
+        and a retry's backoff), so that the caller can count a lease the reply reports from
+        then.  ``resend`` is true when an earlier attempt was written on a connection that
+        failed: that first copy may still reach the server, later.
         ``mark_resends``: such an attempt carries one more argument, ``1``, so that the script
         knows it (an acquire script then fences that request off, granted or refused: see
         ``common/_requests.lua``).
         """
         reply, _ = await self._run(
-            script, keys, args, orphan, None, on_resend=on_resend, mark_resends=mark_resends
+            script, keys, args, orphan, None, on_send=on_send, mark_resends=mark_resends
         )
         return reply
 
@@ -103,14 +105,14 @@ class Calls:
         *,
         sync: tuple[int, float],
         orphan: Orphan | None = None,
-        on_resend: Callable[[], object] | None = None,
+        on_send: Callable[[bool], object] | None = None,
         mark_resends: bool = False,
     ) -> tuple[Any, int]:
         """:meth:`run`, then ``WAIT`` on the same connection (WAIT covers the writes of its own
         connection) for ``sync = (replicas, seconds)``: the reply, and how many replicas have
         the script's writes."""
         return await self._run(
-            script, keys, args, orphan, sync, on_resend=on_resend, mark_resends=mark_resends
+            script, keys, args, orphan, sync, on_send=on_send, mark_resends=mark_resends
         )
 
     async def _run(
@@ -121,12 +123,12 @@ class Calls:
         orphan: Orphan | None,
         sync: tuple[int, float] | None,
         *,
-        on_resend: Callable[[], object] | None = None,
+        on_send: Callable[[bool], object] | None = None,
         mark_resends: bool = False,
     ) -> tuple[Any, int]:
         evalsha = ("EVALSHA", script.sha, len(keys), *keys, *args)
         resent = (*evalsha, 1) if mark_resends else evalsha
-        return await self._call((evalsha, resent), script, orphan, sync, on_resend)
+        return await self._call((evalsha, resent), script, orphan, sync, on_send)
 
     async def _call(
         self,
@@ -134,7 +136,7 @@ class Calls:
         script: Script,
         orphan: Orphan | None,
         sync: tuple[int, float] | None,
-        on_resend: Callable[[], object] | None = None,
+        on_send: Callable[[bool], object] | None = None,
     ) -> tuple[Any, int]:
         try:
             conn = await self._borrow()
@@ -155,9 +157,9 @@ class Calls:
                 connecting = asyncio.ensure_future(conn.connect())  # type: ignore[no-untyped-call]
                 await asyncio.shield(connecting)
                 connecting = None
-            resend = sent
-            if resend and on_resend is not None:
-                on_resend()  # an earlier copy went out on a connection that then failed
+            resend = sent  # an earlier copy went out on a connection that then failed
+            if on_send is not None:
+                on_send(resend)
             in_flight = True  # set first: a cancel inside write() comes after the bytes left
             sent = True
             # Not disconnected on cancellation: the reply is then read in the background.

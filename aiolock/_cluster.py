@@ -101,7 +101,7 @@ class ClusterCalls:
         args: tuple[Any, ...],
         *,
         orphan: Orphan | None = None,
-        on_resend: Callable[[], object] | None = None,
+        on_send: Callable[[bool], object] | None = None,
         mark_resends: bool = False,
     ) -> Any:
         """:meth:`Calls.run` on the node of ``keys[0]``'s slot, following redirections (a
@@ -113,7 +113,7 @@ class ClusterCalls:
                 keys,
                 args,
                 orphan=orphan,
-                on_resend=on_resend,
+                on_send=on_send,
                 mark_resends=mark_resends,
             ),
             orphan,
@@ -127,7 +127,7 @@ class ClusterCalls:
         *,
         sync: tuple[int, float],
         orphan: Orphan | None = None,
-        on_resend: Callable[[], object] | None = None,
+        on_send: Callable[[bool], object] | None = None,
         mark_resends: bool = False,
     ) -> tuple[Any, int]:
         """:meth:`Calls.run_synced` on the node of ``keys[0]``'s slot (WAIT counts that
@@ -140,7 +140,7 @@ class ClusterCalls:
                 args,
                 sync=sync,
                 orphan=orphan,
-                on_resend=on_resend,
+                on_send=on_send,
                 mark_resends=mark_resends,
             ),
             orphan,

@@ -136,13 +136,22 @@ class Watchdog:
     async def _renew(self, holds: list[Hold]) -> None:
         loop = asyncio.get_running_loop()
         sent_at = loop.time()
+
+        def sending(resend: bool) -> None:
+            # The renewed lease runs from when the server ran the copy that answered, written
+            # now: a reconnect or a retry's backoff before it must not eat into it.
+            nonlocal sent_at
+            sent_at = loop.time()
+
         keys = tuple(key for hold in holds for key in hold.renew_keys)
         args = (round(self.lease * 1000), *(hold.owner for hold in holds))
         sync, unconfirmed = self._sync, ""
         if sync is None:
-            replies = await self._calls.run(holds[0].renew, keys, args)
+            replies = await self._calls.run(holds[0].renew, keys, args, on_send=sending)
         else:
-            replies, replicas = await self._calls.run_synced(holds[0].renew, keys, args, sync=sync)
+            replies, replicas = await self._calls.run_synced(
+                holds[0].renew, keys, args, sync=sync, on_send=sending
+            )
             if replicas < sync[0]:
                 unconfirmed = (
                     f"{replicas} of the {sync[0]} replica(s) asked for confirmed the renewal of "

@@ -54,6 +54,7 @@ class FreezableProxy:
         self.upstream_port = upstream_port
         self.delay = 0.0
         self.refuse = False
+        self.refused = 0  # connections reset at once while ``refuse`` was set
         self.port = 0  # where clients connect, once started
         self._flowing = asyncio.Event()
         self._flowing.set()
@@ -140,6 +141,7 @@ class FreezableProxy:
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         if self.refuse:
+            self.refused += 1
             writer.transport.abort()
             return
         try:

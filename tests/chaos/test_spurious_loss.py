@@ -1,12 +1,18 @@
-"""A watchdog renewal that reaches the server after its owner's own release (issue 28).
+"""Holds reported lost that were not (issue 28).
 
-The release ends the hold on the server; a renewal sent before its reply came finds the lock
-gone and answers "not held".  Read before the release's reply, that answer was taken for a
-loss, and the owner's block ended in ``LockLostError`` although nobody else ever held the lock.
+A watchdog renewal that reaches the server after its owner's own release: the release ends
+the hold on the server; a renewal sent before its reply came finds the lock gone and answers
+"not held".  Read before the release's reply, that answer was taken for a loss, and the
+owner's block ended in ``LockLostError`` although nobody else ever held the lock.
 
 The proxy holds the release's reply back once the server has applied it; meanwhile a renewal
 round runs on another connection and is answered first.  That is the order the race needs,
 made certain instead of likely.
+
+A grant (or a renewal) whose call waited for a reconnect before it was written: the lease the
+reply reports runs from when the server ran it, so the client counts it from the write, not
+from the call.  Counted from the call, a retry's backoff longer than the lease made the hold
+look expired the moment it was granted.
 """
 
 from __future__ import annotations
@@ -16,8 +22,11 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from redis.asyncio.retry import Retry
+from redis.backoff import ConstantBackoff
 
 import aiolock
+from tests.helpers import eventually
 
 from .proxy import FreezableProxy, HeldReply
 
@@ -157,3 +166,30 @@ async def test_short_watched_holds_under_contention_are_never_lost(
             await client.aclose()
     assert lost == [], f"{len(lost)} of {holds} holds reported lost: {lost[:3]}"
     assert renewals > 0  # the watchdog did renew, so renewals did meet releases
+
+
+async def test_a_grant_written_after_a_reconnect_counts_its_lease_from_the_write(
+    proxied: Callable[..., aiolock.Client], proxy: FreezableProxy
+) -> None:
+    # The first connection is refused; redis-py's retry connects again after its backoff, which
+    # is longer than the lease asked for.
+    client = proxied(watchdog_timeout=30, retry=Retry(ConstantBackoff(0.6), 3))
+    lock = client.lock("late-write")
+    proxy.refuse = True
+    entered = asyncio.Event()
+
+    async def hold() -> aiolock.LockGuard[int]:
+        async with lock.acquire(wait=5, lease=0.5) as guard:
+            entered.set()
+            await asyncio.sleep(0)  # a timer already due would fire here
+        return guard
+
+    holder = asyncio.create_task(hold())
+    await eventually(lambda: proxy.refused > 0, what="the first connection refused")
+    proxy.refuse = False
+    # Failed before the fix: the hold was taken for lost at once, and the block raised
+    # LockLostError.
+    guard = await holder
+    assert entered.is_set()
+    assert not guard.lost
+    assert lock.statistics().losses == 0
