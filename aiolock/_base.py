@@ -38,10 +38,11 @@ from . import _scripts
 from ._calls import NotSent, not_sent
 from ._guard import Guarded, Holding
 from ._holds import Hold, NameCounters
-from ._keys import LockKeys
+from ._keys import LockKeys, hash_tag
 from ._metrics import lock_extra
 from ._scripts import Script
 from ._services import Services
+from ._transaction import TransactionContext
 from ._validate import check_lease, check_wait
 from ._waiting import Waiting
 from .errors import LockNotOwnedError, LockSyncError, LockTimeoutError
@@ -151,6 +152,12 @@ class LockKind(Guarded[int]):
     def _force_call(self) -> Call:
         raise NotImplementedError
 
+    def _transact_call(self, hold: Hold) -> Call:
+        """The kind's check before a transaction's commands (``<kind>/transact.lua``): its
+        script, the lock keys it reads, and its ARGV head (owner, fencing token).  By default
+        the reentrant lock hash's, which the plain, spin and fair locks share."""
+        return _scripts.LOCK_TRANSACT, (self._keys.lock,), (hold.owner, hold.token)
+
     def _fence_call(self, owner: str, requests: list[int]) -> Call:
         """Mark the owner's acquire ``requests`` as ones that must never grant: by default in
         the meta hash (``common/fence.lua``), which the acquire scripts read."""
@@ -220,6 +227,26 @@ class LockKind(Guarded[int]):
         elif not await self._try_until(wait, lease):
             raise LockTimeoutError(f"could not acquire lock {self.name!r} within {wait}s")
         return self._granted()
+
+    def _transaction(self, holding: Holding[int]) -> TransactionContext:
+        assert isinstance(holding, Hold)
+        services = self._services.check_open()
+        return TransactionContext(
+            name=self.name,
+            hold=holding,
+            check=self._transact_call(holding),
+            calls=services.calls,
+            holds=services.holds,
+            table=services.command_table(),
+            cluster=services.cluster,
+        )
+
+    @property
+    def hash_tag(self) -> str:
+        """The Redis Cluster hash tag of this lock's keys, with its braces (``{orders:42}``):
+        put it in the keys of a :meth:`~aiolock.LockGuard.transaction`, so that on a Cluster
+        they live in the lock's slot."""
+        return hash_tag(self.name)
 
     async def _exit(self, holding: Holding[int]) -> None:
         assert isinstance(holding, Hold)

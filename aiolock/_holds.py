@@ -81,11 +81,23 @@ class Hold:
     channel: str | None  # where this client's waiters for the lock park, if on a channel
     lost: bool = False
     lost_reason: str | None = None
+    # No longer tracked (released, lost, its release's outcome unknown): nothing vouches for it.
+    ended: bool = False
     timer: asyncio.TimerHandle | None = None
     listeners: list[Callable[[], object]] = field(default_factory=list)
     # Acquire requests of this hold that were resent (an earlier copy went out on a connection
     # that failed, and may still arrive): fenced off before the release that ends the hold.
     resent: list[int] = field(default_factory=list)
+
+    def valid_for(self) -> float:
+        """Seconds the hold surely lasts by this client's clock (no I/O); 0.0 once it ended.
+
+        ``expires_at`` counts from when the call that last set the lease was *sent*, and the
+        server counts from when it ran it, later: so this never exceeds the server's PTTL.
+        """
+        if self.lost or self.ended:
+            return 0.0
+        return max(0.0, self.expires_at - asyncio.get_running_loop().time())
 
     def __repr__(self) -> str:
         state = f"lost: {self.lost_reason}" if self.lost else f"held x{self.count}"
@@ -219,6 +231,7 @@ class Holds:
 
     def forget(self, hold: Hold) -> None:
         """Stop tracking ``hold`` (released, or its outcome unknown): no renewals, no timer."""
+        hold.ended = True
         if self._holds.get((hold.key, hold.owner)) is hold:
             del self._holds[(hold.key, hold.owner)]
             if self.metrics is not None:
