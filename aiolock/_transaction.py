@@ -29,7 +29,7 @@ import asyncio
 import inspect
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from redis.asyncio import Redis, RedisCluster
 from redis.commands import AsyncCoreCommands
@@ -72,6 +72,11 @@ _MAX_ARGS: Final = 7900
 # redis-py's markers in a command's options (redis.client.NEVER_DECODE / EMPTY_RESPONSE).
 _NEVER_DECODE: Final = "NEVER_DECODE"
 _EMPTY_RESPONSE: Final = "EMPTY_RESPONSE"
+
+
+def _word(arg: Any) -> str:
+    """A command word as text, upper case (redis-py passes some as bytes: ``b"BLOCK"``)."""
+    return (arg.decode(errors="replace") if isinstance(arg, bytes) else str(arg)).upper()
 
 
 class CommandTable:
@@ -130,6 +135,9 @@ class Transaction(AsyncCoreCommands):
 
     # Read by redis-py's command methods for its observability hooks, which a queue has none of.
     _event_dispatcher: Any = None
+    # redis-py's typing marker: its command methods are typed as an async client's, as for its
+    # own asyncio pipeline (each returns the transaction, in fact, so that calls chain).
+    _is_async_client: Literal[True] = True
 
     def __init__(self, name: str, parser: AsyncCommandsParser, table: CommandTable) -> None:
         self._name = name
@@ -157,7 +165,7 @@ class Transaction(AsyncCoreCommands):
         if not args:
             raise ValueError("a command needs a name")
         # redis-py sends a name such as "MEMORY USAGE" as two arguments: so does the script.
-        command = (*str(args[0]).split(), *args[1:])
+        command = (*_word(args[0]).split(), *args[1:])
         name = command[0].upper()
         self._check(name, command, options)
         self._queue.append((command, options))
@@ -168,10 +176,11 @@ class Transaction(AsyncCoreCommands):
         if info is None:
             raise ValueError(f"unknown command {name!r}: the server has no such command")
         flags = info["flags"] if isinstance(info, dict) else ()
-        blocking = "blocking" in flags and (
-            name not in ("XREAD", "XREADGROUP")
-            or any(str(arg).upper() == "BLOCK" for arg in command[1:])
-        )
+        # XREAD blocks only with BLOCK; other commands a server flags blocking always would.
+        if name in ("XREAD", "XREADGROUP"):
+            blocking = any(_word(arg) == "BLOCK" for arg in command[1:])
+        else:
+            blocking = "blocking" in flags
         if name in FORBIDDEN or "noscript" in flags or blocking:
             raise ValueError(
                 f"command {name} cannot run in a transaction: a Lua script may not run it "
