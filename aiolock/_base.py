@@ -30,7 +30,7 @@ import logging
 import math
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar, Final, TypeVar
 
 from redis.exceptions import RedisError, ResponseError
 
@@ -56,6 +56,8 @@ _FAILURES: Final = (RedisError, OSError)
 # How long past the lease end the client knows of a background release keeps trying: the
 # server counts a lease from when it applied the call, which a stall may have delayed.
 _SETTLE_MARGIN: Final = 1.0
+
+_T = TypeVar("_T")
 
 Call = tuple[Script, tuple[str, ...], tuple[Any, ...]]
 """A script call, ready to run: the script, its KEYS and its ARGV."""
@@ -208,10 +210,13 @@ class LockKind(Guarded[int]):
         :returns: ``True`` once held, ``False`` if ``wait`` ran out.
         """
         wait_s, lease_s = check_wait(wait), check_lease(lease)
-        if wait_s is None:
-            await self._wait_for_grant(lease_s)
+        return await self._traced(self._try_lock(wait_s, lease_s), lambda held: held)
+
+    async def _try_lock(self, wait: float | None, lease: float | None) -> bool:
+        if wait is None:
+            await self._wait_for_grant(lease)
             return True
-        return await self._try_until(wait_s, lease_s)
+        return await self._try_until(wait, lease)
 
     def lock(self, lease: float | None = None) -> Coroutine[Any, Any, None]:
         """Acquire the lock, waiting as long as it takes: ``await lock.lock()``.
@@ -219,14 +224,34 @@ class LockKind(Guarded[int]):
         The arguments are checked at the call; the coroutine it returns does the waiting (a
         plain function, so that a waiting task carries one coroutine frame fewer).
         """
-        return self._wait_for_grant(check_lease(lease))
+        return self._traced(self._wait_for_grant(check_lease(lease)), lambda _: True)
 
     async def _enter(self, wait: float | None, lease: float | None) -> Holding[int]:
+        return await self._traced(self._enter_untraced(wait, lease), lambda _: True)
+
+    async def _enter_untraced(self, wait: float | None, lease: float | None) -> Hold:
         if wait is None:
             await self._wait_for_grant(lease)
         elif not await self._try_until(wait, lease):
             raise LockTimeoutError(f"could not acquire lock {self.name!r} within {wait}s")
         return self._granted()
+
+    def _traced(
+        self, work: Coroutine[Any, Any, _T], granted: Callable[[_T], bool]
+    ) -> Coroutine[Any, Any, _T]:
+        """``work``, one acquire call of the calling owner, in an ``aiolock.acquire`` span
+        when the client traces (``granted(result)``: whether it holds the lock); else
+        ``work`` itself, at no cost."""
+        tracing = self._services.tracing
+        if tracing is None:
+            return work
+
+        def hold_of(result: _T) -> Hold | None:
+            if not granted(result):
+                return None
+            return self._services.holds.get(self._hold_key, self._owner()[0])
+
+        return tracing.acquire(work, self.kind, self.name, hold_of)
 
     def _transaction(self, holding: Holding[int]) -> TransactionContext:
         assert isinstance(holding, Hold)

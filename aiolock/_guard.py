@@ -136,9 +136,7 @@ class Guarded(Generic[TokenT_co]):
         """Release what is left of the hold that ``_enter`` returned (also after a loss)."""
         raise NotImplementedError
 
-    def _transaction(
-        self, holding: Holding[TokenT_co]
-    ) -> AbstractAsyncContextManager[Transaction]:
+    def _transaction(self, holding: Holding[TokenT_co]) -> AbstractAsyncContextManager[Transaction]:
         """A transaction under ``holding`` (see :meth:`LockGuard.transaction`); a kind that
         lives in one slot of one server supplies it."""
         raise TypeError(

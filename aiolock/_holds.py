@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from ._metrics import lock_extra
 
 if TYPE_CHECKING:
-    from ._metrics import Metrics
+    from ._metrics import Metrics, Tracing
     from ._scripts import Script
 
 __all__ = ["CLOCK_MARGIN", "Hold", "Holds", "NameCounters"]
@@ -88,6 +88,8 @@ class Hold:
     # Acquire requests of this hold that were resent (an earlier copy went out on a connection
     # that failed, and may still arrive): fenced off before the release that ends the hold.
     resent: list[int] = field(default_factory=list)
+    # The trace span current when the hold was granted (the holder's operation), if traced.
+    span: Any = None
 
     def valid_for(self) -> float:
         """Seconds the hold surely lasts by this client's clock (no I/O); 0.0 once it ended.
@@ -108,11 +110,15 @@ class Holds:
     """The registry of one client's holds, keyed by (lock key, owner)."""
 
     def __init__(
-        self, on_loss: Callable[[Hold], object] | None = None, metrics: Metrics | None = None
+        self,
+        on_loss: Callable[[Hold], object] | None = None,
+        metrics: Metrics | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self._on_loss = on_loss  # told of every loss, after the hold's own listeners
         # Every event below that a NameCounters counts is recorded here too, at the same line.
         self.metrics = metrics
+        self.tracing = tracing
         self._holds: dict[tuple[str, str], Hold] = {}
         self._pending: dict[tuple[str, str], asyncio.Task[None]] = {}
         # The token of each (key, owner)'s last hold lost, until its next grant: a grant that
@@ -251,6 +257,8 @@ class Holds:
         hold.counters.last_lost = True
         if self.metrics is not None:
             self.metrics.lost(hold.kind)
+        if self.tracing is not None:
+            self.tracing.lost(hold)
         self.forget(hold)
         logger.warning(
             "%s %r (token %d) lost: %s",

@@ -17,7 +17,7 @@ from redis.asyncio import Redis, RedisCluster
 from ._calls import Calls
 from ._cluster import ClusterCalls
 from ._holds import Holds
-from ._metrics import Metrics
+from ._metrics import Metrics, Tracing
 from ._owners import Owners
 from ._pubsub import PubSub
 from ._transaction import CommandTable
@@ -42,6 +42,7 @@ class Services:
     watchdog_timeout: float
     fair_wait_timeout: float
     metrics: Metrics | None = None  # None: opentelemetry is not installed (see _metrics)
+    tracing: Tracing | None = None  # likewise
     cluster: bool = False  # a Redis Cluster: per-slot fencing counters and renewal batches
     sync: tuple[int, float] | None = None  # (replicas, seconds) every grant waits for
     closed: bool = False

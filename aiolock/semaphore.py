@@ -121,6 +121,17 @@ class AsyncSemaphore:
     async def _take(self, wait: float | None, lease: float | None) -> Permit | None:
         permits = self._permits
         services = permits._services.check_open()
+        taking = self._take_as(services, wait, lease)
+        if services.tracing is None:
+            return await taking
+        return await services.tracing.acquire(
+            taking, permits.kind, self.name, lambda permit: None if permit is None else permit._hold
+        )
+
+    async def _take_as(
+        self, services: Services, wait: float | None, lease: float | None
+    ) -> Permit | None:
+        permits = self._permits
         owners = services.owners
         who = (f"{owners.client_id}:p{owners.next_request()}", current_task())
         if wait is None:
