@@ -79,6 +79,12 @@ def _word(arg: Any) -> str:
     return (arg.decode(errors="replace") if isinstance(arg, bytes) else str(arg)).upper()
 
 
+def _moves(parser: AsyncCommandsParser, command: tuple[Any, ...]) -> bool:
+    """Whether the server must be asked where ``command``'s keys are (``movablekeys``)."""
+    info = parser.commands.get(_word(command[0]).lower())
+    return isinstance(info, dict) and "movablekeys" in info["flags"]
+
+
 class CommandTable:
     """What a client knows of its server's commands, for transactions: redis-py's commands
     parser (key positions and flags from ``COMMAND``) and its reply parsers."""
@@ -245,6 +251,11 @@ class TransactionContext:
         hold = self._hold
         if hold.lost:
             raise self._lost()
+        if hold.ended:  # released (or its release's outcome unknown): not the client's to use
+            raise RuntimeError(
+                f"the hold of lock {self._name!r} has ended: a guard's transaction runs only "
+                "while the guard's hold lasts (inside its block)"
+            )
         queue = tx._queue
         sent = [(command, options) for command, options in queue if _EMPTY_RESPONSE not in options]
         keys = await self._keys(tx._parser, [command for command, _ in sent])
@@ -254,7 +265,8 @@ class TransactionContext:
             argv += (len(command), *command)
         reply = await self._calls.run(script, (*lock_keys, *keys), tuple(argv), once=True)
         if int(reply[0]) != 1:
-            self._holds.lose(hold, "a transaction found it gone (expired, forced or taken)")
+            if not hold.ended:  # else released meanwhile (an explicit owner's other task)
+                self._holds.lose(hold, "a transaction found it gone (expired, forced or taken)")
             raise self._lost()
         replies = iter(reply[1])
         results = [
@@ -275,22 +287,34 @@ class TransactionContext:
         self, parser: AsyncCommandsParser, commands: list[tuple[Any, ...]]
     ) -> list[Any]:
         """Every key the commands touch, once each, in order; on a Cluster each must be in the
-        lock's slot."""
-        found: dict[Any, None] = {}
-        for command in commands:
-            for key in await parser.get_keys(*command) or ():
-                found.setdefault(key, None)
-        if self._cluster:
-            encode = self._table.encoder.encode
-            slot = key_slot(encode(self._check[1][0]))
-            for key in found:
-                if key_slot(encode(key)) != slot:
-                    raise ValueError(
-                        f"key {key!r} is not in the slot of lock {self._name!r}: on a Cluster "
-                        "every key of a transaction must share the lock's hash tag "
-                        "(lock.hash_tag)"
-                    )
-        return list(found)
+        lock's slot.
+
+        The keys of most commands are at fixed places, found with no I/O; those of a command
+        whose keys move (ZUNIONSTORE, SORT ... STORE) are asked of the server (``COMMAND
+        GETKEYS``), as redis-py's Cluster client does: so those are found last, once every
+        other key passed the check.
+        """
+        encode = self._table.encoder.encode
+        slot = key_slot(encode(self._check[1][0])) if self._cluster else None
+        moving = [_moves(parser, command) for command in commands]
+        keys: list[list[Any]] = [[] for _ in commands]
+        for looking_at_moving in (False, True):
+            for index, command in enumerate(commands):
+                if moving[index] is not looking_at_moving:
+                    continue
+                keys[index] = list(await parser.get_keys(*command) or ())
+                for key in keys[index]:
+                    if slot is not None and key_slot(encode(key)) != slot:
+                        raise ValueError(
+                            f"key {key!r} is not in the slot of lock {self._name!r}: on a "
+                            "Cluster every key of a transaction must share the lock's hash "
+                            "tag (lock.hash_tag)"
+                        )
+        found: dict[bytes, Any] = {}
+        for command_keys in keys:
+            for key in command_keys:
+                found.setdefault(encode(key), key)
+        return list(found.values())
 
     async def _parse(self, result: Any, command: tuple[Any, ...], options: dict[str, Any]) -> Any:
         """A reply as redis-py's pipeline hands it back: its command's reply parser applied."""

@@ -288,6 +288,24 @@ async def test_an_error_in_the_block_sends_nothing(
     assert await redis.exists(members) == 0
 
 
+async def test_a_guard_whose_hold_ended_has_no_transaction(
+    aiolock_client: aiolock.Client, redis: Redis
+) -> None:
+    lock = aiolock_client.lock("over")
+    members = key_of(aiolock_client, lock, "members")
+    async with lock.acquire(wait=5) as guard, guard.transaction() as tx:
+        pass
+    assert tx.results == []  # an empty transaction checks the hold and runs nothing
+    assert guard.valid_for() == 0.0
+    calls = await evalsha_calls(redis)
+    with pytest.raises(RuntimeError, match="has ended"):
+        async with guard.transaction() as tx:
+            tx.sadd(members, "after the block")
+    assert await evalsha_calls(redis) == calls
+    assert lock.statistics().losses == 0  # a release is no loss
+    assert await redis.exists(members) == 0
+
+
 async def test_a_transaction_after_a_known_loss_sends_nothing(
     aiolock_client: aiolock.Client, redis: Redis
 ) -> None:

@@ -41,11 +41,11 @@ async def cluster(aiolock_cluster: ServerInfo) -> AsyncIterator[RedisCluster]:
         yield redis
 
 
-async def evalsha_calls(cluster: RedisCluster) -> int:
-    """EVALSHA calls run so far, over every primary."""
-    stats: dict[str, Any] = await cluster.info("commandstats", target_nodes=cluster.PRIMARIES)
+async def calls_of(cluster: RedisCluster, command: str) -> int:
+    """Calls of ``command`` (``evalsha``, ``command|getkeys``) so far, over every node."""
+    stats: dict[str, Any] = await cluster.info("commandstats", target_nodes=cluster.ALL_NODES)
     return sum(
-        int(node.get("cmdstat_evalsha", {}).get("calls", 0))
+        int(node.get(f"cmdstat_{command}", {}).get("calls", 0))
         for node in stats.values()
         if isinstance(node, dict)
     )
@@ -80,12 +80,15 @@ async def test_a_key_outside_the_locks_slot_is_refused_before_any_io(
     async with held(client, kind, "group") as guard:
         async with guard.transaction() as tx:  # loads nothing more: the Cluster's own table
             tx.sadd(inside, "first")
-        calls = await evalsha_calls(cluster)
+        calls = await calls_of(cluster, "evalsha")
+        asked = await calls_of(cluster, "command|getkeys")
         with pytest.raises(ValueError, match=repr(outside)):
             async with guard.transaction() as tx:
                 tx.sadd(inside, "second")
+                tx.zunionstore(f"{inside}:copy", [inside])  # its keys would be asked of a node
                 tx.sadd(outside, "x")
-        assert await evalsha_calls(cluster) == calls
+        assert await calls_of(cluster, "evalsha") == calls
+        assert await calls_of(cluster, "command|getkeys") == asked  # not even that
     assert await cluster.smembers(inside) == {"first"}
     assert await cluster.exists(outside) == 0
 
