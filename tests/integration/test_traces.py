@@ -23,27 +23,52 @@ pytestmark = pytest.mark.anyio
 MakeClient = Callable[..., aiolock.Client]
 
 
+class _WhileATestLooks(SimpleSpanProcessor):
+    """Exports only while a test of this module looks: the global provider lives for the whole
+    session, and the other tests' spans must not pile up in memory."""
+
+    looking = False
+
+    def on_end(self, span: ReadableSpan) -> None:
+        if self.looking:
+            super().on_end(span)
+
+
 @pytest.fixture(scope="session")
-def session_exporter() -> Iterator[InMemorySpanExporter]:
+def session_tracing() -> Iterator[tuple[InMemorySpanExporter, _WhileATestLooks]]:
     """The process' global tracer provider (it can be set once): an SDK one that keeps spans."""
     exporter = InMemorySpanExporter()
+    processor = _WhileATestLooks(exporter)
     provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    provider.add_span_processor(processor)
     trace.set_tracer_provider(provider)
     if trace.get_tracer_provider() is not provider:
         pytest.skip("another global tracer provider was set first")
-    yield exporter
+    yield exporter, processor
     provider.shutdown()
 
 
 @pytest.fixture
-def spans(session_exporter: InMemorySpanExporter) -> Callable[[], list[ReadableSpan]]:
+def exporter(
+    session_tracing: tuple[InMemorySpanExporter, _WhileATestLooks],
+) -> Iterator[InMemorySpanExporter]:
+    """The spans ended during the test."""
+    exporter, processor = session_tracing
+    exporter.clear()
+    processor.looking = True
+    try:
+        yield exporter
+    finally:
+        processor.looking = False
+        exporter.clear()
+
+
+@pytest.fixture
+def spans(exporter: InMemorySpanExporter) -> Callable[[], list[ReadableSpan]]:
     """The ``aiolock.acquire`` spans ended during the test so far."""
-    session_exporter.clear()
 
     def acquires() -> list[ReadableSpan]:
-        finished = session_exporter.get_finished_spans()
-        return [span for span in finished if span.name == "aiolock.acquire"]
+        return [span for span in exporter.get_finished_spans() if span.name == "aiolock.acquire"]
 
     return acquires
 
@@ -177,9 +202,8 @@ async def test_every_kind_is_traced(
 async def test_a_loss_the_holder_finds_is_an_event_on_its_span(
     aiolock_client: aiolock.Client,
     make_client: MakeClient,
-    session_exporter: InMemorySpanExporter,
+    exporter: InMemorySpanExporter,
 ) -> None:
-    session_exporter.clear()
     lock = aiolock_client.lock("taken")
     with tracer.start_as_current_span("job"):
         with pytest.raises(aiolock.LockLostError):
@@ -188,7 +212,7 @@ async def test_a_loss_the_holder_finds_is_an_event_on_its_span(
                 with tracer.start_as_current_span("write"), pytest.raises(aiolock.LockLostError):
                     async with guard.transaction() as tx:
                         tx.set("x", 1)
-    (write,) = [s for s in session_exporter.get_finished_spans() if s.name == "write"]
+    (write,) = [s for s in exporter.get_finished_spans() if s.name == "write"]
     (event,) = write.events
     assert event.name == "aiolock.lost"
     assert dict(event.attributes or {}) == {
@@ -199,15 +223,14 @@ async def test_a_loss_the_holder_finds_is_an_event_on_its_span(
 
 
 async def test_a_loss_a_timer_finds_is_an_event_on_the_holders_span(
-    aiolock_client: aiolock.Client, session_exporter: InMemorySpanExporter
+    aiolock_client: aiolock.Client, exporter: InMemorySpanExporter
 ) -> None:
-    session_exporter.clear()
     lock = aiolock_client.lock("expires")
     with tracer.start_as_current_span("job"):
         with pytest.raises(aiolock.LockLostError):
             async with lock.acquire(wait=5, lease=0.05) as guard:
                 await eventually(lambda: guard.lost, what="the lease ran out")
-    (job,) = [s for s in session_exporter.get_finished_spans() if s.name == "job"]
+    (job,) = [s for s in exporter.get_finished_spans() if s.name == "job"]
     assert [event.name for event in job.events] == ["aiolock.lost"]
     assert dict(job.events[0].attributes or {})["aiolock.reason"] == (
         "its lease ran out while it was held"
