@@ -7,6 +7,8 @@ is sent.  The keys are found by the same parser redis-py's Cluster client routes
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -18,7 +20,7 @@ from redis.crc import key_slot
 import aiolock
 from aiolock.pytest_plugin import ServerInfo
 from tests.helpers import cluster_clients
-from tests.integration.test_transaction import KINDS, held, lock_of
+from tests.integration.test_transaction import KINDS, RIVAL, held, lock_of
 
 pytestmark = pytest.mark.anyio
 
@@ -118,3 +120,51 @@ async def test_a_reentered_hold_transacts_on_a_cluster(
     async with lock.acquire(wait=5), lock.acquire(wait=5) as inner, inner.transaction() as tx:
         tx.sadd(members, "inner")
     assert await cluster.smembers(members) == {"inner"}
+
+
+@pytest.mark.parametrize(("kind", "lease"), [("lock", 0.4), ("read", 0.4), ("permit", None)])
+async def test_a_holder_paused_past_its_lease_has_its_write_refused_on_a_cluster(
+    aiolock_cluster: ServerInfo,
+    clients: Callable[..., aiolock.Client],
+    cluster: RedisCluster,
+    kind: str,
+    lease: float | None,
+) -> None:
+    """As on one server (see test_transaction.py): the paused holder's event loop stands still
+    while a client in another thread takes the lock on the lock's node."""
+    holder = clients(watchdog_timeout=0.4)
+    tag = lock_of(holder, kind, "group").hash_tag
+    members = f"{holder.key_prefix}-m:{tag}"
+    taken, done = threading.Event(), threading.Event()
+
+    def another_process() -> None:
+        async def take() -> None:
+            async with aiolock.Client.from_url(
+                aiolock_cluster.url, cluster=True, key_prefix=holder.key_prefix
+            ) as other:
+                async with held(other, RIVAL.get(kind, kind), "group", wait=10) as guard:
+                    async with guard.transaction() as tx:
+                        tx.sadd(members, "new holder")
+                    taken.set()
+                    await asyncio.to_thread(done.wait, 10)
+
+        asyncio.run(take())
+
+    rival = threading.Thread(target=another_process)
+    refused = False
+    with pytest.raises(aiolock.LockLostError):
+        async with held(holder, kind, "group", lease=lease) as guard:
+            async with guard.transaction() as tx:
+                tx.sadd(members, "holder")
+            rival.start()
+            assert taken.wait(10)  # the pause
+            assert not guard.lost
+            try:
+                async with guard.transaction() as tx:
+                    tx.sadd(members, "stale holder")
+            except aiolock.LockLostError:
+                refused = True
+    done.set()
+    await asyncio.to_thread(rival.join, 10)
+    assert refused
+    assert await cluster.smembers(members) == {"holder", "new holder"}
