@@ -30,7 +30,7 @@ import logging
 import math
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar, Final, TypeVar
 
 from redis.exceptions import RedisError, ResponseError
 
@@ -38,10 +38,11 @@ from . import _scripts
 from ._calls import NotSent, not_sent
 from ._guard import Guarded, Holding
 from ._holds import Hold, NameCounters
-from ._keys import LockKeys
+from ._keys import LockKeys, hash_tag
 from ._metrics import lock_extra
 from ._scripts import Script
 from ._services import Services
+from ._transaction import TransactionContext
 from ._validate import check_lease, check_wait
 from ._waiting import Waiting
 from .errors import LockNotOwnedError, LockSyncError, LockTimeoutError
@@ -55,6 +56,8 @@ _FAILURES: Final = (RedisError, OSError)
 # How long past the lease end the client knows of a background release keeps trying: the
 # server counts a lease from when it applied the call, which a stall may have delayed.
 _SETTLE_MARGIN: Final = 1.0
+
+_T = TypeVar("_T")
 
 Call = tuple[Script, tuple[str, ...], tuple[Any, ...]]
 """A script call, ready to run: the script, its KEYS and its ARGV."""
@@ -151,6 +154,12 @@ class LockKind(Guarded[int]):
     def _force_call(self) -> Call:
         raise NotImplementedError
 
+    def _transact_call(self, hold: Hold) -> Call:
+        """The kind's check before a transaction's commands (``<kind>/transact.lua``): its
+        script, the lock keys it reads, and its ARGV head (owner, fencing token).  By default
+        the reentrant lock hash's, which the plain, spin and fair locks share."""
+        return _scripts.LOCK_TRANSACT, (self._keys.lock,), (hold.owner, hold.token)
+
     def _fence_call(self, owner: str, requests: list[int]) -> Call:
         """Mark the owner's acquire ``requests`` as ones that must never grant: by default in
         the meta hash (``common/fence.lua``), which the acquire scripts read."""
@@ -201,10 +210,13 @@ class LockKind(Guarded[int]):
         :returns: ``True`` once held, ``False`` if ``wait`` ran out.
         """
         wait_s, lease_s = check_wait(wait), check_lease(lease)
-        if wait_s is None:
-            await self._wait_for_grant(lease_s)
+        return await self._traced(self._try_lock(wait_s, lease_s), lambda held: held)
+
+    async def _try_lock(self, wait: float | None, lease: float | None) -> bool:
+        if wait is None:
+            await self._wait_for_grant(lease)
             return True
-        return await self._try_until(wait_s, lease_s)
+        return await self._try_until(wait, lease)
 
     def lock(self, lease: float | None = None) -> Coroutine[Any, Any, None]:
         """Acquire the lock, waiting as long as it takes: ``await lock.lock()``.
@@ -212,14 +224,54 @@ class LockKind(Guarded[int]):
         The arguments are checked at the call; the coroutine it returns does the waiting (a
         plain function, so that a waiting task carries one coroutine frame fewer).
         """
-        return self._wait_for_grant(check_lease(lease))
+        return self._traced(self._wait_for_grant(check_lease(lease)), lambda _: True)
 
     async def _enter(self, wait: float | None, lease: float | None) -> Holding[int]:
+        return await self._traced(self._enter_untraced(wait, lease), lambda _: True)
+
+    async def _enter_untraced(self, wait: float | None, lease: float | None) -> Hold:
         if wait is None:
             await self._wait_for_grant(lease)
         elif not await self._try_until(wait, lease):
             raise LockTimeoutError(f"could not acquire lock {self.name!r} within {wait}s")
         return self._granted()
+
+    def _traced(
+        self, work: Coroutine[Any, Any, _T], granted: Callable[[_T], bool]
+    ) -> Coroutine[Any, Any, _T]:
+        """``work``, one acquire call of the calling owner, in an ``aiolock.acquire`` span
+        when the client traces (``granted(result)``: whether it holds the lock); else
+        ``work`` itself, at no cost."""
+        tracing = self._services.tracing
+        if tracing is None:
+            return work
+
+        def hold_of(result: _T) -> Hold | None:
+            if not granted(result):
+                return None
+            return self._services.holds.get(self._hold_key, self._owner()[0])
+
+        return tracing.acquire(work, self.kind, self.name, hold_of)
+
+    def _transaction(self, holding: Holding[int]) -> TransactionContext:
+        assert isinstance(holding, Hold)
+        services = self._services.check_open()
+        return TransactionContext(
+            name=self.name,
+            hold=holding,
+            check=self._transact_call(holding),
+            calls=services.calls,
+            holds=services.holds,
+            table=services.command_table(),
+            cluster=services.cluster,
+        )
+
+    @property
+    def hash_tag(self) -> str:
+        """The Redis Cluster hash tag of this lock's keys, with its braces (``{orders:42}``):
+        put it in the keys of a :meth:`~aiolock.LockGuard.transaction`, so that on a Cluster
+        they live in the lock's slot."""
+        return hash_tag(self.name)
 
     async def _exit(self, holding: Holding[int]) -> None:
         assert isinstance(holding, Hold)

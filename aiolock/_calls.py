@@ -26,6 +26,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, Final, Protocol
 
+from redis._parsers.commands import AsyncCommandsParser
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
@@ -33,7 +34,15 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ._scripts import Script
 
-__all__ = ["Calls", "ConnectionSource", "NotSent", "Orphan", "not_sent", "write"]
+__all__ = [
+    "Calls",
+    "ConnectionSource",
+    "NotSent",
+    "Orphan",
+    "commands_parser",
+    "not_sent",
+    "write",
+]
 
 # At most this many connections of its own per client, and never more than the pool allows.
 # The server runs one script at a time: more calls in flight would only queue there.
@@ -78,6 +87,7 @@ class Calls:
         orphan: Orphan | None = None,
         on_send: Callable[[bool], object] | None = None,
         mark_resends: bool = False,
+        once: bool = False,
     ) -> Any:
         """Run ``script`` by SHA (its source once on NOSCRIPT) and return the reply.
 
@@ -91,9 +101,18 @@ class Calls:
         ``mark_resends``: such an attempt carries one more argument, ``1``, so that the script
         knows it (an acquire script then fences that request off, granted or refused: see
         ``common/_requests.lua``).
+        ``once``: never sent again once some attempt was written (a script that is not
+        idempotent, such as a transaction's queued commands): the caller gets the error.
         """
         reply, _ = await self._run(
-            script, keys, args, orphan, None, on_send=on_send, mark_resends=mark_resends
+            script,
+            keys,
+            args,
+            orphan,
+            None,
+            on_send=on_send,
+            mark_resends=mark_resends,
+            once=once,
         )
         return reply
 
@@ -125,10 +144,11 @@ class Calls:
         *,
         on_send: Callable[[bool], object] | None = None,
         mark_resends: bool = False,
+        once: bool = False,
     ) -> tuple[Any, int]:
         evalsha = ("EVALSHA", script.sha, len(keys), *keys, *args)
         resent = (*evalsha, 1) if mark_resends else evalsha
-        return await self._call((evalsha, resent), script, orphan, sync, on_send)
+        return await self._call((evalsha, resent), script, orphan, sync, on_send, once=once)
 
     async def _call(
         self,
@@ -137,6 +157,8 @@ class Calls:
         orphan: Orphan | None,
         sync: tuple[int, float] | None,
         on_send: Callable[[bool], object] | None = None,
+        *,
+        once: bool = False,
     ) -> tuple[Any, int]:
         try:
             conn = await self._borrow()
@@ -174,7 +196,9 @@ class Calls:
             await conn.disconnect(nowait=True)
 
         try:
-            reply = await conn.retry.call_with_retry(attempt, failed)
+            # ``once``: a connect that failed is tried again, a written attempt never.
+            retryable = (lambda _: not sent) if once else None
+            reply = await conn.retry.call_with_retry(attempt, failed, is_retryable=retryable)
         except asyncio.CancelledError:
             if in_flight:
                 # The scripts are idempotent per request, so this reply is the call's outcome,
@@ -317,6 +341,13 @@ async def write(conn: AbstractConnection, *commands: tuple[Any, ...]) -> None:
         await writer.drain()
     except OSError as exc:
         raise RedisConnectionError(f"error while writing to the socket: {exc!r}") from exc
+
+
+def commands_parser() -> AsyncCommandsParser:
+    """redis-py's parser of command keys, the one its Cluster client routes by (the server's
+    ``COMMAND`` table; ``COMMAND GETKEYS`` for commands whose keys move).  Not exported by
+    redis-py: read here, the one module that holds redis-py's privates."""
+    return AsyncCommandsParser()
 
 
 async def _evaluate(

@@ -103,6 +103,7 @@ class ClusterCalls:
         orphan: Orphan | None = None,
         on_send: Callable[[bool], object] | None = None,
         mark_resends: bool = False,
+        once: bool = False,
     ) -> Any:
         """:meth:`Calls.run` on the node of ``keys[0]``'s slot, following redirections (a
         redirected call did not run: sending it on is not a resend)."""
@@ -115,6 +116,7 @@ class ClusterCalls:
                 orphan=orphan,
                 on_send=on_send,
                 mark_resends=mark_resends,
+                once=once,
             ),
             orphan,
         )

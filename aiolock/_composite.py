@@ -68,6 +68,11 @@ class CompositeHold(Generic[TokenT]):
         reasons = [f"{part.name!r}: {part.lost_reason}" for part in self.parts if part.lost]
         return "; ".join(reasons) if self.lost else None
 
+    def valid_for(self) -> float:
+        """Seconds for which at least ``needed`` parts surely stay held (no I/O)."""
+        left = sorted((part.valid_for() for part in self.parts), reverse=True)
+        return left[self.needed - 1] if not self.lost else 0.0
+
     def _part_lost(self) -> None:
         if self.lost and not self._notified:
             self._notified = True

@@ -42,8 +42,7 @@ class NameTemplate:
         missing = self.fields.keys() - arguments.keys()
         if missing:
             raise LookupError(
-                f"name_template {self.template!r}: no path parameter {sorted(missing)} "
-                f"in {where!r}"
+                f"name_template {self.template!r}: no path parameter {sorted(missing)} in {where!r}"
             )
         return self.template.format(**arguments)
 

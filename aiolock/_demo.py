@@ -1,7 +1,8 @@
 """The seeds' scenario: 100 users try to join a group limited to 5 members at the same moment.
 
-Each request checks the group's size and adds its user under ``try_lock(wait=5, lease=3)``; the
-group lives in Redis, so the requests may come from several processes.  With the lock exactly 5
+Each request checks the group's size and adds its user under ``acquire(wait=5, lease=3)``,
+the add through ``guard.transaction()`` (it lands only while the lock is held); the group
+lives in Redis, so the requests may come from several processes.  With the lock exactly 5
 join; ``--no-lock`` runs the same check-then-add without it and shows the race it prevents.
 """
 
@@ -19,6 +20,7 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from redis.asyncio import Redis, RedisCluster
 
 from .client import Client
+from .errors import LockLostError, LockTimeoutError
 
 __all__ = ["demo", "join_group", "run", "run_requests"]
 
@@ -28,25 +30,38 @@ LIMIT = 5
 async def join_group(
     client: Client, redis: Redis | RedisCluster, group: str, user: str, *, locked: bool
 ) -> str:
-    """One request: ``joined``, ``refused`` (the group is full) or ``timeout`` (no lock in time)."""
-    members = f"{group}:members"
+    """One request: ``joined``, ``refused`` (the group is full), ``timeout`` (no lock in time)
+    or ``lost`` (the lease ran out before the add, which was refused).
 
-    async def check_then_add() -> str:
+    Under the lock the member is added through ``guard.transaction()``: the write lands only if
+    the request still holds the lock, so a request paused past its lease (another one may have
+    filled the group meanwhile) cannot add a sixth member.
+    """
+    lock = client.lock(group)
+    members = f"{lock.hash_tag}:members"  # in the lock's slot, as a transaction on a Cluster needs
+
+    async def full() -> bool:
         if await redis.scard(members) >= LIMIT:
-            return "refused"
+            return True
         await asyncio.sleep(0)  # the gap between check and write where the race lives
-        await redis.sadd(members, user)
-        return "joined"
+        return False
 
     if not locked:
-        return await check_then_add()
-    lock = client.lock(group)
-    if not await lock.try_lock(wait=5, lease=3):
-        return "timeout"
+        if await full():
+            return "refused"
+        await redis.sadd(members, user)
+        return "joined"
     try:
-        return await check_then_add()
-    finally:
-        await lock.unlock()
+        async with lock.acquire(wait=5, lease=3) as guard:
+            if await full():
+                return "refused"
+            async with guard.transaction() as tx:
+                tx.sadd(members, user)
+            return "joined"
+    except LockTimeoutError:
+        return "timeout"
+    except LockLostError:
+        return "lost"  # paused past its lease: the transaction refused its add
 
 
 async def run_requests(url: str, group: str, users: Sequence[str], *, locked: bool) -> Counter[str]:
@@ -132,8 +147,9 @@ def run(
         f"{requests} requests to join a group limited to {LIMIT}, {mode}, "
         f"from {processes} process(es):"
     )
-    for outcome in ("joined", "refused", "timeout"):
-        print(f"  {outcome:8} {outcomes[outcome]:4}")
+    for outcome in ("joined", "refused", "timeout", "lost"):
+        if outcome != "lost" or outcomes[outcome]:
+            print(f"  {outcome:8} {outcomes[outcome]:4}")
     print(f"  wall time {elapsed:.3f}s")
     if locked and outcomes["joined"] != LIMIT:
         print(f"FAILED: {outcomes['joined']} joined, expected {LIMIT}")

@@ -11,14 +11,18 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from types import TracebackType
-from typing import Any, Generic, Literal, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
 
 import anyio
 
 from ._owners import current_task
 from ._validate import check_lease, check_wait
 from .errors import LockLostError
+
+if TYPE_CHECKING:
+    from ._transaction import Transaction
 
 __all__ = ["Guarded", "Holding", "LockGuard"]
 
@@ -40,6 +44,8 @@ class Holding(Protocol[TokenT_co]):
     @property
     def listeners(self) -> list[Callable[[], object]]: ...
 
+    def valid_for(self) -> float: ...
+
 
 class LockGuard(Generic[TokenT_co]):
     """Proof of one acquisition, yielded by ``acquire()`` and ``async with lock``.
@@ -49,6 +55,9 @@ class LockGuard(Generic[TokenT_co]):
         reject a writer that lost the lock.  A reentrant acquisition shares its holder's token.
         A ``MultiLock``'s token is the tuple of its locks' tokens.
     :ivar lost: ``True`` once the lease ran out or the lock was taken from the holder.
+
+    :meth:`transaction` queues Redis commands that run only while the hold lasts, and
+    :meth:`valid_for` says how long it surely lasts.
     """
 
     __slots__ = ("_holding", "lock")
@@ -64,6 +73,45 @@ class LockGuard(Generic[TokenT_co]):
     @property
     def lost(self) -> bool:
         return self._holding.lost
+
+    def valid_for(self) -> float:
+        """Seconds for which the hold is surely still valid, by this client's conservative
+        clock (no I/O); ``0.0`` once lost or released.
+
+        Counted from when the last grant or renewal was *sent* (the server counts its lease
+        from when it ran the call, later), minus a small margin: never more than the server's
+        PTTL of the hold.  With ``lease=None`` it grows at each watchdog renewal; a renewal
+        that cannot reach the server lets it run down to 0.0, when the hold is taken for
+        lost.  Check it before a side effect that must finish while the lock is held.  A
+        ``MultiLock``'s is its shortest part's; a ``RedLock``'s, the time its quorum lasts.
+        """
+        return self._holding.valid_for()
+
+    def transaction(self) -> AbstractAsyncContextManager[Transaction]:
+        """An async context manager whose commands land only while this hold lasts::
+
+            async with guard.transaction() as tx:
+                tx.sadd(members, user)          # queued with redis-py's command methods
+                tx.expire(members, 3600)
+            tx.results                          # [1, True]
+
+        On a clean exit of the block one atomic script call checks that this owner still
+        holds the lock with this guard's fencing token, then runs the queued commands (as
+        EXEC runs a MULTI's).  If the hold is gone (expired, forced, taken over) none runs,
+        the guard is marked lost, and :class:`~aiolock.LockLostError` is raised.  An error in
+        the block sends nothing.
+
+        A command that a script may not run (MULTI, WAIT, SUBSCRIBE, EVAL, a blocking pop...)
+        raises :class:`ValueError` as it is queued.  On a Cluster every key must hash to the
+        lock's slot: build keys with ``lock.hash_tag``; one that does not raises
+        :class:`ValueError` naming it, before anything is sent.  The call is never resent: if
+        the connection fails with it written, the error propagates and the outcome is
+        unknown, as for a MULTI/EXEC.
+
+        :raises TypeError: for a ``MultiLock`` or ``RedLock`` guard (its parts live on
+            several slots or servers: no one script can check them all).
+        """
+        return self.lock._transaction(self._holding)
 
     def __repr__(self) -> str:
         holding = self._holding
@@ -87,6 +135,15 @@ class Guarded(Generic[TokenT_co]):
     async def _exit(self, holding: Holding[TokenT_co]) -> None:
         """Release what is left of the hold that ``_enter`` returned (also after a loss)."""
         raise NotImplementedError
+
+    def _transaction(self, holding: Holding[TokenT_co]) -> AbstractAsyncContextManager[Transaction]:
+        """A transaction under ``holding`` (see :meth:`LockGuard.transaction`); a kind that
+        lives in one slot of one server supplies it."""
+        raise TypeError(
+            f"a {type(self).__name__} guard has no transaction(): its locks live on several "
+            "slots or servers, which no one atomic call can check; use the transaction of "
+            "one lock's guard"
+        )
 
     def acquire(
         self,

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from ._metrics import lock_extra
 
 if TYPE_CHECKING:
-    from ._metrics import Metrics
+    from ._metrics import Metrics, Tracing
     from ._scripts import Script
 
 __all__ = ["CLOCK_MARGIN", "Hold", "Holds", "NameCounters"]
@@ -82,11 +82,25 @@ class Hold:
     channel: str | None  # where this client's waiters for the lock park, if on a channel
     lost: bool = False
     lost_reason: str | None = None
+    # No longer tracked (released, lost, its release's outcome unknown): nothing vouches for it.
+    ended: bool = False
     timer: asyncio.TimerHandle | None = None
     listeners: list[Callable[[], object]] = field(default_factory=list)
     # Acquire requests of this hold that were resent (an earlier copy went out on a connection
     # that failed, and may still arrive): fenced off before the release that ends the hold.
     resent: list[int] = field(default_factory=list)
+    # The trace span current when the hold was granted (the holder's operation), if traced.
+    span: Any = None
+
+    def valid_for(self) -> float:
+        """Seconds the hold surely lasts by this client's clock (no I/O); 0.0 once it ended.
+
+        ``expires_at`` counts from when the call that last set the lease was *sent*, and the
+        server counts from when it ran it, later: so this never exceeds the server's PTTL.
+        """
+        if self.lost or self.ended:
+            return 0.0
+        return max(0.0, self.expires_at - asyncio.get_running_loop().time())
 
     def __repr__(self) -> str:
         state = f"lost: {self.lost_reason}" if self.lost else f"held x{self.count}"
@@ -97,11 +111,15 @@ class Holds:
     """The registry of one client's holds, keyed by (lock key, owner)."""
 
     def __init__(
-        self, on_loss: Callable[[Hold], object] | None = None, metrics: Metrics | None = None
+        self,
+        on_loss: Callable[[Hold], object] | None = None,
+        metrics: Metrics | None = None,
+        tracing: Tracing | None = None,
     ) -> None:
         self._on_loss = on_loss  # told of every loss, after the hold's own listeners
         # Every event below that a NameCounters counts is recorded here too, at the same line.
         self.metrics = metrics
+        self.tracing = tracing
         self._holds: dict[tuple[str, str], Hold] = {}
         self._pending: dict[tuple[str, str], asyncio.Task[None]] = {}
         # The token of each (key, owner)'s last hold lost, until its next grant: a grant that
@@ -223,6 +241,7 @@ class Holds:
 
     def forget(self, hold: Hold) -> None:
         """Stop tracking ``hold`` (released, or its outcome unknown): no renewals, no timer."""
+        hold.ended = True
         if self._holds.get((hold.key, hold.owner)) is hold:
             del self._holds[(hold.key, hold.owner)]
             if self.metrics is not None:
@@ -242,6 +261,8 @@ class Holds:
         hold.counters.last_lost = True
         if self.metrics is not None:
             self.metrics.lost(hold.kind)
+        if self.tracing is not None:
+            self.tracing.lost(hold)
         self.forget(hold)
         logger.warning(
             "%s %r (token %d) lost: %s",

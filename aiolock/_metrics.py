@@ -23,23 +23,45 @@ The one attribute is ``aiolock.kind`` (``lock``, ``fair``, ``spin``, ``rw-read``
 event is recorded at the one place that also counts it for ``statistics()``, so the two
 cannot disagree.
 
+**Traces** (the same extra): a span ``aiolock.acquire`` per acquire call on the tracer
+``aiolock`` of the global tracer provider, with the attributes ``aiolock.kind``,
+``aiolock.outcome`` (``granted``, ``timeout``, ``cancelled`` or ``error``), ``aiolock.wait``
+(seconds the call took) and ``aiolock.reentrant`` (a granted call re-entered a hold the owner
+had), and ``aiolock.name`` only for a client made with ``trace_names=True`` (names are
+unbounded: a tracing backend may index attributes).  When a hold is lost, an event
+``aiolock.lost`` goes on the span current then if it is recording (the holder's own code
+found the loss: a transaction, a release), else on the span that was current when the hold
+was granted (the holder's operation, while it lasts): a timer or the watchdog finds most
+losses, in a context of their own.
+
 **Logging**: the records the library logs about one lock carry :func:`lock_extra` as
 ``extra``: the attributes ``aiolock_name``, ``aiolock_owner`` and ``aiolock_kind``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Final
+from collections.abc import Awaitable, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Final, TypeVar
+
+from .errors import LockTimeoutError
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import Meter
+    from opentelemetry.trace import Tracer
 
-__all__ = ["KIND", "METER", "Metrics", "lock_extra", "metrics"]
+    from ._holds import Hold
+
+__all__ = ["KIND", "METER", "TRACER", "Metrics", "Tracing", "lock_extra", "metrics", "tracing"]
 
 METER: Final = "aiolock"
+TRACER: Final = "aiolock"
 KIND: Final = "aiolock.kind"
+ACQUIRE_SPAN: Final = "aiolock.acquire"
+LOST_EVENT: Final = "aiolock.lost"
+
+_T = TypeVar("_T")
 
 # Lock waits run from a round trip (well under a millisecond) to minutes: the SDK's default
 # boundaries are made for milliseconds, so the histogram advises its own, in seconds.
@@ -138,6 +160,101 @@ def metrics() -> Metrics | None:
     from . import __version__
 
     return Metrics(get_meter(METER, __version__))
+
+
+class Tracing:
+    """A client's spans (see the module docstring); ``names``: its ``trace_names`` option."""
+
+    __slots__ = ("_names", "_tracer")
+
+    def __init__(self, tracer: Tracer, names: bool) -> None:
+        self._tracer = tracer
+        self._names = names
+
+    async def acquire(
+        self,
+        work: Awaitable[_T],
+        kind: str,
+        name: str,
+        hold_of: Callable[[_T], Hold | None],
+    ) -> _T:
+        """Await one acquire call ``work`` in an ``aiolock.acquire`` span.
+
+        ``hold_of(result)``: the hold a call that returned ``result`` holds (``None``: the
+        wait ran out), read at once, in the calling task.
+        """
+        from opentelemetry.trace import StatusCode, get_current_span
+
+        holder_span = get_current_span()
+        attributes: dict[str, Any] = {KIND: kind}
+        if self._names:
+            attributes["aiolock.name"] = name
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        with self._tracer.start_as_current_span(
+            ACQUIRE_SPAN,
+            attributes=attributes,
+            record_exception=False,
+            set_status_on_exception=False,
+        ) as span:
+            outcome = "error"
+            try:
+                result = await work
+            except asyncio.CancelledError:
+                outcome = "cancelled"
+                raise
+            except LockTimeoutError:
+                outcome = "timeout"
+                raise
+            except BaseException as exc:
+                span.record_exception(exc)
+                span.set_status(StatusCode.ERROR, type(exc).__name__)
+                raise
+            else:
+                hold = hold_of(result)
+                outcome = "timeout" if hold is None else "granted"
+                if hold is not None:
+                    span.set_attribute("aiolock.reentrant", hold.count > 1)
+                    if hold.span is None:
+                        hold.span = holder_span
+            finally:
+                span.set_attribute("aiolock.outcome", outcome)
+                span.set_attribute("aiolock.wait", loop.time() - started)
+            return result
+
+    def lost(self, hold: Hold) -> None:
+        """Put an ``aiolock.lost`` event on the span of whoever finds out (see the module
+        docstring)."""
+        from opentelemetry.trace import get_current_span
+
+        span = get_current_span()
+        if not span.is_recording() and hold.span is not None:
+            span = hold.span
+        attributes: dict[str, Any] = {
+            KIND: hold.kind,
+            "aiolock.fencing_token": hold.token,
+            "aiolock.reason": hold.lost_reason or "",
+        }
+        if self._names:
+            attributes["aiolock.name"] = hold.name
+        span.add_event(LOST_EVENT, attributes)
+
+
+@functools.cache
+def _tracer() -> Tracer | None:
+    try:
+        from opentelemetry.trace import get_tracer
+    except ImportError:
+        return None
+    from . import __version__
+
+    return get_tracer(TRACER, __version__)
+
+
+def tracing(names: bool) -> Tracing | None:
+    """A client's spans on the global tracer provider; ``None`` without opentelemetry."""
+    tracer = _tracer()
+    return None if tracer is None else Tracing(tracer, names)
 
 
 def lock_extra(kind: str, name: str, owner: str) -> dict[str, str]:

@@ -29,6 +29,7 @@ __all__ = [
     "LOCK_FORCE",
     "LOCK_RELEASE",
     "LOCK_RENEW",
+    "LOCK_TRANSACT",
     "READ",
     "RW_FORCE",
     "RW_LEAVE",
@@ -38,12 +39,15 @@ __all__ = [
     "RW_RENEW_READ",
     "RW_RENEW_WRITE",
     "RW_STATE",
+    "RW_TRANSACT_READ",
+    "RW_TRANSACT_WRITE",
     "RW_WRITE",
     "SEMAPHORE_ACQUIRE",
     "SEMAPHORE_FENCE",
     "SEMAPHORE_HELD",
     "SEMAPHORE_RELEASE",
     "SEMAPHORE_RENEW",
+    "SEMAPHORE_TRANSACT",
     "Script",
     "sharded",
 ]
@@ -92,6 +96,7 @@ LOCK_ACQUIRE = Script.load("lock", "acquire")
 LOCK_RELEASE = Script.load("lock", "release")
 LOCK_RENEW = Script.load("lock", "renew")
 LOCK_FORCE = Script.load("lock", "force")
+LOCK_TRANSACT = Script.load("lock", "transact")
 
 FAIR_ACQUIRE = Script.load("fair", "acquire")
 FAIR_RELEASE = Script.load("fair", "release")
@@ -107,6 +112,7 @@ SEMAPHORE_RELEASE = Script.load("semaphore", "release")
 SEMAPHORE_RENEW = Script.load("semaphore", "renew")
 SEMAPHORE_HELD = Script.load("semaphore", "held")
 SEMAPHORE_FENCE = Script.load("semaphore", "fence")
+SEMAPHORE_TRANSACT = Script.load("semaphore", "transact")
 
 RW_READ = Script.load("rw", "read")
 RW_WRITE = Script.load("rw", "write")
@@ -117,3 +123,5 @@ RW_RENEW_WRITE = Script.load("rw", "renew_write")
 RW_FORCE = Script.load("rw", "force")
 RW_LEAVE = Script.load("rw", "leave")
 RW_STATE = Script.load("rw", "state")
+RW_TRANSACT_READ = Script.load("rw", "transact_read")
+RW_TRANSACT_WRITE = Script.load("rw", "transact_write")

@@ -17,9 +17,10 @@ from redis.asyncio import Redis, RedisCluster
 from ._calls import Calls
 from ._cluster import ClusterCalls
 from ._holds import Holds
-from ._metrics import Metrics
+from ._metrics import Metrics, Tracing
 from ._owners import Owners
 from ._pubsub import PubSub
+from ._transaction import CommandTable
 from ._watchdog import Watchdog
 
 __all__ = ["Services"]
@@ -41,9 +42,12 @@ class Services:
     watchdog_timeout: float
     fair_wait_timeout: float
     metrics: Metrics | None = None  # None: opentelemetry is not installed (see _metrics)
+    tracing: Tracing | None = None  # likewise
     cluster: bool = False  # a Redis Cluster: per-slot fencing counters and renewal batches
     sync: tuple[int, float] | None = None  # (replicas, seconds) every grant waits for
     closed: bool = False
+    # The server's commands, for transactions (made at first use: most clients never need it).
+    commands: CommandTable | None = None
     # Per (kind, name) state, shared by every lock object of that kind and name while one
     # exists: thousands of waiters on a few names hold one copy of the keys and counters each.
     _names: weakref.WeakValueDictionary[tuple[str, str], object] = field(
@@ -62,6 +66,12 @@ class Services:
         if self.closed:
             raise RuntimeError("the aiolock client is closed")
         return self
+
+    def command_table(self) -> CommandTable:
+        """What transactions need to know of the server's commands (made once per client)."""
+        if self.commands is None:
+            self.commands = CommandTable(self.redis)
+        return self.commands
 
     def name_state(self, kind: str, name: str, build: Callable[[], _State]) -> _State:
         """The shared state of ``kind``/``name``, made by ``build()`` if none is alive."""

@@ -20,7 +20,7 @@ from ._calls import Calls
 from ._cluster import ClusterCalls, ClusterTopology
 from ._decorator import P, R, locked
 from ._holds import Hold, Holds
-from ._metrics import metrics
+from ._metrics import metrics, tracing
 from ._owners import Owners
 from ._pubsub import OneServer, PubSub, Topology
 from ._services import Services
@@ -89,6 +89,7 @@ class Client:
         fair_wait_timeout: float = 5.0,
         sync_replicas: int = 0,
         sync_timeout: float = 1.0,
+        trace_names: bool = False,
     ) -> None:
         if not isinstance(redis, Redis | RedisCluster):
             raise TypeError(
@@ -101,6 +102,7 @@ class Client:
             fair_wait=fair_wait_timeout,
             sync_replicas=sync_replicas,
             sync_timeout=sync_timeout,
+            trace_names=trace_names,
         )
         self._init(redis, options, owns=False)
 
@@ -126,7 +128,8 @@ class Client:
                 pubsub.wake(hold.channel)
 
         recorder = metrics()  # None without opentelemetry: nothing is recorded
-        holds = Holds(on_loss=on_loss, metrics=recorder)
+        tracer = tracing(options.trace_names)  # None without opentelemetry too
+        holds = Holds(on_loss=on_loss, metrics=recorder, tracing=tracer)
         sync = (options.sync_replicas, options.sync_timeout) if options.sync_replicas else None
         self._services = Services(
             redis=redis,
@@ -145,6 +148,7 @@ class Client:
             watchdog_timeout=options.watchdog_timeout,
             fair_wait_timeout=options.fair_wait_timeout,
             metrics=recorder,
+            tracing=tracer,
             cluster=isinstance(redis, RedisCluster),
             sync=sync,
         )
@@ -165,6 +169,7 @@ class Client:
         fair_wait_timeout: float = 5.0,
         sync_replicas: int = 0,
         sync_timeout: float = 1.0,
+        trace_names: bool = False,
         cluster: bool = False,
         **redis_options: Any,
     ) -> Client:
@@ -184,6 +189,7 @@ class Client:
             fair_wait=fair_wait_timeout,
             sync_replicas=sync_replicas,
             sync_timeout=sync_timeout,
+            trace_names=trace_names,
         )
         client = cls.__new__(cls)
         if not isinstance(cluster, bool):
@@ -339,6 +345,7 @@ class _Options:
     fair_wait_timeout: float
     sync_replicas: int
     sync_timeout: float
+    trace_names: bool
 
     @classmethod
     def check(
@@ -350,6 +357,7 @@ class _Options:
         fair_wait: object,
         sync_replicas: object,
         sync_timeout: object,
+        trace_names: object,
     ) -> _Options:
         prefix = check_name(key_prefix, "key_prefix")
         if "{" in prefix or "}" in prefix:
@@ -369,7 +377,9 @@ class _Options:
         if sync_replicas < 0:
             raise ValueError(f"sync_replicas must be at least 0, got {sync_replicas}")
         sync = check_timeout(sync_timeout, "sync_timeout", minimum=0.001)
-        return cls(prefix, watchdog, concurrency, fair, sync_replicas, sync)
+        if not isinstance(trace_names, bool):
+            raise TypeError(f"trace_names must be a bool, not {type(trace_names).__name__}")
+        return cls(prefix, watchdog, concurrency, fair, sync_replicas, sync, trace_names)
 
 
 def _name_and_owner(name: object, owner: object) -> tuple[str, str | None]:

@@ -28,7 +28,8 @@ from redis.exceptions import ResponseError
 
 from . import _scripts
 from ._base import Call, LockKind, Seam, release_args
-from ._keys import LockKeys
+from ._holds import Hold
+from ._keys import LockKeys, hash_tag
 from ._metrics import lock_extra
 from ._pubsub import BroadcastEntry
 from ._services import Services
@@ -147,6 +148,10 @@ class AsyncReadLock(_Mode):
     def _attempt(self, owner: str, request: int, lease_ms: int) -> Call:
         return _scripts.RW_READ, self._rw_keys.script_keys(), (lease_ms, owner, request, 0)
 
+    def _transact_call(self, hold: Hold) -> Call:
+        keys = self._rw_keys
+        return _scripts.RW_TRANSACT_READ, (keys.lock, keys.readers), (hold.owner, hold.token)
+
     def _release_call(self, owner: str, request: int, undo: int | None) -> Call:
         return (
             _scripts.RW_RELEASE_READ,
@@ -200,6 +205,9 @@ class AsyncWriteLock(_Mode):
         wait_ms = round(self._services.fair_wait_timeout * 1000)
         args = (lease_ms, owner, request, wait_ms)
         return _scripts.RW_WRITE, self._rw_keys.script_keys(), args
+
+    def _transact_call(self, hold: Hold) -> Call:
+        return _scripts.RW_TRANSACT_WRITE, (self._keys.lock,), (hold.owner, hold.token)
 
     def _release_call(self, owner: str, request: int, undo: int | None) -> Call:
         return (
@@ -296,6 +304,12 @@ class AsyncReadWriteLock:
     def __init__(self, services: Services, name: str) -> None:
         self._services = services
         self.name = name
+
+    @property
+    def hash_tag(self) -> str:
+        """The Redis Cluster hash tag of the lock's keys, with its braces (see
+        :attr:`aiolock.AsyncRLock.hash_tag`)."""
+        return hash_tag(self.name)
 
     def read_lock(self, *, owner: str | None = None) -> AsyncReadLock:
         """The read lock (no I/O); ``owner`` binds it to an explicit owner."""

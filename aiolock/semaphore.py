@@ -14,17 +14,23 @@ client's watchdog while the task that took them lives.
 
 from __future__ import annotations
 
+from contextlib import AbstractAsyncContextManager
 from types import TracebackType
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 from . import _scripts
 from ._base import Call, LockKind, LockStatistics, Seam, release_args
+from ._guard import LockGuard
 from ._holds import Hold
+from ._keys import hash_tag
 from ._owners import current_task
 from ._services import Services
 from ._validate import check_lease, check_wait
 from ._waiting import ChannelWait, Waiting
 from .errors import LockLostError, LockNotOwnedError, LockTimeoutError
+
+if TYPE_CHECKING:
+    from ._transaction import Transaction
 
 __all__ = ["AsyncSemaphore", "Permit", "seam_of"]
 
@@ -58,6 +64,10 @@ class _Permits(LockKind):
 
     def _force_call(self) -> Call:
         raise NotImplementedError("a semaphore has no force_unlock")
+
+    def _transact_call(self, hold: Hold) -> Call:
+        # The permit id is unique per acquisition: it tells this permit from any later one.
+        return _scripts.SEMAPHORE_TRANSACT, (self._keys.lock,), (hold.owner, 0)
 
     def _fence_call(self, owner: str, requests: list[int]) -> Call:
         # Its meta key is the list of the last releases: the marks live with the permits.
@@ -111,7 +121,22 @@ class AsyncSemaphore:
 
     async def _take(self, wait: float | None, lease: float | None) -> Permit | None:
         seam = self._seam
-        owners = seam.services.check_open().owners
+        services = seam.services.check_open()
+        taking = self._take_as(services, wait, lease)
+        if services.tracing is None:
+            return await taking
+        return await services.tracing.acquire(
+            taking,
+            seam.lock.kind,
+            self.name,
+            lambda permit: None if permit is None else permit._hold,
+        )
+
+    async def _take_as(
+        self, services: Services, wait: float | None, lease: float | None
+    ) -> Permit | None:
+        seam = self._seam
+        owners = services.owners
         who = (f"{owners.client_id}:p{owners.next_request()}", current_task())
         if wait is None:
             await seam.wait_for_grant(lease, who)
@@ -120,7 +145,13 @@ class AsyncSemaphore:
         hold = seam.hold(who[0])
         if hold is None:  # the grant registers it: never, short of a bug
             raise RuntimeError(f"semaphore {self.name!r} granted a permit it did not register")
-        return Permit(self, hold)
+        return Permit(self, hold, LockGuard(self._permits, hold))
+
+    @property
+    def hash_tag(self) -> str:
+        """The Redis Cluster hash tag of the semaphore's keys, with its braces: put it in the
+        keys of a permit's :meth:`~Permit.transaction` (see :attr:`aiolock.AsyncRLock.hash_tag`)."""
+        return hash_tag(self.name)
 
     async def available(self) -> int:
         """How many permits are free now (by this caller's ``permits``)."""
@@ -152,11 +183,12 @@ class Permit:
     :ivar lost: ``True`` once its lease ran out (or the watchdog found it gone).
     """
 
-    __slots__ = ("_hold", "semaphore")
+    __slots__ = ("_guard", "_hold", "semaphore")
 
-    def __init__(self, semaphore: AsyncSemaphore, hold: Hold) -> None:
+    def __init__(self, semaphore: AsyncSemaphore, hold: Hold, guard: LockGuard[int]) -> None:
         self.semaphore = semaphore
         self._hold = hold
+        self._guard = guard  # the permit as a hold of the semaphore's machinery
 
     @property
     def id(self) -> str:
@@ -165,6 +197,18 @@ class Permit:
     @property
     def lost(self) -> bool:
         return self._hold.lost
+
+    def valid_for(self) -> float:
+        """Seconds for which the permit is surely still held, by this client's conservative
+        clock (no I/O); ``0.0`` once lost or released (see
+        :meth:`aiolock.LockGuard.valid_for`)."""
+        return self._guard.valid_for()
+
+    def transaction(self) -> AbstractAsyncContextManager[Transaction]:
+        """Commands that run only while the permit is held, in one atomic call (see
+        :meth:`aiolock.LockGuard.transaction`): if its lease ran out meanwhile none runs and
+        :class:`~aiolock.LockLostError` is raised."""
+        return self._guard.transaction()
 
     async def release(self) -> None:
         """Give the permit back and wake a waiter; any task may call it.

@@ -52,3 +52,16 @@ def test_fencing_example_rejects_the_stale_writer(aiolock_server: ServerInfo) ->
     )
     assert "new holder wrote: True - stale holder wrote: False" in run.stdout, run.stdout
     assert "learns it lost the lock" in run.stdout
+
+
+def test_stale_holder_example_has_its_write_refused(aiolock_server: ServerInfo) -> None:
+    run = subprocess.run(
+        [sys.executable, str(EXAMPLES[0].parent / "stale_holder.py"), aiolock_server.url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "stale holder's write was refused" in run.stdout, run.stdout
+    assert "members: ['added by the new holder']" in run.stdout, run.stdout
