@@ -101,10 +101,14 @@ class _Mode(LockKind):
     def _force_call(self) -> Call:
         return _scripts.RW_FORCE, self._rw_keys.script_keys(), (self.mode,)
 
-    def _channel(self) -> str:
-        # A hold that ends unpublished may free the lock for the other mode's waiters.
+    def _channels(self) -> tuple[str, ...]:
+        # A read hold that ends unpublished may free the lock for writers; a write hold, for
+        # writers (this client's queued behind one that got it are parked without a lease to
+        # go by) and readers.
         keys = self._rw_keys
-        return keys.write_channel if self.mode == "r" else keys.read_channel
+        if self.mode == "r":
+            return (keys.write_channel,)
+        return (keys.write_channel, keys.read_channel)
 
     async def _rw_state(self) -> tuple[bool, int, int, int, float, float]:
         """(someone writes, live readers, the caller's read holds, its write holds, seconds
