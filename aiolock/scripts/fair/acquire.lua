@@ -68,12 +68,14 @@ local function attempt()
             redis.call('ZREM', KEYS[3], owner)
             redis.call('ZREM', KEYS[4], owner)
             local reply = grant(KEYS[1], KEYS[6], owner, request, lease)
-            -- A lease that runs out publishes nothing: the next in line, parked until the end
-            -- of an earlier hold (the meta hash lives at least as long as the lease a release
-            -- left) or for a wait timeout, is told when this one ends, if that may be sooner.
-            if lease < wait or lease < redis.call('PTTL', KEYS[2]) then
-                local next_owner = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
-                if next_owner then
+            -- A lease that runs out publishes nothing.  The next in line is parked until the
+            -- end of an earlier hold (released early: the meta hash lives at least as long as
+            -- the lease a release left) or for its own wait timeout (ending by its deadline):
+            -- it is told when this hold ends, if that may be sooner.
+            local next_owner = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+            if next_owner then
+                local parked = tonumber(redis.call('ZSCORE', KEYS[4], next_owner) or 0) - now_ms()
+                if lease < math.max(parked, redis.call('PTTL', KEYS[2])) then
                     bound(next_owner, lease)
                 end
             end
