@@ -70,14 +70,18 @@ local function attempt()
             local reply = grant(KEYS[1], KEYS[6], owner, request, lease)
             -- A lease that runs out publishes nothing.  The next in line is parked until the
             -- end of an earlier hold (released early: the meta hash lives at least as long as
-            -- the lease a release left) or for its own wait timeout (ending by its deadline):
-            -- it is told when this hold ends, if that may be sooner.
-            local next_owner = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+            -- the lease a release left) or for its own wait timeout (ending by its deadline, at
+            -- most the latest of the queue): it is told when this hold ends, if that may be
+            -- sooner.  Cheapest reads first: this runs at every contended grant, and with the
+            -- watchdog's leases no message is needed.
+            local tell = lease < redis.call('PTTL', KEYS[2])
+            if not tell then
+                local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')[2]
+                tell = last ~= nil and now_ms() + lease < tonumber(last)
+            end
+            local next_owner = tell and redis.call('ZRANGE', KEYS[3], 0, 0)[1]
             if next_owner then
-                local parked = tonumber(redis.call('ZSCORE', KEYS[4], next_owner) or 0) - now_ms()
-                if lease < math.max(parked, redis.call('PTTL', KEYS[2])) then
-                    bound(next_owner, lease)
-                end
+                bound(next_owner, lease)
             end
             return reply
         end
