@@ -294,10 +294,10 @@ class NamedEntry(Entry):
         self._bounds.pop(name, None)
 
     def deliver(self, payload: bytes) -> None:
-        if payload.startswith(b"+"):  # '+<ms> <owner>': a bound, not a hand-off
-            ms, _, name = payload[1:].partition(b" ")
-            self.bound_named(name.decode(errors="replace"), int(ms) / 1000)
-        else:
+        ms, _, name = payload.partition(b" ")
+        if ms[:1] == b"+" and ms[1:].isdigit():  # '+<ms> <owner>': a bound, not a hand-off
+            self.bound_named(name.decode(errors="replace"), int(ms[1:]) / 1000)
+        else:  # anything else names the owner to wake (or nobody waiting here)
             self.wake_named(payload.decode(errors="replace"))
 
     def bound_named(self, name: str, seconds: float) -> None:

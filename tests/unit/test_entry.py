@@ -222,6 +222,9 @@ async def test_a_bound_message_ends_the_named_park_by_then_and_nothing_else() ->
     entry.deliver(b"+30 a")
     entry.deliver(b"+40 b")  # b is between two tries
     entry.deliver(b"+10 nobody")  # not waiting here: ignored
+    for foreign in (b"+", b"+x a", b"+-5 a", b"+1.5 a", b"\xff"):  # published by someone else
+        entry.deliver(foreign)  # wakes nobody: no owner waiting here has that name
+    assert not parked.done()
     assert await asyncio.wait_for(parked, 5) is False  # ended by the bound, not woken
     assert loop.time() - sent >= 0.03 - 0.002  # the loop's clock resolution
     assert entry.parked == 0
