@@ -168,9 +168,9 @@ class LockKind(Guarded[int]):
     def _waiting(self, owner: str) -> Waiting:
         raise NotImplementedError
 
-    def _channel(self) -> str | None:
+    def _channels(self) -> tuple[str, ...]:
         """Where the client wakes one of its own waiters when a hold ends unpublished."""
-        return None
+        return ()
 
     def _leave_call(self, owner: str) -> Call | None:
         """What a waiter that gives up sends, if its kind keeps waiters on the server."""
@@ -578,7 +578,7 @@ class LockKind(Guarded[int]):
             task=task,
             renew=self._renew,
             renew_keys=self._renew_keys(),
-            channel=self._channel(),
+            channels=self._channels(),
         )
         if resent:
             if not hold.resent:

@@ -79,7 +79,7 @@ class Hold:
     counters: NameCounters
     renew: Script  # the kind's renew script, which the watchdog batches by
     renew_keys: tuple[str, ...]  # the KEYS that script takes for this hold
-    channel: str | None  # where this client's waiters for the lock park, if on a channel
+    channels: tuple[str, ...]  # where this client's waiters for the lock park, if on channels
     lost: bool = False
     lost_reason: str | None = None
     # No longer tracked (released, lost, its release's outcome unknown): nothing vouches for it.
@@ -166,7 +166,7 @@ class Holds:
         task: asyncio.Task[Any] | None,
         renew: Script,
         renew_keys: tuple[str, ...],
-        channel: str | None,
+        channels: tuple[str, ...],
     ) -> Hold:
         """Record a grant ``{token, count, pttl}`` from the acquire script.
 
@@ -194,7 +194,7 @@ class Holds:
                 counters,
                 renew,
                 renew_keys,
-                channel,
+                channels,
             )
             self._holds[(key, owner)] = hold
             counters.acquisitions += 1

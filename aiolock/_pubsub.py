@@ -270,27 +270,56 @@ class NamedEntry(Entry):
 
     Each waiting owner registers its name for the whole of its wait (:meth:`enter` ..
     :meth:`leave`), so that a message naming it while it is between two tries is kept for its
-    next park instead of lost.  Anything that is not a named hand-off (the confirmation of the
+    next park instead of lost.  A bound message (``+<ms> <owner>``) shortens that owner's park
+    instead of waking it.  Anything else that is not a named hand-off (the confirmation of the
     SUBSCRIBE, a reconnect, a loss) wakes every waiter: each tries, and only the next in the
     queue can win.
     """
 
-    __slots__ = ("_named",)
+    __slots__ = ("_bounds", "_named")
 
     def __init__(self, channel: bytes, contention: Contention | None = None) -> None:
         super().__init__(channel, contention)
         # owner -> its parked future, or None between parks, or True: woken before it parked.
         # Keyed by the owner's id as the waiter has it (no copy per waiter; a message decodes).
         self._named: dict[str, asyncio.Future[bool] | bool | None] = {}
+        # owner -> the loop time its next park ends by at the latest (see bound_named).
+        self._bounds: dict[str, float] = {}
 
     def enter(self, name: str) -> None:
         self._named.setdefault(name, None)
 
     def leave(self, name: str) -> None:
         self._named.pop(name, None)
+        self._bounds.pop(name, None)
 
     def deliver(self, payload: bytes) -> None:
-        self.wake_named(payload.decode(errors="replace"))
+        ms, _, name = payload.partition(b" ")
+        if ms[:1] == b"+" and ms[1:].isdigit():  # '+<ms> <owner>': a bound, not a hand-off
+            self.bound_named(name.decode(errors="replace"), int(ms[1:]) / 1000)
+        else:  # anything else names the owner to wake (or nobody waiting here)
+            self.wake_named(payload.decode(errors="replace"))
+
+    def bound_named(self, name: str, seconds: float) -> None:
+        """The hold in front of the owner ``name`` ends within ``seconds`` (the lock was just
+        granted to the waiter before it): it parks no longer than that, now or at its next park.
+
+        Counted from the message's arrival, after the grant: never before that hold's end.
+        """
+        if name not in self._named:
+            return
+        loop = asyncio.get_running_loop()
+        until = loop.time() + seconds
+        waiter = self._named[name]
+        if isinstance(waiter, asyncio.Future) and not waiter.done():
+            loop.call_at(until, self._end_park, waiter)
+        else:
+            self._bounds[name] = min(self._bounds.get(name, math.inf), until)
+
+    def _end_park(self, waiter: asyncio.Future[bool]) -> None:
+        if not waiter.done():  # else woken, cancelled or timed out already
+            self._parked -= 1
+            waiter.set_result(False)
 
     def wake_named(self, name: str) -> None:
         """Wake the owner ``name`` if it waits here (at its next park if it is not parked)."""
@@ -325,7 +354,8 @@ class NamedEntry(Entry):
             woken: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
             woken.set_result(True)
             return woken
-        waiter = self.park(deadline)
+        bound = self._bounds.pop(name, None)
+        waiter = self.park(deadline if bound is None else min(deadline, bound))
         self._named[name] = waiter
         return waiter
 

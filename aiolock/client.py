@@ -124,8 +124,8 @@ class Client:
         # A hold that ends without a release (its lease ran out, say) publishes nothing: this
         # client's own waiters may be parked behind it without a TTL to go by.  Wake one.
         def on_loss(hold: Hold) -> None:
-            if hold.channel is not None:
-                pubsub.wake(hold.channel)
+            for channel in hold.channels:
+                pubsub.wake(channel)
 
         recorder = metrics()  # None without opentelemetry: nothing is recorded
         tracer = tracing(options.trace_names)  # None without opentelemetry too

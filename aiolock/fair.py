@@ -14,6 +14,11 @@ re-try to keep its place: one :class:`KeepAlive` per lock name and client moves 
 of all its parked waiters on every third of the timeout in one call (``keep.lua``), so a live
 waiter is never dropped, and a thousand parked waiters cost one call per third of it, not a
 thousand tries.
+
+A lease that runs out publishes nothing, so a parked waiter is bounded by the lease left of the
+hold in front of it: its try returns it, and a grant from the queue tells the next in line with
+a bound message (``+<ms> <owner>``, :meth:`~aiolock._pubsub.NamedEntry.bound_named`) when the
+new lease may end before that waiter would try again by itself.
 """
 
 from __future__ import annotations

@@ -83,8 +83,8 @@ class AsyncRLock(ReentrantKind):
         # The first kind: its keys carry no kind segment.
         return LockKeys.build(services.key_prefix, name, cluster=services.cluster)
 
-    def _channel(self) -> str:
-        return self._keys.channel
+    def _channels(self) -> tuple[str, ...]:
+        return (self._keys.channel,)
 
     def _waiting(self, owner: str) -> Waiting:
         reentering = self._services.holds.get(self._hold_key, owner) is not None

@@ -100,12 +100,16 @@ class _Mode(LockKind):
         return (self._keys.lock, self._rw_keys.readers)
 
     def _force_call(self) -> Call:
-        return _scripts.RW_FORCE, self._rw_keys.script_keys(), ()
+        return _scripts.RW_FORCE, self._rw_keys.script_keys(), (self.mode,)
 
-    def _channel(self) -> str:
-        # A hold that ends unpublished may free the lock for the other mode's waiters.
+    def _channels(self) -> tuple[str, ...]:
+        # A read hold that ends unpublished may free the lock for writers; a write hold, for
+        # writers (this client's queued behind one that got it are parked without a lease to
+        # go by) and readers.
         keys = self._rw_keys
-        return keys.write_channel if self.mode == "r" else keys.read_channel
+        if self.mode == "r":
+            return (keys.write_channel,)
+        return (keys.write_channel, keys.read_channel)
 
     async def _rw_state(self) -> tuple[bool, int, int, int, float, float]:
         """(someone writes, live readers, the caller's read holds, its write holds, seconds
@@ -124,12 +128,9 @@ class _Mode(LockKind):
         )
 
     async def force_unlock(self) -> bool:
-        """Delete the lock whoever holds it, readers and writer: every hold of it is lost."""
-        deleted = await super().force_unlock()
-        if deleted:
-            other = "r" if self.mode == "w" else "w"
-            self._services.holds.lose_all(f"{self._keys.lock}#{other}", "it was force-unlocked")
-        return deleted
+        """End this mode's holds whoever holds them (the other mode's holders keep theirs, as
+        in Redisson) and wake who may now get in; ``True`` if there were any."""
+        return await super().force_unlock()
 
 
 class AsyncReadLock(_Mode):

@@ -73,8 +73,8 @@ class _Permits(LockKind):
         # Its meta key is the list of the last releases: the marks live with the permits.
         return (_scripts.SEMAPHORE_FENCE, (self._keys.lock,), (owner, *requests))
 
-    def _channel(self) -> str:
-        return self._keys.channel
+    def _channels(self) -> tuple[str, ...]:
+        return (self._keys.channel,)
 
     def _waiting(self, owner: str) -> Waiting:
         return ChannelWait(

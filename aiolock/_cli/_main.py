@@ -400,8 +400,10 @@ def _unlock(args: argparse.Namespace) -> int:
         if not args.yes and not _confirm(title, report):
             print(f"{title} left as it is", file=sys.stderr)
             return EXIT_NOTHING
-        if args.kind == "rw":  # either mode's force deletes both
-            forced = await client.rw_lock(args.name).write_lock().force_unlock()
+        if args.kind == "rw":  # each mode's force ends that mode's holds: both, the writer first
+            rw = client.rw_lock(args.name)
+            forced_write = await rw.write_lock().force_unlock()
+            forced = await rw.read_lock().force_unlock() or forced_write
         elif args.kind == "fair":
             forced = await client.fair_lock(args.name).force_unlock()
         elif args.kind == "spin":

@@ -283,6 +283,25 @@ async def test_unlock_with_yes_forces_the_kind(
     assert "not held" in out
 
 
+async def test_unlock_of_an_rw_lock_ends_its_readers_and_its_writer(
+    cli: Callable[..., Any], aiolock_client: aiolock.Client
+) -> None:
+    # Each mode's force_unlock ends that mode's holds only: the command forces both.
+    rw = aiolock_client.rw_lock("both")
+    for owner in ("a", "b"):
+        await rw.read_lock(owner=owner).lock(lease=60)
+    code, out, err = await cli("unlock", "both", "--force", "--yes", "--kind", "rw")
+    assert code == 0, err
+    assert "force-unlocked" in out
+    assert not await rw.read_lock().is_locked()
+    await rw.write_lock(owner="w").lock(lease=60)
+    await rw.read_lock(owner="w").lock(lease=60)  # the writer reads too
+    code, out, err = await cli("unlock", "both", "--force", "--yes", "--kind", "rw")
+    assert code == 0, err
+    assert not await rw.read_lock().is_locked()
+    assert not await rw.write_lock().is_locked()
+
+
 async def test_unlock_asks_first(cli: Callable[..., Any], aiolock_client: aiolock.Client) -> None:
     lock = aiolock_client.lock("ask", owner="holder")
     await lock.lock(lease=60)

@@ -290,4 +290,4 @@ async def test_an_explicit_owners_unknown_read_holds_still_refuse_its_write(
     with pytest.raises(aiolock.LockError, match="deadlock"):
         await writer.try_lock()
     assert await reader.hold_count() == 1
-    await rw.write_lock().force_unlock()
+    assert await rw.read_lock().force_unlock()

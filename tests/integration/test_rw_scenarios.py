@@ -150,38 +150,57 @@ async def test_unlock_by_an_owner_that_does_not_hold_it_leaves_the_holder_alone(
     assert not await holder.is_locked()
 
 
-async def test_force_unlock_ends_every_read_hold_and_the_write_hold_whichever_mode_asks(
+async def test_each_modes_force_unlock_ends_only_that_modes_holds(
     aiolock_client: aiolock.Client, make_client: Callable[..., aiolock.Client], redis: Redis
 ) -> None:
-    # Redisson: testForceUnlock, testMultiRead (its forceUnlock of a free lock).  Our SPEC:
-    # force_unlock deletes the lock whoever holds it, so either mode's object frees it all.
-    holders = make_client(watchdog_timeout=0.6)  # its watchdog notices the force quickly
+    # Redisson: testForceUnlock, testMultiRead (its forceUnlock of a free lock).  SPEC: each
+    # mode's force_unlock removes only that mode's holds (False if it had none); the other
+    # mode's holders keep theirs.
+    holders = make_client(watchdog_timeout=0.6)  # its watchdog notices a force quickly
     rw = holders.rw_lock("forced")
     outsider = aiolock_client.rw_lock("forced")
     assert not await outsider.read_lock().force_unlock()
     assert not await outsider.write_lock().force_unlock()
 
-    readers = [rw.read_lock(owner=f"reader-{i}") for i in range(3)]
+    readers = [rw.read_lock(owner=f"reader-{i}") for i in range(2)]
     for reader in readers:
         assert await reader.try_lock()
+    counters = rw.read_lock().statistics()
+    assert not await outsider.write_lock().force_unlock()  # nobody writes: readers untouched
     assert await outsider.read_lock().is_locked()
-    assert await outsider.write_lock().force_unlock()  # the write mode's object, readers only
+    # Both read holds are renewed after the force (the watchdog would find them gone).
+    await eventually(
+        lambda: rw.read_lock().statistics().renewals >= counters.renewals + 4,
+        what="the read holds renewed twice each",
+    )
+    assert rw.read_lock().statistics().losses == 0
+    for reader in readers:
+        assert await reader.hold_count() == 1
+    assert await outsider.read_lock().force_unlock()  # the read mode's object: every reader
     assert not await outsider.read_lock().is_locked()
     assert not await outsider.read_lock().force_unlock()  # nothing left
-    await eventually(lambda: rw.read_lock().statistics().losses == 3, what="3 readers lost")
-    assert rw.read_lock().statistics().held == 0
+    await eventually(lambda: rw.read_lock().statistics().losses == 2, what="2 readers lost")
     for reader in readers:
         with pytest.raises(aiolock.LockNotOwnedError):
             await reader.unlock()
 
+    # A writer that also reads: the read force ends its read hold only, the write force the rest.
+    writer, its_reads = rw.write_lock(owner="w"), rw.read_lock(owner="w")
     with pytest.raises(aiolock.LockLostError, match="forced"):
-        async with rw.write_lock().acquire() as guard:
-            assert await outsider.write_lock().is_locked()
+        async with writer.acquire() as guard:
+            assert await its_reads.try_lock()
             assert await outsider.read_lock().force_unlock()
-            assert not await outsider.write_lock().is_locked()
+            assert not await outsider.read_lock().is_locked()
+            assert await outsider.write_lock().is_locked()
+            await eventually(lambda: its_reads.statistics().losses == 3, what="its read lost")
+            assert not guard.lost
+            assert await writer.hold_count() == 1
+            assert await outsider.write_lock().force_unlock()
+            assert not await outsider.write_lock().force_unlock()
             await eventually(lambda: guard.lost, what="the writer lost")
-    assert await outsider.write_lock().try_lock(wait=0)  # free for anyone now
-    await outsider.write_lock().unlock()
+    assert not await outsider.write_lock().is_locked()
+    async with outsider.write_lock().acquire(wait=0) as after:  # free for anyone now
+        assert after.fencing_token > guard.fencing_token
     await assert_clean(redis, holders)
     await assert_clean(redis, aiolock_client)
 
@@ -454,9 +473,10 @@ async def test_a_forced_hold_is_reported_lost_even_if_its_owner_acquired_again_m
     rw = aiolock_client.rw_lock("reforced")
     lock = rw.read_lock() if mode == "read" else rw.write_lock()
     outsider = make_client().rw_lock("reforced")
+    forcer = outsider.read_lock() if mode == "read" else outsider.write_lock()
     with pytest.raises(aiolock.LockLostError):
         async with lock.acquire() as guard:
-            assert await outsider.read_lock().force_unlock()
+            assert await forcer.force_unlock()
             async with lock.acquire():  # a fresh hold on the server, not a re-entry
                 pass
             # This block still runs: a writer may get in only if the guard says it was lost.

@@ -8,7 +8,7 @@ import pytest
 from redis.exceptions import NoPermissionError
 
 from aiolock._holds import NameCounters
-from aiolock._pubsub import Entry
+from aiolock._pubsub import Entry, NamedEntry
 
 pytestmark = pytest.mark.anyio
 
@@ -207,3 +207,40 @@ async def test_a_wake_up_kept_for_a_first_try_that_was_granted_is_dropped() -> N
     entry.granted()
     assert not parked.done()  # the lock is held now: waking it would be an empty try
     assert not entry.park(float("inf")).done()  # and no stale wake-up is left for the next
+
+
+async def test_a_bound_message_ends_the_named_park_by_then_and_nothing_else() -> None:
+    # '+<ms> <owner>': the hold in front of that owner ends within ms (a fair lock grant told
+    # the next in line): a parked owner wakes by then, one between parks at its next park.
+    loop = asyncio.get_running_loop()
+    entry = NamedEntry(b"channel")
+    entry.refs = 3
+    for name in ("a", "b", "c"):
+        entry.enter(name)
+    parked = entry.park_named("a", float("inf"))
+    sent = loop.time()
+    entry.deliver(b"+30 a")
+    entry.deliver(b"+40 b")  # b is between two tries
+    entry.deliver(b"+10 nobody")  # not waiting here: ignored
+    for foreign in (b"+", b"+x a", b"+-5 a", b"+1.5 a", b"\xff"):  # published by someone else
+        entry.deliver(foreign)  # wakes nobody: no owner waiting here has that name
+    assert not parked.done()
+    assert await asyncio.wait_for(parked, 5) is False  # ended by the bound, not woken
+    assert loop.time() - sent >= 0.03 - 0.002  # the loop's clock resolution
+    assert entry.parked == 0
+    later = entry.park_named("b", float("inf"))
+    assert await asyncio.wait_for(later, 5) is False
+    assert loop.time() - sent >= 0.04 - 0.002
+
+    # A bound for a waiter woken meanwhile does not end its next park.
+    first = entry.park_named("a", float("inf"))
+    entry.deliver(b"+20 a")
+    entry.deliver(b"a")  # the hand-off itself
+    assert first.result() is True
+    again = entry.park_named("a", float("inf"))
+    witness = entry.park_named("c", float("inf"))
+    entry.deliver(b"+40 c")
+    assert await asyncio.wait_for(witness, 5) is False  # past a's old bound
+    assert not again.done()
+    assert entry.parked == 1
+    entry.leave("a")

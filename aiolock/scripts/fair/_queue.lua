@@ -35,6 +35,15 @@ local function wake(owner)
     redis.call('PUBLISH', KEYS[5] .. client, owner)
 end
 
+-- Tell owner, next in line, that the hold in front of it ends within ms (unless released or
+-- renewed): its client parks it no longer than that, so a lease that runs out, which publishes
+-- nothing, hands over on time.  The message '+<ms> <owner>' is no hand-off: a client id (the
+-- start of an owner id) never starts with '+'.
+local function bound(owner, ms)
+    local client = string.match(owner, '^[^:]*')
+    redis.call('PUBLISH', KEYS[5] .. client, '+' .. ms .. ' ' .. owner)
+end
+
 -- Wake the waiter at the head of the queue, if any (the lock has just become free).  Its
 -- deadline is not checked here: if it vanished, the keep-alive of a client waiting behind it
 -- drops it once its deadline passes (keep.lua), and that client asks again at that time.

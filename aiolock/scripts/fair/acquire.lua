@@ -15,7 +15,8 @@
 --
 -- Returns {fencing token, hold count, PTTL} when granted, else how many ms to wait before the
 -- next try: the lock's lease, or the wait timeout (the client keeps the place of a waiting
--- owner with keep.lua every third of the wait timeout; a hand-off message wakes it sooner).
+-- owner with keep.lua every third of the wait timeout; a hand-off message wakes it sooner, and
+-- a grant from the queue tells the next in line when its lease ends, see _queue.lua).
 --
 -- Granted only when the lock is free and the queue is empty or starts with this owner.  A
 -- resend never counts a second hold or takes a second place.  Every command is paid per
@@ -61,11 +62,28 @@ local function attempt()
     else
         first = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
         if not first or first == owner then
-            if first then
-                redis.call('ZREM', KEYS[3], owner)
-                redis.call('ZREM', KEYS[4], owner)
+            if not first then
+                return grant(KEYS[1], KEYS[6], owner, request, lease)
             end
-            return grant(KEYS[1], KEYS[6], owner, request, lease)
+            redis.call('ZREM', KEYS[3], owner)
+            redis.call('ZREM', KEYS[4], owner)
+            local reply = grant(KEYS[1], KEYS[6], owner, request, lease)
+            -- A lease that runs out publishes nothing.  The next in line is parked until the
+            -- end of an earlier hold (released early: the meta hash lives at least as long as
+            -- the lease a release left) or for its own wait timeout (ending by its deadline, at
+            -- most the latest of the queue): it is told when this hold ends, if that may be
+            -- sooner.  Cheapest reads first: this runs at every contended grant, and with the
+            -- watchdog's leases no message is needed.
+            local tell = lease < redis.call('PTTL', KEYS[2])
+            if not tell then
+                local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')[2]
+                tell = last ~= nil and now_ms() + lease < tonumber(last)
+            end
+            local next_owner = tell and redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+            if next_owner then
+                bound(next_owner, lease)
+            end
+            return reply
         end
         -- Free, and another waiter is first: its hand-off message is on the way (or, if it
         -- vanished, the keep-alive of a client still waiting drops it and wakes the next).
