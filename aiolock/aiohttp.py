@@ -29,7 +29,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         "aiolock.aiohttp needs aiohttp: pip install 'aiolock-redis[aiohttp]'"
     ) from exc
 
-from ._validate import check_lease, check_name, check_wait, template_fields
+from ._decorator import NameTemplate
 from .client import Client
 from .errors import LockTimeoutError
 
@@ -88,21 +88,13 @@ def held_lock(
     lost while the handler ran, so its work is never reported as a success.  ``wait`` and
     ``lease`` are checked here, at once.
     """
-    check_name(name_template, "name_template")
-    wait_s, lease_s = check_wait(wait), check_lease(lease)
-    fields = template_fields(name_template).keys()
+    template = NameTemplate(name_template, wait, lease)
 
     def decorate(handler: Handler) -> Handler:
         @functools.wraps(handler)
         async def wrapper(request: web.Request) -> web.StreamResponse:
-            missing = fields - request.match_info.keys()
-            if missing:
-                raise LookupError(
-                    f"name_template {name_template!r}: no path parameter {sorted(missing)} "
-                    f"in {request.path!r}"
-                )
-            name = name_template.format(**request.match_info)
-            async with get_client(request).lock(name).acquire(wait=wait_s, lease=lease_s):
+            name = template.name(request.match_info, request.path)
+            async with template.acquire(get_client(request).lock(name)):
                 return await handler(request)
 
         return wrapper

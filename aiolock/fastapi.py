@@ -37,7 +37,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         "aiolock.fastapi needs FastAPI: pip install 'aiolock-redis[fastapi]'"
     ) from exc
 
-from ._validate import check_lease, check_name, check_wait, template_fields
+from ._decorator import NameTemplate
 from .client import Client
 from .errors import LockTimeoutError
 from .lock import LockGuard
@@ -80,19 +80,11 @@ def held_lock(name_template: str, *, wait: float | None = None, lease: float | N
     Use it as a parameter, ``guard: Annotated[LockGuard, held_lock(...)]``, or in a route's
     ``dependencies=[held_lock(...)]``.  ``wait`` and ``lease`` are checked here, at once.
     """
-    check_name(name_template, "name_template")
-    wait_s, lease_s = check_wait(wait), check_lease(lease)
-    fields = template_fields(name_template).keys()
+    template = NameTemplate(name_template, wait, lease)
 
     async def hold(request: Request) -> AsyncIterator[LockGuard[int]]:
-        missing = fields - request.path_params.keys()
-        if missing:
-            raise LookupError(
-                f"name_template {name_template!r}: no path parameter {sorted(missing)} "
-                f"in {request.url.path!r}"
-            )
-        name = name_template.format(**request.path_params)
-        async with get_client(request).lock(name).acquire(wait=wait_s, lease=lease_s) as guard:
+        name = template.name(request.path_params, request.url.path)
+        async with template.acquire(get_client(request).lock(name)) as guard:
             yield guard
 
     # scope="function": released when the handler is done, not after the response is sent.

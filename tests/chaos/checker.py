@@ -40,6 +40,10 @@ independent counters does not grow from one RedLock grant to the next.
   loop was blocked long enough meanwhile to explain the excess: the machine, not the library);
 - *amnesia*: a hold that lived through a restart which lost the server's state was not reported
   as a success (exclusion and fencing are only checked between such restarts);
+- *explained losses* (when the run gives ``watchdog_timeout``): a hold reported lost had a
+  cause: a fault from a lease before its grant to a second after its body ended, a fixed lease
+  its call outlived, or its event loop blocked meanwhile ("loss-loop": the machine's share,
+  shown but not counted); else it is a "spurious-loss", a loss report nothing explains;
 - *diagnostics*: whatever the workers and the orchestrator found (warnings, leftover keys...).
 
 Why "came back before it" is enough for fencing: if B never lost its lock, B held it without a
@@ -73,6 +77,7 @@ from .history import (
     TIMEOUT,
     WRITE,
     Attempt,
+    FaultEvent,
     Phase,
     Reentry,
 )
@@ -92,11 +97,16 @@ class Violation:
 
 
 def check_phase(
-    phase: Phase, *, wait_slack: float = 0.5, permits: int = PERMITS
+    phase: Phase,
+    *,
+    wait_slack: float = 0.5,
+    permits: int = PERMITS,
+    watchdog_timeout: float | None = None,
 ) -> list[Violation]:
     """Every violation found in ``phase``; empty when the run was correct.
 
     A wait overrun says how long its process's event loop was blocked meanwhile (``phase.lag``).
+    ``watchdog_timeout``: the workers' option; given, every loss needs a cause (see above).
     """
     origin = min((a.t_start for a in phase.attempts), default=0)
     lag = Lag(phase.lag) if phase.lag else None
@@ -128,6 +138,9 @@ def check_phase(
                 violations += _check_late_losses(holds, origin)
                 violations += _check_fresh_tokens(holds)
                 violations += _check_fencing(holds)
+    if watchdog_timeout is not None:
+        losses = [*holds_of(singles), *parts]
+        violations += _check_explained_losses(losses, phase.faults, lag, watchdog_timeout)
     violations += _check_amnesia(straddlers, phase.amnesia)
     violations += [Violation("diagnostic", problem) for problem in phase.problems]
     return violations
@@ -154,6 +167,45 @@ class Lag:
         for t, lag in zip(times[lo:hi], self._lags[proc][lo:hi], strict=True):
             total += max(0, min(t, end) - max(t - lag, start))
         return total / NS
+
+
+# A loop blocked this long during a hold (with a second after it, for the release) explains a
+# loss: a renewal or a release that long late is the machine's share.
+_LOSS_LAG = 0.1
+
+
+def _check_explained_losses(
+    holds: Iterable[Attempt],
+    faults: Sequence[FaultEvent],
+    lag: Lag | None,
+    watchdog_timeout: float,
+) -> list[Violation]:
+    """Holds reported lost with no cause: no fault from a lease before the grant to a second
+    after the body (the release), no fixed lease the call outlived, no blocked event loop."""
+    found = []
+    for hold in holds:
+        if not hold.lost or hold.t_grant is None or hold.t_end is None:
+            continue
+        if hold.lease is not None and hold.t_end - hold.t_start >= (hold.lease - 0.1) * NS:
+            continue  # the body (or a slow grant) may have outlived the lease
+        lease = watchdog_timeout if hold.lease is None else hold.lease
+        begin = hold.t_grant - round((lease + 1.0) * NS)
+        end = hold.t_end + NS
+        if any(fault.t_end >= begin and fault.t_start <= end for fault in faults):
+            continue
+        blocked = 0.0 if lag is None else lag.blocked(hold.proc, hold.t_grant, end)
+        kind = "loss-loop" if blocked >= _LOSS_LAG else "spurious-loss"
+        found.append(
+            Violation(
+                kind,
+                f"{hold.label} {hold.client} {hold.kind} {hold.mode} on {hold.name!r} "
+                f"(token {hold.token}, lease {hold.lease}) was reported lost with no fault "
+                f"from {lease + 1.0:.1f}s before its grant to 1s after its body "
+                f"({_seconds(hold.t_end - hold.t_grant):.3f}s); the loop was blocked "
+                f"{blocked:.3f}s meanwhile: {hold.lost_reason or 'no reason recorded'}",
+            )
+        )
+    return found
 
 
 def _fresh_nested(attempt: Attempt, index: int, entry: Reentry) -> Attempt:

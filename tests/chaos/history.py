@@ -136,6 +136,7 @@ class Attempt:
     nested: list[Reentry] = field(default_factory=list)  # mode "nested": in the order made
     owner: str | None = None  # the owner id the hold was taken as (READ/WRITE: who may overlap)
     parts: list[Part] = field(default_factory=list)  # MULTI/REDLOCK: the parts granted
+    lost_reason: str | None = None  # what the LockLostError (or LockNotOwnedError) said
 
     @property
     def granted(self) -> bool:

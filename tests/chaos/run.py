@@ -3,6 +3,7 @@
 ::
 
     python -m tests.chaos.run                 # CI mode: 4 workers x 25 tasks, under a minute
+    python -m tests.chaos.run --profile minute  # 5 x 30 for a minute, a 2 s watchdog lease
     python -m tests.chaos.run --profile medium  # 4 x 30 for about three minutes
     python -m tests.chaos.run --long          # 8 x 50 for about ten minutes (8+ cores)
     python -m tests.chaos.run --profile long-2core  # 4 x 40 for ten minutes, on 2 cores
@@ -88,8 +89,8 @@ class Profile:
 
 
 CI = Profile(workers=4, tasks=25, durable=24.0, volatile=10.0)
-# The violation kind that is the machine's share (see main).
-MACHINE = "wait-loop"
+# The violation kinds that are the machine's share (see main).
+MACHINE = ("wait-loop", "loss-loop")
 
 LONG = Profile(workers=8, tasks=50, durable=480.0, volatile=120.0)
 # The long run for a 2-core machine.  With 8 x 50 the run's own processes use about 1.1 cores
@@ -101,7 +102,15 @@ LONG = Profile(workers=8, tasks=50, durable=480.0, volatile=120.0)
 LONG_2CORE = Profile(workers=4, tasks=40, durable=480.0, volatile=120.0)
 # Between the two: a few minutes, every fault kind several times over.
 MEDIUM = Profile(workers=4, tasks=30, durable=120.0, volatile=40.0)
-PROFILES = {"ci": CI, "medium": MEDIUM, "long": LONG, "long-2core": LONG_2CORE}
+# One minute at the load that showed spurious losses (issue 28): 5 x 30, a 2 s watchdog lease.
+MINUTE = Profile(workers=5, tasks=30, durable=48.0, volatile=12.0, watchdog_timeout=2.0)
+PROFILES = {
+    "ci": CI,
+    "minute": MINUTE,
+    "medium": MEDIUM,
+    "long": LONG,
+    "long-2core": LONG_2CORE,
+}
 # The CI run on a Cluster (--cluster --profile ci): six server processes share the machine with
 # the workers, so fewer of them, and one phase of 18 s with the primary killed at 9 s.
 CLUSTER_CI = Profile(workers=3, tasks=20, durable=18.0, volatile=0.0)
@@ -551,7 +560,9 @@ async def run(args: argparse.Namespace) -> int:
         for index, spec in enumerate(specs):
             phase = await runner(spec, profile, seed + index, args.server, Path(tmp))
             results.append(phase)
-            found = check_phase(phase, wait_slack=args.wait_slack)
+            found = check_phase(
+                phase, wait_slack=args.wait_slack, watchdog_timeout=profile.watchdog_timeout
+            )
             violations += found
             print(f"   {spec.name}: {len(phase.attempts)} attempts, {len(found)} violations")
         if args.keep:
@@ -560,12 +571,15 @@ async def run(args: argparse.Namespace) -> int:
     print("== summary")
     print(format_summary(summarize(results)))
     # A wait that overran only by the time its worker's event loop was blocked (GC, a loaded
-    # machine) is the machine's share: no deadline can fire in a blocked loop.  Shown, but it
+    # machine) is the machine's share: no deadline can fire in a blocked loop.  So is a loss
+    # with no fault near it whose loop was blocked during the hold.  Shown, but it
     # does not fail the run; every other violation does.
-    machine = [violation for violation in violations if violation.kind == MACHINE]
-    violations = [violation for violation in violations if violation.kind != MACHINE]
+    machine = [violation for violation in violations if violation.kind in MACHINE]
+    violations = [violation for violation in violations if violation.kind not in MACHINE]
     if machine:
-        print(f"machine: {len(machine)} waits overran by no more than their loop was blocked")
+        print(
+            f"machine: {len(machine)} waits overran, or losses came, while their loop was blocked"
+        )
         for violation in machine[: args.show]:
             print(f"  {violation}")
     kinds = Counter(violation.kind for violation in violations)

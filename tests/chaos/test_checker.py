@@ -471,3 +471,43 @@ def test_redlocks_that_kept_their_majority_exclude_each_other() -> None:
     assert [v.kind for v in found] == ["composite"], found
     short = composite("redlock", 3.0, 4.0, [Part("lock", "x", "steady", 8, 1)])
     assert [v.kind for v in check_phase(Phase("p", attempts=[short]))] == ["composite"]
+
+
+def explained(
+    *attempts: Attempt,
+    faults: list[FaultEvent] | None = None,
+    lag: dict[int, list[tuple[int, int]]] | None = None,
+) -> list[str]:
+    """The violation kinds with the explained-losses rule on (a 1.5 s watchdog lease)."""
+    phase = Phase("test", attempts=list(attempts), faults=faults or [], lag=lag or {})
+    return [violation.kind for violation in check_phase(phase, watchdog_timeout=1.5)]
+
+
+def test_a_loss_with_no_fault_near_it_is_spurious() -> None:
+    lost = hold(10, 10.01, 1, outcome="lost", lost=True)
+    assert explained(lost) == ["spurious-loss"]
+    # A fault 2.6 s before the grant is further back than the lease and a second.
+    assert explained(lost, faults=[FaultEvent("restart", 6 * S, round(7.4 * S))]) == [
+        "spurious-loss"
+    ]
+    assert kinds(lost) == []  # the rule is on only where the run gives its lease
+
+
+def test_a_loss_near_a_fault_is_explained() -> None:
+    lost = hold(10, 10.01, 1, outcome="lost", lost=True)
+    assert explained(lost, faults=[FaultEvent("restart", 7 * S, round(7.6 * S))]) == []
+    assert explained(lost, faults=[FaultEvent("freeze", round(10.5 * S), 11 * S)]) == []
+
+
+def test_a_fixed_lease_outlived_explains_a_loss() -> None:
+    lost = hold(10, 11, 1, outcome="lost", lost=True)
+    lost.lease = 0.9
+    assert explained(lost) == []
+    lost.lease = 2.0
+    assert explained(lost) == ["spurious-loss"]
+
+
+def test_a_loss_while_the_loop_was_blocked_is_the_machines() -> None:
+    lost = hold(10, 10.01, 1, outcome="lost", lost=True)
+    blocked = {0: [(10 * S, 0), (round(10.3 * S), round(0.25 * S))]}
+    assert explained(lost, lag=blocked) == ["loss-loop"]

@@ -453,6 +453,8 @@ async def _plain(lock: LockKind, plan: Plan, diagnostics: Diagnostics) -> None:
             await lock.unlock()
         finally:
             attempt.lost = hold is None or hold.lost
+            if attempt.lost:  # the library's reason: which path found the loss
+                attempt.lost_reason = _reason(hold)
 
 
 async def _permit(semaphore: aiolock.AsyncSemaphore, plan: Plan, diagnostics: Diagnostics) -> None:
@@ -474,6 +476,8 @@ async def _permit(semaphore: aiolock.AsyncSemaphore, plan: Plan, diagnostics: Di
         finally:
             if held is not None:
                 attempt.lost = held.lost
+                if held.lost:
+                    attempt.lost_reason = _reason(held._hold)
         return
     permit = await semaphore.try_acquire(wait=attempt.wait, lease=attempt.lease)
     if permit is None:
@@ -488,6 +492,15 @@ async def _permit(semaphore: aiolock.AsyncSemaphore, plan: Plan, diagnostics: Di
             await permit.release()
         finally:
             attempt.lost = permit.lost
+            if permit.lost:
+                attempt.lost_reason = _reason(permit._hold)
+
+
+def _reason(hold: Hold | None) -> str:
+    """Why the client took ``hold`` for lost, as the library recorded it."""
+    if hold is None:
+        return "no hold was registered after the grant (lost at once, and forgotten)"
+    return f"{hold.lost_reason} (from the hold)"
 
 
 Composite = aiolock.MultiLock | aiolock.RedLock
@@ -619,6 +632,8 @@ def _classify(
         text = TIMEOUT
     elif isinstance(exc, LockLostError | LockNotOwnedError):
         text = LOST
+        if isinstance(attempt, Attempt):  # the library's reason: which path found the loss
+            attempt.lost_reason = str(exc)
     elif isinstance(exc, asyncio.CancelledError):
         text = CANCELLED
     else:
