@@ -152,9 +152,11 @@ class LockKind(Guarded[int]):
         raise NotImplementedError
 
     def _fence_call(self, owner: str, requests: list[int]) -> Call:
-        """Mark the owner's acquire ``requests`` as ones that must never grant: by default in
-        the meta hash (``common/fence.lua``), which the acquire scripts read."""
-        return (_scripts.FENCE, (self._keys.meta,), (owner, *requests))
+        """Mark the owner's acquire ``requests`` as ones that must never grant, for the client's
+        resend window: by default in the meta hash (``common/fence.lua``), which the acquire
+        scripts read."""
+        window = self._services.resend_window_ms
+        return (_scripts.FENCE, (self._keys.meta,), (owner, window, *requests))
 
     def _waiting(self, owner: str) -> Waiting:
         raise NotImplementedError
@@ -457,7 +459,10 @@ class LockKind(Guarded[int]):
         try:
             if services.sync is None:
                 reply = await services.calls.run(
-                    *call, orphan=unknown, on_send=sending, mark_resends=True
+                    *call,
+                    orphan=unknown,
+                    on_send=sending,
+                    mark_resends=services.resend_window_ms,
                 )
             else:
                 reply, synced = await services.calls.run_synced(
@@ -465,7 +470,7 @@ class LockKind(Guarded[int]):
                     sync=services.sync,
                     orphan=unknown,
                     on_send=sending,
-                    mark_resends=True,
+                    mark_resends=services.resend_window_ms,
                 )
         except ResponseError as error:
             refusal = self._refusal(error)
@@ -574,13 +579,26 @@ class LockKind(Guarded[int]):
             except asyncio.CancelledError:
                 unknown(not_sent())
                 raise
+        resent = False
+
+        def sending(resend: bool) -> None:
+            nonlocal resent
+            resent = resent or resend
+
         # While it is in flight, a renewal of this hold may be answered "not held" because of
         # it: the watchdog leaves the verdict to this reply (Holds.in_release).
+        sent = asyncio.get_running_loop().time()
         with services.holds.releasing(key, owner):
             reply = await services.calls.run(
-                *self._release_call(owner, request, None), orphan=unknown
+                *self._release_call(owner, request, None), orphan=unknown, on_send=sending
             )
         remaining = _remaining(reply)
+        if remaining is None and resent and believed == 0 and hold and sent < hold.expires_at:
+            # No marker outlives the lock, so a resend of the release that deleted it finds it
+            # gone.  The owner's critical section ended before it sent the release, and its
+            # lease had not run out as the client counts: only a force_unlock or a failover in
+            # between would have made it a loss, and either reports itself to its own caller.
+            remaining = 0
         services.holds.released(key, owner, remaining)
         self._check_count(owner, believed, remaining)
         return remaining
@@ -588,7 +606,7 @@ class LockKind(Guarded[int]):
     async def _fence(self, owner: str, requests: list[int]) -> None:
         """Make sure that late copies of the owner's resent acquire ``requests`` grant nothing
         once the owner does not hold the lock (:meth:`_fence_call`).  A resend fences itself
-        off in its own script (``mark_resends`` in ``Calls.run``), for a minute; a hold may
+        off in its own script (``mark_resends`` in ``Calls.run``), for the resend window; a hold may
         outlive that, so this runs again before the release that ends a hold whose acquires
         were resent, when such a hold is lost, and in the settlement of a resent call whose
         caller left.
@@ -745,9 +763,13 @@ class LockKind(Guarded[int]):
         loop = asyncio.get_running_loop()
         give_up = until + _SETTLE_MARGIN
         delay = 0.02
+        script, keys, args = self._release_call(owner, request, undo)
+        if undo is not None:
+            # An undo that finds its acquire unapplied writes a marker: for the resend window.
+            args = (*args, services.resend_window_ms)
         while True:
             try:
-                reply = await services.calls.run(*self._release_call(owner, request, undo))
+                reply = await services.calls.run(script, keys, args)
             except _FAILURES as exc:
                 # The last try is at the horizon, not a backoff step before it: a settlement
                 # that ends early would let the owner's next call meet the hold it was undoing.

@@ -6,8 +6,8 @@
 -- -> the last request applied (owner/request id), for resend safety; 'x:<owner>' -> an acquire
 -- request of that owner undone before it was applied, which a late copy must not apply.
 -- Fencing tokens come from one counter shared by every lock name (a string key that never
--- expires), so no key per name outlives its lock.  The meta hash (see common/_requests)
--- outlives the lock only for a while.
+-- expires), so no key per name outlives its lock.  A release writes nothing else: the meta
+-- hash (see common/_requests) gets markers only on a fault path (a resend, an undo).
 
 -- A fresh hold for owner: a new fencing token.  Returns the grant {token, 1, lease}.
 local function grant(lock, fence, owner, request, lease)
@@ -18,8 +18,8 @@ local function grant(lock, fence, owner, request, lease)
 end
 
 -- reenter, given the owner's fields of the lock hash, {count, last request, token, undone
--- marker} (a caller that has read them already saves a command).
-local function reenter_read(lock, held, owner, request, lease)
+-- marker} (a caller that has read them already saves a command), and the lock's PTTL if read.
+local function reenter_read(lock, held, owner, request, lease, pttl)
     if not held[1] then
         return nil
     end
@@ -34,7 +34,7 @@ local function reenter_read(lock, held, owner, request, lease)
         count = count + 1
         redis.call('HSET', lock, owner, count, ':req', request)
     end
-    local pttl = redis.call('PTTL', lock)
+    pttl = pttl or redis.call('PTTL', lock)
     if pttl < lease then
         redis.call('PEXPIRE', lock, lease)
         pttl = lease
@@ -45,22 +45,25 @@ end
 -- One more hold for an owner that holds the lock: {token, count, pttl}, nil if it does not
 -- hold it, or false for a late copy of a request that was undone before it arrived.  A resend
 -- of the applied request counts nothing; the lease is never shortened.
-local function reenter(lock, owner, request, lease)
+local function reenter(lock, owner, request, lease, pttl)
     local held = redis.call('HMGET', lock, owner, ':req', ':fence', 'x:' .. owner)
-    return reenter_read(lock, held, owner, request, lease)
+    return reenter_read(lock, held, owner, request, lease, pttl)
 end
 
 -- Release one hold of owner.  Returns the holds left (nil: the owner holds none) and whether
 -- this call deleted the lock (the caller then wakes its waiters).  With undo (an acquire
--- request id), release only if that acquire was the last request applied.  Idempotent per
--- request: a resend returns the same count and deletes nothing.
+-- request id), release only if that acquire was the last request applied; an undo that was
+-- not applied writes a marker for the window its release script got as ARGV[4] (every
+-- release script of these kinds takes owner, request, undo, window).  A resend
+-- of a non-last release returns the same count (':req' names it); a resend of the release
+-- that deleted the lock finds it gone and answers nil, like any release of a hold that is
+-- gone: its client knows it resent, and reads that as released (the caller's critical
+-- section ended before it sent the release).
 local function release_one(lock, meta, owner, request, undo)
     local held = redis.call('HMGET', lock, owner, ':req')
     if not held[1] then
         if undo then
-            fence_off(meta, undo)  -- a late copy of it must not grant
-        elseif redis.call('HGET', meta, 'released') == request then
-            return 0, false
+            fence_off(meta, undo, resend_ms(ARGV[4]))  -- a late copy of it must not grant
         end
         return nil, false
     end
@@ -72,7 +75,7 @@ local function release_one(lock, meta, owner, request, undo)
         -- That acquire was not applied: nothing to undo, and a late copy of it must not apply
         -- either, while the lock lives (the field goes with it) and after.
         redis.call('HSET', lock, 'x:' .. owner, undo)
-        fence_off(meta, undo)
+        fence_off(meta, undo, resend_ms(ARGV[4]))
         return count, false
     end
     count = count - 1
@@ -80,10 +83,6 @@ local function release_one(lock, meta, owner, request, undo)
         redis.call('HSET', lock, owner, count, ':req', request)
         return count, false
     end
-    -- A resend of this release that comes after the lease would have ended anyway is answered
-    -- 'not held', as the lease would have answered it: the marker lives as long as the lease.
-    local pttl = redis.call('PTTL', lock)
     redis.call('DEL', lock)
-    mark(meta, 'released', request, math.max(pttl, 1000))
     return 0, true
 end

@@ -1,13 +1,14 @@
 -- Acquire or re-enter a reentrant lock.
 --
 -- KEYS[1]  the lock hash: <owner> -> hold count, ':fence' -> token, ':req' -> last request
--- KEYS[2]  the meta hash: 'released' -> the request that last deleted the lock, '<owner>/<n>'
---          -> an acquire undone before it arrived or fenced off (see common/_requests.lua)
+-- KEYS[2]  the meta hash: '<owner>/<n>' -> an acquire undone before it arrived or fenced off
+--          (see common/_requests.lua); it exists only for a resend window after a fault
 -- KEYS[3]  the fencing token counter, shared by every lock name (never expires)
 -- ARGV[1]  lease in milliseconds
 -- ARGV[2]  owner id (client UUID + task or explicit token)
 -- ARGV[3]  request id, unique per call of this owner; a resent call carries the same id
--- ARGV[4]  optional: set on a resend, whose request is then fenced off (common/_requests)
+-- ARGV[4]  optional: set on a resend, to the client's resend window in ms; the request is then
+--          fenced off for that long (common/_requests)
 --
 -- Returns {fencing token, hold count, PTTL} when granted, else the lock's PTTL (an integer;
 -- -1 if it has no expiry).
@@ -15,6 +16,10 @@
 -- A resend of an already applied request (redis-py retries a call whose reply timed out)
 -- returns the grant again without counting a second hold.  Re-entering never shortens the
 -- lease that is already set.
+--
+-- Commands: a fresh grant PTTL, HMGET (meta), INCR, HSET, PEXPIRE; a refusal PTTL, HMGET (the
+-- lock); a re-entry PTTL, HMGET, HSET, and PEXPIRE only to lengthen.  The PTTL is the
+-- existence check and the refusal's reply in one.
 --@include common/_time
 --@include common/_requests
 --@include common/_hold
@@ -26,21 +31,22 @@ if not lease or lease < 1 or lease > 1e12 then
 end
 
 local function attempt()
-    if redis.call('EXISTS', KEYS[1]) == 0 then
+    local pttl = redis.call('PTTL', KEYS[1])
+    if pttl == -2 then
         if stale(KEYS[2], ARGV[2], request) then
             return 1  -- a late copy of an undone or answered call: its caller is gone
         end
         return grant(KEYS[1], KEYS[3], ARGV[2], request, lease)
     end
-    local again = reenter(KEYS[1], ARGV[2], request, lease)
+    local again = reenter(KEYS[1], ARGV[2], request, lease, pttl)
     if again then
         return again
     end
-    return redis.call('PTTL', KEYS[1])  -- held by another owner, or a late copy of an undone call
+    return pttl  -- held by another owner, or a late copy of an undone call
 end
 
 local reply = attempt()
 if ARGV[4] then  -- a resend: its first copy may still arrive
-    fence_off(KEYS[2], request)
+    fence_off(KEYS[2], request, resend_ms(ARGV[4]))
 end
 return reply
