@@ -165,6 +165,11 @@ class LockKind(Guarded[int]):
         """Where the client wakes one of its own waiters when a hold ends unpublished."""
         return None
 
+    def _released_last(self) -> None:
+        """A release of this client deleted the lock.  A kind whose release publishes only
+        when the server saw a waiter refused wakes its own parked waiters here: they may have
+        been refused by an earlier incarnation of the lock (see ``lock/release.lua``)."""
+
     def _leave_call(self, owner: str) -> Call | None:
         """What a waiter that gives up sends, if its kind keeps waiters on the server."""
         return None
@@ -601,6 +606,8 @@ class LockKind(Guarded[int]):
             remaining = 0
         services.holds.released(key, owner, remaining)
         self._check_count(owner, believed, remaining)
+        if remaining == 0:
+            self._released_last()
         return remaining
 
     async def _fence(self, owner: str, requests: list[int]) -> None:
@@ -787,6 +794,8 @@ class LockKind(Guarded[int]):
                 delay = min(delay * 2, 1.0)
                 continue
             services.holds.released(self._hold_key, owner, _remaining(reply))
+            if reply == 0:
+                self._released_last()
             return
 
 

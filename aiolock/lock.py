@@ -34,7 +34,12 @@ class ReentrantKind(LockKind):
 
     def _attempt(self, owner: str, request: int, lease_ms: int) -> Call:
         keys = self._keys
-        return _scripts.LOCK_ACQUIRE, (keys.lock, keys.meta, keys.fence), (lease_ms, owner, request)
+        parks = 1 if self._published() else 0  # a refusal marks the lock as waited for
+        return (
+            _scripts.LOCK_ACQUIRE,
+            (keys.lock, keys.meta, keys.fence),
+            (lease_ms, owner, request, parks),
+        )
 
     def _release_call(self, owner: str, request: int, undo: int | None) -> Call:
         keys = self._keys
@@ -85,6 +90,12 @@ class AsyncRLock(ReentrantKind):
 
     def _channel(self) -> str:
         return self._keys.channel
+
+    def _released_last(self) -> None:
+        # The server published only if a waiter was refused by this incarnation of the lock;
+        # this client's own parked waiters may have been refused by an earlier one.
+        if self._counters.waiters:
+            self._services.pubsub.wake(self._keys.channel)
 
     def _waiting(self, owner: str) -> Waiting:
         reentering = self._services.holds.get(self._hold_key, owner) is not None

@@ -7,7 +7,9 @@
 -- ARGV[1]  lease in milliseconds
 -- ARGV[2]  owner id (client UUID + task or explicit token)
 -- ARGV[3]  request id, unique per call of this owner; a resent call carries the same id
--- ARGV[4]  optional: set on a resend, to the client's resend window in ms; the request is then
+-- ARGV[4]  '1' if a refused caller parks on the lock's channel: the refusal then marks this
+--          incarnation of the lock as waited for (':w'), so that its last release publishes
+-- ARGV[5]  optional: set on a resend, to the client's resend window in ms; the request is then
 --          fenced off for that long (common/_requests)
 --
 -- Returns {fencing token, hold count, PTTL} when granted, else the lock's PTTL (an integer;
@@ -18,8 +20,8 @@
 -- lease that is already set.
 --
 -- Commands: a fresh grant PTTL, HMGET (meta), INCR, HSET, PEXPIRE; a refusal PTTL, HMGET (the
--- lock); a re-entry PTTL, HMGET, HSET, and PEXPIRE only to lengthen.  The PTTL is the
--- existence check and the refusal's reply in one.
+-- lock), and HSET of ':w' for the first waiter refused; a re-entry PTTL, HMGET, HSET, and
+-- PEXPIRE only to lengthen.  The PTTL is the existence check and the refusal's reply in one.
 --@include common/_time
 --@include common/_requests
 --@include common/_hold
@@ -38,15 +40,20 @@ local function attempt()
         end
         return grant(KEYS[1], KEYS[3], ARGV[2], request, lease)
     end
-    local again = reenter(KEYS[1], ARGV[2], request, lease, pttl)
+    local owner = ARGV[2]
+    local held = redis.call('HMGET', KEYS[1], owner, ':req', ':fence', 'x:' .. owner, ':w')
+    local again = reenter_read(KEYS[1], held, owner, request, lease, pttl)
     if again then
         return again
+    end
+    if again == nil and ARGV[4] == '1' and not held[5] then
+        redis.call('HSET', KEYS[1], ':w', 1)  -- the release that deletes it publishes
     end
     return pttl  -- held by another owner, or a late copy of an undone call
 end
 
 local reply = attempt()
-if ARGV[4] then  -- a resend: its first copy may still arrive
-    fence_off(KEYS[2], request, resend_ms(ARGV[4]))
+if ARGV[5] then  -- a resend: its first copy may still arrive
+    fence_off(KEYS[2], request, resend_ms(ARGV[5]))
 end
 return reply

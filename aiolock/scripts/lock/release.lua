@@ -12,19 +12,23 @@
 -- ARGV[4]  with ARGV[3]: the client's resend window in ms, how long the marker of an undo that
 --          was not applied lives
 --
--- Returns the holds the owner has left (0: the lock was deleted and a message published),
--- or nil when the owner does not hold the lock.
+-- Returns the holds the owner has left (0: the lock was deleted), or nil when the owner does
+-- not hold the lock.  The release that deletes the lock publishes only if a waiter was refused
+-- by this incarnation of it (':w', set by the refusal): one that was refused by an earlier
+-- one was woken by that one's release, and tried again (then refused by this one) or won.
+-- The client wakes its own parked waiters itself when its release deletes the lock.
 --
 -- Idempotent: a resend of an applied request never releases twice.  A resend of the release
 -- that deleted the lock answers nil (no marker outlives the lock); its client knows it
--- resent and takes that for released.  Commands: HMGET, then DEL and the publish for the last
--- hold (HSET for an inner one).
+-- resent and takes that for released.  Commands: HMGET, then DEL (and the publish if a waiter
+-- was refused) for the last hold, HSET for an inner one.
 --@include common/_time
 --@include common/_requests
 --@include common/_hold
 local undo = ARGV[3] and ARGV[1] .. '/' .. ARGV[3]
-local left, deleted = release_one(KEYS[1], KEYS[2], ARGV[1], ARGV[1] .. '/' .. ARGV[2], undo)
-if deleted and KEYS[3] then
+local left, deleted, waited = release_one(KEYS[1], KEYS[2], ARGV[1], ARGV[1] .. '/' .. ARGV[2],
+    undo)
+if deleted and waited and KEYS[3] then
     redis.call('PUBLISH', KEYS[3], 'released')
 end
 return left
