@@ -13,15 +13,17 @@
 --          fenced off for that long (common/_requests)
 --
 -- Returns {fencing token, hold count, PTTL} when granted, else the lock's PTTL (an integer;
--- -1 if it has no expiry).
+-- -1 if it has no expiry; 1 for a late copy refused on a free lock).
 --
 -- A resend of an already applied request (redis-py retries a call whose reply timed out)
 -- returns the grant again without counting a second hold.  Re-entering never shortens the
 -- lease that is already set.
 --
--- Commands: a fresh grant PTTL, HMGET (meta), INCR, HSET, PEXPIRE; a refusal PTTL, HMGET (the
--- lock), and HSET of ':w' for the first waiter refused; a re-entry PTTL, HMGET, HSET, and
--- PEXPIRE only to lengthen.  The PTTL is the existence check and the refusal's reply in one.
+-- Commands, as few as each path allows: a fresh grant with no marker around (the fault-free
+-- case) EXISTS of the lock and the meta hash at once, INCR, HSET, PEXPIRE; a fresh grant
+-- after a recent fault adds PTTL of the lock and HMGET of the meta hash; a refusal EXISTS,
+-- PTTL (its reply), HMGET, and HSET of ':w' for the first waiter refused; a re-entry EXISTS,
+-- PTTL, HMGET, HSET, and PEXPIRE only to lengthen.
 --@include common/_time
 --@include common/_requests
 --@include common/_hold
@@ -33,14 +35,19 @@ if not lease or lease < 1 or lease > 1e12 then
 end
 
 local function attempt()
+    local owner = ARGV[2]
+    -- One command for the common case: the lock is free and no marker of a recent fault exists
+    -- (a late copy can exist only after a fault, which writes one: common/_requests).
+    if redis.call('EXISTS', KEYS[1], KEYS[2]) == 0 then
+        return grant(KEYS[1], KEYS[3], owner, request, lease)
+    end
     local pttl = redis.call('PTTL', KEYS[1])
-    if pttl == -2 then
-        if stale(KEYS[2], ARGV[2], request) then
+    if pttl == -2 then  -- free: only markers of a recent fault exist
+        if stale(KEYS[2], owner, request) then
             return 1  -- a late copy of an undone or answered call: its caller is gone
         end
-        return grant(KEYS[1], KEYS[3], ARGV[2], request, lease)
+        return grant(KEYS[1], KEYS[3], owner, request, lease)
     end
-    local owner = ARGV[2]
     local held = redis.call('HMGET', KEYS[1], owner, ':req', ':fence', 'x:' .. owner, ':w')
     local again = reenter_read(KEYS[1], held, owner, request, lease, pttl)
     if again then
