@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
 from urllib.parse import urlsplit
 
 import pytest
@@ -165,3 +166,49 @@ async def test_tokens_increase_across_a_restart_with_persistence(
             async with client.lock("durable").acquire(wait=0, lease=5) as guard:
                 after = guard.fencing_token
     assert after > before
+
+
+@pytest.mark.parametrize("kind", ["lock", "fair", "read", "write", "semaphore"])
+async def test_an_undo_marks_for_the_resend_window_only(
+    aiolock_server: ServerInfo, aiolock_client: aiolock.Client, redis: Redis, kind: str
+) -> None:
+    """An acquire whose outcome was unknown is undone; the undo finds it not applied (it is
+    still on its way) and marks it, so that its late copy grants nothing.  The mark lives for
+    the client's resend window (here its two-second floor), and then nothing is left."""
+    client = aiolock.Client.from_url(
+        aiolock_server.url,
+        key_prefix=aiolock_client.key_prefix,
+        socket_timeout=0.05,
+        socket_connect_timeout=0.05,
+        retry=Retry(ConstantBackoff(0.01), 1),
+    )
+    window = client._services.resend_window_ms
+    assert window == 2_000  # the floor: 2 x (0.05 + 0.05) s + 0.01 s is less
+    try:
+        if kind == "semaphore":
+            lock: Any = client.semaphore("undone", 1)._permits
+            owner = "undone-permit"
+            marked = lock._keys.lock  # the marks live with the permits
+        else:
+            lock = {
+                "lock": client.lock,
+                "fair": client.fair_lock,
+                "read": lambda n: client.rw_lock(n).read_lock(),
+                "write": lambda n: client.rw_lock(n).write_lock(),
+            }[kind]("undone")
+            owner, _ = lock._owner()
+            marked = lock._keys.meta
+        services = client._services
+        late = services.owners.next_request()
+        loop = asyncio.get_running_loop()
+        await lock._retry_release(owner, services.owners.next_request(), late, loop.time() + 5)
+        assert 0 < await redis.pttl(marked) <= window
+        reply = await services.calls.run(*lock._attempt(owner, late, 600_000))  # the late copy
+        assert not isinstance(reply, list)  # refused
+
+        async def only_the_counter() -> bool:
+            return set(await keys_under(redis, client.key_prefix)) <= {f"{client.key_prefix}:fence"}
+
+        await eventually(only_the_counter, timeout=window / 1000 + 2, what="the mark expired")
+    finally:
+        await client.aclose()
