@@ -165,10 +165,11 @@ class LockKind(Guarded[int]):
         """Where the client wakes one of its own waiters when a hold ends unpublished."""
         return None
 
-    def _released_last(self) -> None:
-        """A release of this client deleted the lock.  A kind whose release publishes only
-        when the server saw a waiter refused wakes its own parked waiters here: they may have
-        been refused by an earlier incarnation of the lock (see ``lock/release.lua``)."""
+    def _released_last(self, hold: Hold | None) -> None:
+        """A release of this client deleted the lock (``hold``: the client's record of it, if
+        it had one).  A kind whose release publishes only when the server saw a waiter refused
+        wakes its own parked waiters here: they may have been refused by an earlier
+        incarnation of the lock (see ``lock/release.lua``)."""
 
     def _leave_call(self, owner: str) -> Call | None:
         """What a waiter that gives up sends, if its kind keeps waiters on the server."""
@@ -488,6 +489,8 @@ class LockKind(Guarded[int]):
             # A resend that was refused fenced its request off itself: its first copy may still
             # arrive, and must not grant once the lock is free.
             pttl = int(reply)
+            counters = self._counters
+            counters.refused_sent_at = max(counters.refused_sent_at, sent_at)
             return math.inf if pttl < 0 else pttl / 1000
         holds = services.holds
         if services.sync is not None and synced < services.sync[0]:
@@ -607,7 +610,7 @@ class LockKind(Guarded[int]):
         services.holds.released(key, owner, remaining)
         self._check_count(owner, believed, remaining)
         if remaining == 0:
-            self._released_last()
+            self._released_last(hold)
         return remaining
 
     async def _fence(self, owner: str, requests: list[int]) -> None:
@@ -795,7 +798,7 @@ class LockKind(Guarded[int]):
                 continue
             services.holds.released(self._hold_key, owner, _remaining(reply))
             if reply == 0:
-                self._released_last()
+                self._released_last(None)
             return
 
 

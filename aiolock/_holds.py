@@ -51,6 +51,9 @@ class NameCounters:
     contenders: int = 0  # tasks inside the wait loop (trying or parked)
     tickets: int = 0  # the last place in line handed to a task entering the wait loop
     last_lost: bool = False  # the most recent hold of this name ended in a loss
+    # When (loop time) the last try of this client that the server refused was sent: a refusal
+    # sent after one of this client's grants was refused by that incarnation of the lock.
+    refused_sent_at: float = float("-inf")
 
     @property
     def first_tries(self) -> int:
@@ -87,6 +90,9 @@ class Hold:
     # Acquire requests of this hold that were resent (an earlier copy went out on a connection
     # that failed, and may still arrive): fenced off before the release that ends the hold.
     resent: list[int] = field(default_factory=list)
+    # When (loop time) the fresh grant's reply was read: the server made this incarnation of
+    # the lock before then.
+    granted_at: float = 0.0
 
     def __repr__(self) -> str:
         state = f"lost: {self.lost_reason}" if self.lost else f"held x{self.count}"
@@ -178,6 +184,7 @@ class Holds:
                 renew_keys,
                 channel,
             )
+            hold.granted_at = asyncio.get_running_loop().time()
             self._holds[(key, owner)] = hold
             counters.acquisitions += 1
             counters.last_lost = False

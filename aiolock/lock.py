@@ -13,6 +13,7 @@ from typing import ClassVar
 from . import _scripts
 from ._base import Call, LockKind, LockStatistics, release_args
 from ._guard import LockGuard
+from ._holds import Hold
 from ._keys import LockKeys
 from ._services import Services
 from ._waiting import ChannelWait, Waiting
@@ -91,10 +92,13 @@ class AsyncRLock(ReentrantKind):
     def _channel(self) -> str:
         return self._keys.channel
 
-    def _released_last(self) -> None:
+    def _released_last(self, hold: Hold | None) -> None:
         # The server published only if a waiter was refused by this incarnation of the lock;
-        # this client's own parked waiters may have been refused by an earlier one.
-        if self._counters.waiters:
+        # this client's own parked waiters may have been refused by an earlier one.  A try of
+        # this client refused after the grant was read was refused by this incarnation: the
+        # release published, and this client hears it like any other (no second wake-up).
+        counters = self._counters
+        if counters.waiters and (hold is None or counters.refused_sent_at <= hold.granted_at):
             self._services.pubsub.wake(self._keys.channel)
 
     def _waiting(self, owner: str) -> Waiting:
