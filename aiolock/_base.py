@@ -161,9 +161,11 @@ class LockKind(Guarded[int]):
         return _scripts.LOCK_TRANSACT, (self._keys.lock,), (hold.owner, hold.token)
 
     def _fence_call(self, owner: str, requests: list[int]) -> Call:
-        """Mark the owner's acquire ``requests`` as ones that must never grant: by default in
-        the meta hash (``common/fence.lua``), which the acquire scripts read."""
-        return (_scripts.FENCE, (self._keys.meta,), (owner, *requests))
+        """Mark the owner's acquire ``requests`` as ones that must never grant, for the client's
+        resend window: by default in the meta hash (``common/fence.lua``), which the acquire
+        scripts read."""
+        window = self._services.resend_window_ms
+        return (_scripts.FENCE, (self._keys.meta,), (owner, window, *requests))
 
     def _waiting(self, owner: str) -> Waiting:
         raise NotImplementedError
@@ -171,6 +173,12 @@ class LockKind(Guarded[int]):
     def _channels(self) -> tuple[str, ...]:
         """Where the client wakes one of its own waiters when a hold ends unpublished."""
         return ()
+
+    def _released_last(self, hold: Hold | None) -> None:
+        """A release of this client deleted the lock (``hold``: the client's record of it, if
+        it had one).  A kind whose release publishes only when the server saw a waiter refused
+        wakes its own parked waiters here: they may have been refused by an earlier
+        incarnation of the lock (see ``lock/release.lua``)."""
 
     def _leave_call(self, owner: str) -> Call | None:
         """What a waiter that gives up sends, if its kind keeps waiters on the server."""
@@ -509,7 +517,10 @@ class LockKind(Guarded[int]):
         try:
             if services.sync is None:
                 reply = await services.calls.run(
-                    *call, orphan=unknown, on_send=sending, mark_resends=True
+                    *call,
+                    orphan=unknown,
+                    on_send=sending,
+                    mark_resends=services.resend_window_ms,
                 )
             else:
                 reply, synced = await services.calls.run_synced(
@@ -517,7 +528,7 @@ class LockKind(Guarded[int]):
                     sync=services.sync,
                     orphan=unknown,
                     on_send=sending,
-                    mark_resends=True,
+                    mark_resends=services.resend_window_ms,
                 )
         except ResponseError as error:
             refusal = self._refusal(error)
@@ -530,6 +541,8 @@ class LockKind(Guarded[int]):
             # A resend that was refused fenced its request off itself: its first copy may still
             # arrive, and must not grant once the lock is free.
             pttl = int(reply)
+            counters = self._counters
+            counters.refused_sent_at = max(counters.refused_sent_at, sent_at)
             return math.inf if pttl < 0 else pttl / 1000
         holds = services.holds
         if services.sync is not None and synced < services.sync[0]:
@@ -626,21 +639,36 @@ class LockKind(Guarded[int]):
             except asyncio.CancelledError:
                 unknown(not_sent())
                 raise
+        resent = False
+
+        def sending(resend: bool) -> None:
+            nonlocal resent
+            resent = resent or resend
+
         # While it is in flight, a renewal of this hold may be answered "not held" because of
         # it: the watchdog leaves the verdict to this reply (Holds.in_release).
+        sent = asyncio.get_running_loop().time()
         with services.holds.releasing(key, owner):
             reply = await services.calls.run(
-                *self._release_call(owner, request, None), orphan=unknown
+                *self._release_call(owner, request, None), orphan=unknown, on_send=sending
             )
         remaining = _remaining(reply)
+        if remaining is None and resent and believed == 0 and hold and sent < hold.expires_at:
+            # No marker outlives the lock, so a resend of the release that deleted it finds it
+            # gone.  The owner's critical section ended before it sent the release, and its
+            # lease had not run out as the client counts: only a force_unlock or a failover in
+            # between would have made it a loss, and either reports itself to its own caller.
+            remaining = 0
         services.holds.released(key, owner, remaining)
         self._check_count(owner, believed, remaining)
+        if remaining == 0:
+            self._released_last(hold)
         return remaining
 
     async def _fence(self, owner: str, requests: list[int]) -> None:
         """Make sure that late copies of the owner's resent acquire ``requests`` grant nothing
         once the owner does not hold the lock (:meth:`_fence_call`).  A resend fences itself
-        off in its own script (``mark_resends`` in ``Calls.run``), for a minute; a hold may
+        off in its own script (``mark_resends`` in ``Calls.run``), for the resend window; a hold may
         outlive that, so this runs again before the release that ends a hold whose acquires
         were resent, when such a hold is lost, and in the settlement of a resent call whose
         caller left.
@@ -797,9 +825,13 @@ class LockKind(Guarded[int]):
         loop = asyncio.get_running_loop()
         give_up = until + _SETTLE_MARGIN
         delay = 0.02
+        script, keys, args = self._release_call(owner, request, undo)
+        if undo is not None:
+            # An undo that finds its acquire unapplied writes a marker: for the resend window.
+            args = (*args, services.resend_window_ms)
         while True:
             try:
-                reply = await services.calls.run(*self._release_call(owner, request, undo))
+                reply = await services.calls.run(script, keys, args)
             except _FAILURES as exc:
                 # The last try is at the horizon, not a backoff step before it: a settlement
                 # that ends early would let the owner's next call meet the hold it was undoing.
@@ -817,6 +849,8 @@ class LockKind(Guarded[int]):
                 delay = min(delay * 2, 1.0)
                 continue
             services.holds.released(self._hold_key, owner, _remaining(reply))
+            if reply == 0:
+                self._released_last(None)
             return
 
 

@@ -86,7 +86,7 @@ class Calls:
         *,
         orphan: Orphan | None = None,
         on_send: Callable[[bool], object] | None = None,
-        mark_resends: bool = False,
+        mark_resends: int = 0,
         once: bool = False,
     ) -> Any:
         """Run ``script`` by SHA (its source once on NOSCRIPT) and return the reply.
@@ -98,8 +98,9 @@ class Calls:
         and a retry's backoff), so that the caller can count a lease the reply reports from
         then.  ``resend`` is true when an earlier attempt was written on a connection that
         failed: that first copy may still reach the server, later.
-        ``mark_resends``: such an attempt carries one more argument, ``1``, so that the script
-        knows it (an acquire script then fences that request off, granted or refused: see
+        ``mark_resends`` (a positive number, the client's resend window in ms): such an attempt
+        carries it as one more argument, so that the script knows it (an acquire script then
+        fences that request off for that long, granted or refused: see
         ``common/_requests.lua``).
         ``once``: never sent again once some attempt was written (a script that is not
         idempotent, such as a transaction's queued commands): the caller gets the error.
@@ -125,7 +126,7 @@ class Calls:
         sync: tuple[int, float],
         orphan: Orphan | None = None,
         on_send: Callable[[bool], object] | None = None,
-        mark_resends: bool = False,
+        mark_resends: int = 0,
     ) -> tuple[Any, int]:
         """:meth:`run`, then ``WAIT`` on the same connection (WAIT covers the writes of its own
         connection) for ``sync = (replicas, seconds)``: the reply, and how many replicas have
@@ -143,11 +144,11 @@ class Calls:
         sync: tuple[int, float] | None,
         *,
         on_send: Callable[[bool], object] | None = None,
-        mark_resends: bool = False,
+        mark_resends: int = 0,
         once: bool = False,
     ) -> tuple[Any, int]:
         evalsha = ("EVALSHA", script.sha, len(keys), *keys, *args)
-        resent = (*evalsha, 1) if mark_resends else evalsha
+        resent = (*evalsha, int(mark_resends)) if mark_resends else evalsha
         return await self._call((evalsha, resent), script, orphan, sync, on_send, once=once)
 
     async def _call(

@@ -102,7 +102,7 @@ class ClusterCalls:
         *,
         orphan: Orphan | None = None,
         on_send: Callable[[bool], object] | None = None,
-        mark_resends: bool = False,
+        mark_resends: int = 0,
         once: bool = False,
     ) -> Any:
         """:meth:`Calls.run` on the node of ``keys[0]``'s slot, following redirections (a
@@ -130,7 +130,7 @@ class ClusterCalls:
         sync: tuple[int, float],
         orphan: Orphan | None = None,
         on_send: Callable[[bool], object] | None = None,
-        mark_resends: bool = False,
+        mark_resends: int = 0,
     ) -> tuple[Any, int]:
         """:meth:`Calls.run_synced` on the node of ``keys[0]``'s slot (WAIT counts that
         primary's replicas), following redirections."""

@@ -51,6 +51,9 @@ class NameCounters:
     contenders: int = 0  # tasks inside the wait loop (trying or parked)
     tickets: int = 0  # the last place in line handed to a task entering the wait loop
     last_lost: bool = False  # the most recent hold of this name ended in a loss
+    # When (loop time) the last try of this client that the server refused was sent: a refusal
+    # sent after one of this client's grants was refused by that incarnation of the lock.
+    refused_sent_at: float = float("-inf")
 
     @property
     def first_tries(self) -> int:
@@ -91,6 +94,9 @@ class Hold:
     resent: list[int] = field(default_factory=list)
     # The trace span current when the hold was granted (the holder's operation), if traced.
     span: Any = None
+    # When (loop time) the fresh grant's reply was read: the server made this incarnation of
+    # the lock before then.
+    granted_at: float = 0.0
 
     def valid_for(self) -> float:
         """Seconds the hold surely lasts by this client's clock (no I/O); 0.0 once it ended.
@@ -196,6 +202,7 @@ class Holds:
                 renew_keys,
                 channels,
             )
+            hold.granted_at = asyncio.get_running_loop().time()
             self._holds[(key, owner)] = hold
             counters.acquisitions += 1
             counters.last_lost = False

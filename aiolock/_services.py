@@ -7,12 +7,14 @@ options, plus a cache of per-name state shared by all lock objects of one kind a
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, Final, TypeVar
 
 from redis.asyncio import Redis, RedisCluster
+from redis.asyncio.cluster import ClusterNode
 
 from ._calls import Calls
 from ._cluster import ClusterCalls
@@ -23,7 +25,7 @@ from ._pubsub import PubSub
 from ._transaction import CommandTable
 from ._watchdog import Watchdog
 
-__all__ = ["Services"]
+__all__ = ["Services", "resend_window"]
 
 _State = TypeVar("_State")
 
@@ -58,9 +60,13 @@ class Services:
     # given: fixed here, since a Cluster client's known nodes change with its first call and
     # with failovers (a MultiLock orders parts of the same key on two servers by it).
     server: str = field(init=False)
+    # How long after a call a copy of it may still reach the server (ms), from the client's
+    # retry policy: what a marker against a resent or undone call lives (see resend_window).
+    resend_window_ms: int = field(init=False)
 
     def __post_init__(self) -> None:
         self.server = _address(self.redis)
+        self.resend_window_ms = round(resend_window(self.redis) * 1000)
 
     def check_open(self) -> Services:
         if self.closed:
@@ -93,3 +99,36 @@ def _address(redis: Redis | RedisCluster) -> str:
     scheme = "rediss" if secure else "redis"
     host, port, db = kwargs.get("host", "?"), kwargs.get("port", "?"), kwargs.get("db", 0)
     return f"{scheme}://{host}:{port}/{db}"
+
+
+# The shortest window: a copy on a connection that failed comes within a few seconds, if ever.
+_WINDOW_FLOOR: Final = 2.0
+# A socket without a timeout bounds nothing: the window then is what markers always lived.
+_UNBOUNDED_WINDOW: Final = 60.0
+
+
+def resend_window(redis: Redis | RedisCluster) -> float:
+    """How long (s) after the client sent a call a copy of it may still reach the server.
+
+    A late copy exists only after a fault: an attempt that went out on a connection that then
+    failed (the call was resent, or its outcome stayed unknown).  The client's own retry policy
+    bounds the call: each attempt connects and then waits at most the socket timeouts, and
+    there are ``retries + 1`` attempts with a backoff (at most its cap) between them.  A copy
+    still on its way after that is taken to be lost with its connection.  At least
+    ``_WINDOW_FLOOR``; ``_UNBOUNDED_WINDOW`` when a socket timeout is unset (nothing bounds it).
+    """
+    if isinstance(redis, RedisCluster):
+        kwargs = dict(redis.nodes_manager.connection_kwargs)
+        node = ClusterNode(kwargs.pop("host", "localhost"), kwargs.pop("port", 6379), **kwargs)
+        conn: Any = node.connection_class(**node.connection_kwargs)  # never connected
+    else:
+        conn = redis.connection_pool.make_connection()  # type: ignore[no-untyped-call]
+    timeout, connect = conn.socket_timeout, conn.socket_connect_timeout or conn.socket_timeout
+    if timeout is None or connect is None:
+        return _UNBOUNDED_WINDOW
+    retry = conn.retry
+    retries = max(0, int(retry.get_retries())) if retry is not None else 0
+    backoff = getattr(retry, "_backoff", None)
+    pause = max(getattr(backoff, "_cap", 0) or 0, getattr(backoff, "_backoff", 0) or 0)
+    window = (retries + 1) * (float(timeout) + float(connect)) + retries * float(pause)
+    return window if math.isfinite(window) and window > _WINDOW_FLOOR else _WINDOW_FLOOR

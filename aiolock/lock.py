@@ -13,6 +13,7 @@ from typing import ClassVar
 from . import _scripts
 from ._base import Call, LockKind, LockStatistics, release_args
 from ._guard import LockGuard
+from ._holds import Hold
 from ._keys import LockKeys
 from ._services import Services
 from ._waiting import ChannelWait, Waiting
@@ -34,7 +35,12 @@ class ReentrantKind(LockKind):
 
     def _attempt(self, owner: str, request: int, lease_ms: int) -> Call:
         keys = self._keys
-        return _scripts.LOCK_ACQUIRE, (keys.lock, keys.meta, keys.fence), (lease_ms, owner, request)
+        parks = 1 if self._published() else 0  # a refusal marks the lock as waited for
+        return (
+            _scripts.LOCK_ACQUIRE,
+            (keys.lock, keys.meta, keys.fence),
+            (lease_ms, owner, request, parks),
+        )
 
     def _release_call(self, owner: str, request: int, undo: int | None) -> Call:
         keys = self._keys
@@ -85,6 +91,15 @@ class AsyncRLock(ReentrantKind):
 
     def _channels(self) -> tuple[str, ...]:
         return (self._keys.channel,)
+
+    def _released_last(self, hold: Hold | None) -> None:
+        # The server published only if a waiter was refused by this incarnation of the lock;
+        # this client's own parked waiters may have been refused by an earlier one.  A try of
+        # this client refused after the grant was read was refused by this incarnation: the
+        # release published, and this client hears it like any other (no second wake-up).
+        counters = self._counters
+        if counters.waiters and (hold is None or counters.refused_sent_at <= hold.granted_at):
+            self._services.pubsub.wake(self._keys.channel)
 
     def _waiting(self, owner: str) -> Waiting:
         reentering = self._services.holds.get(self._hold_key, owner) is not None

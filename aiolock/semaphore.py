@@ -70,8 +70,9 @@ class _Permits(LockKind):
         return _scripts.SEMAPHORE_TRANSACT, (self._keys.lock,), (hold.owner, 0)
 
     def _fence_call(self, owner: str, requests: list[int]) -> Call:
-        # Its meta key is the list of the last releases: the marks live with the permits.
-        return (_scripts.SEMAPHORE_FENCE, (self._keys.lock,), (owner, *requests))
+        # The marks live with the permits (the meta key is unused).
+        window = self._services.resend_window_ms
+        return (_scripts.SEMAPHORE_FENCE, (self._keys.lock,), (owner, window, *requests))
 
     def _channels(self) -> tuple[str, ...]:
         return (self._keys.channel,)

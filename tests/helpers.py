@@ -169,3 +169,26 @@ async def cluster_clients(url: str, prefix: str) -> AsyncIterator[Callable[..., 
     finally:
         for client in made:
             await client.aclose()
+
+
+async def use_once(client: aiolock.Client, kind: str, name: str) -> None:
+    """One fault-free use of ``name`` as ``kind``, as a new user would: the default lease (the
+    watchdog's), taken and released."""
+    if kind == "semaphore":
+        async with client.semaphore(name, 2).acquire(wait=0):
+            pass
+    elif kind == "latch":
+        latch = client.countdown_latch(name)
+        await latch.try_set_count(1)
+        await latch.count_down()
+    else:
+        lock: aiolock.AsyncRLock | aiolock.AsyncFairLock | aiolock.AsyncSpinLock
+        lock = {
+            "lock": client.lock,
+            "fair": client.fair_lock,
+            "spin": client.spin_lock,
+            "write": lambda n: client.rw_lock(n).write_lock(),
+            "read": lambda n: client.rw_lock(n).read_lock(),
+        }[kind](name)
+        async with lock.acquire(wait=0):
+            pass

@@ -335,14 +335,16 @@ async def leftovers_on(
     server: EmbeddedServer, clients: dict[str, str], grace: float = 1.0
 ) -> list[str]:
     """Keys and subscriptions that remain once every worker has drained, after ``grace``
-    seconds for in-flight expiries.  Only the meta hashes (resend markers that expire a while
-    after their lock), a sorted set holding no live lease (fence marks, with negative scores,
-    keep it alive a minute; the next call drops them and the leases that ended) and the fencing
+    seconds for in-flight expiries.  Only markers written after a fault, for a resend window,
+    may stay: a meta hash of per-request marks alone (``<owner>/<n>`` -> the server time until
+    which it is kept, at most ``MARKER_WINDOW_MS`` from now, the hash living no longer than its
+    last mark), a sorted set holding no live lease (fence marks, with negative scores, keep it
+    alive for the window; the next call drops them and the leases that ended); and the fencing
     counters (one per key prefix: the RedLocks' servers have their own; on a Cluster one per
-    slot and prefix) may stay; anything else is left behind: a lock hash of any kind, a fair
-    lock's queue (``<prefix>:fair:{name}:q`` and its deadlines ``:qd``: every waiter that gave
-    up must have left it), a subscription (a release channel, or a fair lock's wake-up
-    channel).
+    slot and prefix).  Anything else is left behind: a lock hash of any kind, a meta hash with
+    any other field (a marker of a fault-free call) or kept past its marks, a fair lock's queue
+    (``<prefix>:fair:{name}:q`` and its deadlines ``:qd``: every waiter that gave up must have
+    left it), a subscription (a release channel, or a fair lock's wake-up channel).
 
     ``clients`` names the workers' clients by id, to say whose owners a leftover names."""
 
@@ -360,9 +362,7 @@ async def leftovers_on(
                 [
                     key
                     async for key in redis.scan_iter(match=f"{PREFIX}*")  # and the RedLocks'
-                    if not key.endswith(b":meta")
-                    and key not in counters
-                    and not key.startswith(slot_counters)
+                    if key not in counters and not key.startswith(slot_counters)
                 ]
             )
             channels = await redis.pubsub_channels(f"{PREFIX}*")
@@ -375,6 +375,13 @@ async def leftovers_on(
         found = []
         for key in keys:
             pttl = await redis.pttl(key)
+            if key.endswith(b":meta"):
+                seconds, micros = await redis.time()
+                now = seconds * 1000 + micros // 1000
+                bad = _bad_marks(await redis.hgetall(key), now, pttl)
+                if bad:
+                    found.append(f"meta hash left behind: {key!r} (pttl {pttl} ms, {bad})")
+                continue
             if key.startswith(f"{PREFIX}:fair:".encode()) and key.endswith((b":q", b":qd")):
                 waiters: list[Any] = await redis.zrange(key, 0, -1, withscores=True)
                 named = ", ".join(f"{whose(owner)} ({score:.0f})" for owner, score in waiters[:5])
@@ -408,6 +415,31 @@ async def leftovers_on(
                 )
         found += [f"subscription left behind: {channel!r}" for channel in channels]
         return found
+
+
+# The longest resend window of the workers' clients (aiolock._services.resend_window): the
+# steady one's, 4 attempts x (5 + 5) s of socket timeouts + 3 backoffs of at most 0.2 s.
+MARKER_WINDOW_MS = 41_000
+
+
+def _bad_marks(fields: dict[Any, Any], now: int, pttl: int) -> str:
+    """What is wrong with a meta hash left after a run, if anything: a field that is no
+    per-request mark, a mark kept for longer than a resend window, or a hash that outlives its
+    last mark (empty: nothing)."""
+    until = 0
+    for field, value in fields.items():
+        try:
+            ends = int(value)
+        except ValueError:
+            ends = None
+        if b"/" not in field or ends is None:
+            return f"field {_text(field)!r} = {_text(value)!r} is no resend mark"
+        if ends - now > MARKER_WINDOW_MS:
+            return f"mark {_text(field)!r} kept {ends - now} ms more, past a resend window"
+        until = max(until, ends)
+    if pttl < 0 or pttl > until - now + 1_000:
+        return f"kept {pttl} ms, past its last mark ({until - now} ms)"
+    return ""
 
 
 def _text(value: object) -> str:

@@ -38,6 +38,36 @@ async def test_a_permits_set_with_no_live_lease_is_not_left_behind(
         await redis.delete(key)
 
 
+async def test_a_meta_hash_stays_only_with_resend_marks_for_a_window(
+    aiolock_server: ServerInfo, redis: Redis
+) -> None:
+    """Markers are written only after a fault and live for a resend window: a meta hash of
+    such marks may stay a while; one with another field (a 'released' marker of a fault-free
+    release), a mark kept for a lease, or a hash kept past its marks is a leftover."""
+    server = aiolock_server.server
+    if server is None:
+        pytest.skip("reads every key of the embedded server")
+    key = f"{PREFIX}:{{leftover-meta}}:meta"
+    seconds, micros = await redis.time()
+    now = seconds * 1000 + micros // 1000
+    try:
+        await redis.hset(key, "client:task/7", now + 5_000)
+        await redis.pexpire(key, 5_000)
+        assert await leftovers_on(server, {}, grace=0) == []
+        for field, value, ttl in [
+            ("released", "client:task/8", 5_000),
+            ("client:task/9", now + 600_000, 600_000),
+            ("client:task/7", now + 5_000, 600_000),
+        ]:
+            await redis.delete(key)
+            await redis.hset(key, field, value)
+            await redis.pexpire(key, ttl)
+            [found] = await leftovers_on(server, {}, grace=0)
+            assert "meta hash left behind" in found, (field, found)
+    finally:
+        await redis.delete(key)
+
+
 def test_stranded_tasks_are_shown_where_they_wait(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -22,7 +22,7 @@ import aiolock
 from aiolock._cluster import ClusterCalls
 from aiolock.embedded import EmbeddedCluster
 from aiolock.pytest_plugin import ServerInfo
-from tests.helpers import cluster_clients, eventually
+from tests.helpers import cluster_clients, eventually, use_once
 
 pytestmark = pytest.mark.anyio
 
@@ -158,10 +158,31 @@ async def test_keys_left_are_at_most_one_per_slot(
         left = await keys_on_cluster(aiolock_cluster.url, client.key_prefix)
         return all(key.startswith(f"{client.key_prefix}:fence{{") for key in left)
 
-    await eventually(only_counters, timeout=5.0, what="only the fencing counters left")
+    await eventually(only_counters, timeout=2.0, what="only the fencing counters left")
     left = await keys_on_cluster(aiolock_cluster.url, client.key_prefix)
     assert len(left) == len(tokens) <= 1000  # one counter per slot that was used
     assert len({key_slot(key.encode()) for key in left}) == len(left)
+
+
+@pytest.mark.parametrize("kind", ["fair", "spin", "read", "write", "semaphore", "latch"])
+async def test_every_kind_leaves_at_most_one_key_per_slot(
+    clients: Callable[..., aiolock.Client], aiolock_cluster: ServerInfo, kind: str
+) -> None:
+    """Fault-free use of 500 names of each kind, with the default lease (the watchdog's):
+    within two seconds of the last release only fencing counters are left, at most one per
+    slot (the latch takes no token: none at all)."""
+    client = clients()
+    names = [f"{kind}:{i}" for i in range(500)]
+    for start in range(0, len(names), 100):
+        await asyncio.gather(*(use_once(client, kind, name) for name in names[start : start + 100]))
+
+    async def only_counters() -> bool:
+        left = await keys_on_cluster(aiolock_cluster.url, client.key_prefix)
+        return all(key.startswith(f"{client.key_prefix}:fence{{") for key in left)
+
+    await eventually(only_counters, timeout=2.0, what=f"no {kind} key per name left")
+    left = await keys_on_cluster(aiolock_cluster.url, client.key_prefix)
+    assert len({key_slot(key.encode()) for key in left}) == len(left) <= 500
 
 
 async def test_cancellation_leaves_nothing_behind(

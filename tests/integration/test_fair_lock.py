@@ -294,7 +294,7 @@ async def test_a_live_waiter_is_never_dropped(
         await assert_clean(redis, client)
 
 
-async def test_no_keys_left_but_the_expiring_meta_hash(
+async def test_no_keys_left_behind(
     aiolock_client: aiolock.Client, make_client: Callable[..., aiolock.Client], redis: Redis
 ) -> None:
     clients = [aiolock_client, make_client(), make_client()]
@@ -324,8 +324,7 @@ async def test_no_keys_left_but_the_expiring_meta_hash(
     assert not await redis.exists(keys.queue)
     assert not await redis.exists(keys.deadlines)
     left = sorted([str(key) async for key in redis.scan_iter(match=f"{keys.lock}*")])
-    assert left == [keys.meta]
-    assert 0 < await redis.pttl(keys.meta) <= 60_000  # resend markers, for a while only
+    assert left == []  # no fault, no marker: not even the meta hash
 
 
 async def test_many_waiters_on_many_locks_use_one_channel_per_lock(

@@ -42,9 +42,13 @@ async def test_replayed_requests_apply_once(aiolock_client: aiolock.Client, redi
     assert await calls.run(_scripts.LOCK_RELEASE, release, (owner, 3)) == 1
     assert await calls.run(_scripts.LOCK_RELEASE, release, (owner, 3)) == 1  # not 0
     assert await calls.run(_scripts.LOCK_RELEASE, release, (owner, 4)) == 0
-    assert await calls.run(_scripts.LOCK_RELEASE, release, (owner, 4)) == 0  # a resend
+    # A resend of the release that deleted the lock finds nothing: no marker outlives the lock
+    # (its client knows it resent, and takes that for released: the last step of
+    # test_redis_py_resends_do_not_double_count).
+    assert await calls.run(_scripts.LOCK_RELEASE, release, (owner, 4)) is None
     assert await calls.run(_scripts.LOCK_RELEASE, release, (owner, 5)) is None  # not held
     assert not await redis.exists(keys.lock)
+    assert not await redis.exists(keys.meta)  # and no marker was written
 
 
 async def test_undo_releases_exactly_the_named_grant(aiolock_client: aiolock.Client) -> None:
@@ -196,14 +200,18 @@ async def test_a_late_copy_of_an_answered_acquire_grants_nothing_once_the_owner_
 ) -> None:
     """An acquire (fresh, or nested in a hold) was resent and applied, and the owner then
     released every hold, which deleted the lock.  The first copy, delayed on a slow path,
-    arrives: it must not grant a fresh hold that nobody knows of."""
+    arrives: it must not grant a fresh hold that nobody knows of.  The resend carries its
+    mark (the client's resend window), as every resend does: its script fenced the request
+    off, and no release wrote anything."""
     lock = _lock(aiolock_client, kind, "late-after")
     owner, _ = lock._owner()
     services = aiolock_client._services
     if nested:
         await lock.lock()
     acquire = lock._attempt(owner, services.owners.next_request(), 30_000)
-    assert (await services.calls.run(*acquire))[1] == 1 + nested  # the resend lands
+    script, keys, args = acquire
+    resend = (script, keys, (*args, services.resend_window_ms))
+    assert (await services.calls.run(*resend))[1] == 1 + nested  # the resend lands
     release = lock._release_call(owner, services.owners.next_request(), None)
     assert await services.calls.run(*release) == nested  # the acquire's hold released
     if nested:
@@ -373,11 +381,11 @@ async def test_a_late_copy_of_a_permit_acquire_grants_nothing(
     aiolock_client: aiolock.Client, redis: Redis, how: str
 ) -> None:
     """A permit's acquire whose acquisition has ended arrives late: it must not take a permit
-    nobody holds.  Released since: the list of the last releases names the permit.  Its
-    copies that may arrive much later are fenced off with a mark in the permits set itself,
-    which holds however many releases came in between (the list keeps 32): undone before it
-    arrived; resent, answered, and the permit released since; resent and refused (no permit
-    was free), its take given up."""
+    nobody holds.  A copy exists only after a fault, and is fenced off with a mark in the
+    permits set itself, which holds however many releases came in between: resent (the
+    resend's own script marks it), answered, and the permit released since; the same, fenced
+    again by the client; undone before it arrived; resent and refused (no permit was free),
+    its take given up."""
     semaphore = aiolock_client.semaphore("late-permits", 1)
     permits = semaphore._permits
     services = aiolock_client._services
@@ -392,7 +400,9 @@ async def test_a_late_copy_of_a_permit_acquire_grants_nothing(
             assert not isinstance(await services.calls.run(*acquire), list)  # refused
         await permits._fence(permit, [late])
     else:
-        assert isinstance(await services.calls.run(*acquire), list)  # granted
+        script, keys, args = acquire
+        resend = (script, keys, (*args, services.resend_window_ms))  # marked, as every resend
+        assert isinstance(await services.calls.run(*resend), list)  # granted
         if how == "fenced":
             await permits._fence(permit, [late])
         release = permits._release_call(permit, services.owners.next_request(), None)
@@ -449,10 +459,10 @@ async def test_a_resent_acquire_fences_itself_off(
     script, keys, args = lock._attempt(owner, services.owners.next_request(), 30_000)
     if outcome == "refused":
         async with held_by_another_task(blocker):
-            resend = await services.calls.run(script, keys, (*args, 1))
+            resend = await services.calls.run(script, keys, (*args, services.resend_window_ms))
             assert not isinstance(resend, list)
     else:
-        resend = await services.calls.run(script, keys, (*args, 1))
+        resend = await services.calls.run(script, keys, (*args, services.resend_window_ms))
         assert isinstance(resend, list)
         release = lock._release_call(owner, services.owners.next_request(), None)
         assert await services.calls.run(*release) == 0  # no fence call of the client's

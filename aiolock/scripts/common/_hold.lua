@@ -4,10 +4,12 @@
 --
 -- The lock hash: <owner> -> hold count, ':fence' -> the current hold's fencing token, ':req'
 -- -> the last request applied (owner/request id), for resend safety; 'x:<owner>' -> an acquire
--- request of that owner undone before it was applied, which a late copy must not apply.
+-- request of that owner undone before it was applied, which a late copy must not apply;
+-- ':w' -> set by a refusal of a waiter that parks on the lock's channel (the plain lock's), so
+-- that the release that deletes this incarnation of the lock publishes only if one may wait.
 -- Fencing tokens come from one counter shared by every lock name (a string key that never
--- expires), so no key per name outlives its lock.  The meta hash (see common/_requests)
--- outlives the lock only for a while.
+-- expires), so no key per name outlives its lock.  A release writes nothing else: the meta
+-- hash (see common/_requests) gets markers only on a fault path (a resend, an undo).
 
 -- A fresh hold for owner: a new fencing token.  Returns the grant {token, 1, lease}.
 local function grant(lock, fence, owner, request, lease)
@@ -17,9 +19,12 @@ local function grant(lock, fence, owner, request, lease)
     return {token, 1, lease}
 end
 
--- reenter, given the owner's fields of the lock hash, {count, last request, token, undone
--- marker} (a caller that has read them already saves a command).
-local function reenter_read(lock, held, owner, request, lease)
+-- One more hold for an owner that holds the lock, given its fields of the lock hash, {count,
+-- last request, token, undone marker} (read by the caller with what else it needs), and the
+-- lock's PTTL if read: {token, count, pttl}, nil if it does not hold it, or false for a late
+-- copy of a request that was undone before it arrived.  A resend of the applied request
+-- counts nothing; the lease is never shortened.
+local function reenter_read(lock, held, owner, request, lease, pttl)
     if not held[1] then
         return nil
     end
@@ -34,7 +39,7 @@ local function reenter_read(lock, held, owner, request, lease)
         count = count + 1
         redis.call('HSET', lock, owner, count, ':req', request)
     end
-    local pttl = redis.call('PTTL', lock)
+    pttl = pttl or redis.call('PTTL', lock)
     if pttl < lease then
         redis.call('PEXPIRE', lock, lease)
         pttl = lease
@@ -42,25 +47,20 @@ local function reenter_read(lock, held, owner, request, lease)
     return {tonumber(held[3]), count, pttl}
 end
 
--- One more hold for an owner that holds the lock: {token, count, pttl}, nil if it does not
--- hold it, or false for a late copy of a request that was undone before it arrived.  A resend
--- of the applied request counts nothing; the lease is never shortened.
-local function reenter(lock, owner, request, lease)
-    local held = redis.call('HMGET', lock, owner, ':req', ':fence', 'x:' .. owner)
-    return reenter_read(lock, held, owner, request, lease)
-end
-
--- Release one hold of owner.  Returns the holds left (nil: the owner holds none) and whether
--- this call deleted the lock (the caller then wakes its waiters).  With undo (an acquire
--- request id), release only if that acquire was the last request applied.  Idempotent per
--- request: a resend returns the same count and deletes nothing.
+-- Release one hold of owner.  Returns the holds left (nil: the owner holds none), whether
+-- this call deleted the lock (the caller then wakes its waiters), and whether a waiter was
+-- refused by it (':w').  With undo (an acquire request id), release only if that acquire was
+-- the last request applied; an undo that was not applied writes a marker for the window its
+-- release script got as ARGV[4] (every release script of these kinds takes owner, request,
+-- undo, window).  A resend of a non-last release returns the same count (':req' names it); a
+-- resend of the release that deleted the lock finds it gone and answers nil, like any release
+-- of a hold that is gone: its client knows it resent, and reads that as released (the
+-- caller's critical section ended before it sent the release).
 local function release_one(lock, meta, owner, request, undo)
-    local held = redis.call('HMGET', lock, owner, ':req')
+    local held = redis.call('HMGET', lock, owner, ':req', ':w')
     if not held[1] then
         if undo then
-            fence_off(meta, undo)  -- a late copy of it must not grant
-        elseif redis.call('HGET', meta, 'released') == request then
-            return 0, false
+            fence_off(meta, undo, resend_ms(ARGV[4]))  -- a late copy of it must not grant
         end
         return nil, false
     end
@@ -72,7 +72,7 @@ local function release_one(lock, meta, owner, request, undo)
         -- That acquire was not applied: nothing to undo, and a late copy of it must not apply
         -- either, while the lock lives (the field goes with it) and after.
         redis.call('HSET', lock, 'x:' .. owner, undo)
-        fence_off(meta, undo)
+        fence_off(meta, undo, resend_ms(ARGV[4]))
         return count, false
     end
     count = count - 1
@@ -80,10 +80,6 @@ local function release_one(lock, meta, owner, request, undo)
         redis.call('HSET', lock, owner, count, ':req', request)
         return count, false
     end
-    -- A resend of this release that comes after the lease would have ended anyway is answered
-    -- 'not held', as the lease would have answered it: the marker lives as long as the lease.
-    local pttl = redis.call('PTTL', lock)
     redis.call('DEL', lock)
-    mark(meta, 'released', request, math.max(pttl, 1000))
-    return 0, true
+    return 0, true, held[3] ~= false
 end

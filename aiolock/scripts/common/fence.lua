@@ -7,15 +7,17 @@
 --
 -- KEYS[1]  the meta hash of the lock (see common/_requests.lua)
 -- ARGV[1]  owner id
--- ARGV[2..] the acquire request ids to fence off
+-- ARGV[2]  the client's resend window in ms: how long the marks live
+-- ARGV[3..] the acquire request ids to fence off
 --
 -- Returns how many were fenced.  A field per request, named '<owner>/<request>', whose value
--- is the server time until which it is kept (MARK_MS from now): resends are rare (a
+-- is the server time until which it is kept (the window from now): resends are rare (a
 -- connection failed mid-call), so the hash gains a few fields only while faults last; they go
--- with the hash a minute after the last, or are pruned once past their time (fence_off).
+-- with the hash a window after the last, or are pruned once past their time (fence_off).
 --@include common/_time
 --@include common/_requests
-for i = 2, #ARGV do
-    fence_off(KEYS[1], ARGV[1] .. '/' .. ARGV[i])
+local ms = resend_ms(ARGV[2])
+for i = 3, #ARGV do
+    fence_off(KEYS[1], ARGV[1] .. '/' .. ARGV[i], ms)
 end
-return #ARGV - 1
+return #ARGV - 2

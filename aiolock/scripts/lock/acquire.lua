@@ -1,20 +1,29 @@
 -- Acquire or re-enter a reentrant lock.
 --
 -- KEYS[1]  the lock hash: <owner> -> hold count, ':fence' -> token, ':req' -> last request
--- KEYS[2]  the meta hash: 'released' -> the request that last deleted the lock, '<owner>/<n>'
---          -> an acquire undone before it arrived or fenced off (see common/_requests.lua)
+-- KEYS[2]  the meta hash: '<owner>/<n>' -> an acquire undone before it arrived or fenced off
+--          (see common/_requests.lua); it exists only for a resend window after a fault
 -- KEYS[3]  the fencing token counter, shared by every lock name (never expires)
 -- ARGV[1]  lease in milliseconds
 -- ARGV[2]  owner id (client UUID + task or explicit token)
 -- ARGV[3]  request id, unique per call of this owner; a resent call carries the same id
--- ARGV[4]  optional: set on a resend, whose request is then fenced off (common/_requests)
+-- ARGV[4]  '1' if a refused caller parks on the lock's channel: the refusal then marks this
+--          incarnation of the lock as waited for (':w'), so that its last release publishes
+-- ARGV[5]  optional: set on a resend, to the client's resend window in ms; the request is then
+--          fenced off for that long (common/_requests)
 --
 -- Returns {fencing token, hold count, PTTL} when granted, else the lock's PTTL (an integer;
--- -1 if it has no expiry).
+-- -1 if it has no expiry; 1 for a late copy refused on a free lock).
 --
 -- A resend of an already applied request (redis-py retries a call whose reply timed out)
 -- returns the grant again without counting a second hold.  Re-entering never shortens the
 -- lease that is already set.
+--
+-- Commands, as few as each path allows: a fresh grant with no marker around (the fault-free
+-- case) EXISTS of the lock and the meta hash at once, INCR, HSET, PEXPIRE; a fresh grant
+-- after a recent fault adds PTTL of the lock and HMGET of the meta hash; a refusal EXISTS,
+-- PTTL (its reply), HMGET, and HSET of ':w' for the first waiter refused; a re-entry EXISTS,
+-- PTTL, HMGET, HSET, and PEXPIRE only to lengthen.
 --@include common/_time
 --@include common/_requests
 --@include common/_hold
@@ -26,21 +35,32 @@ if not lease or lease < 1 or lease > 1e12 then
 end
 
 local function attempt()
-    if redis.call('EXISTS', KEYS[1]) == 0 then
-        if stale(KEYS[2], ARGV[2], request) then
+    local owner = ARGV[2]
+    -- One command for the common case: the lock is free and no marker of a recent fault exists
+    -- (a late copy can exist only after a fault, which writes one: common/_requests).
+    if redis.call('EXISTS', KEYS[1], KEYS[2]) == 0 then
+        return grant(KEYS[1], KEYS[3], owner, request, lease)
+    end
+    local pttl = redis.call('PTTL', KEYS[1])
+    if pttl == -2 then  -- free: only markers of a recent fault exist
+        if stale(KEYS[2], owner, request) then
             return 1  -- a late copy of an undone or answered call: its caller is gone
         end
-        return grant(KEYS[1], KEYS[3], ARGV[2], request, lease)
+        return grant(KEYS[1], KEYS[3], owner, request, lease)
     end
-    local again = reenter(KEYS[1], ARGV[2], request, lease)
+    local held = redis.call('HMGET', KEYS[1], owner, ':req', ':fence', 'x:' .. owner, ':w')
+    local again = reenter_read(KEYS[1], held, owner, request, lease, pttl)
     if again then
         return again
     end
-    return redis.call('PTTL', KEYS[1])  -- held by another owner, or a late copy of an undone call
+    if again == nil and ARGV[4] == '1' and not held[5] then
+        redis.call('HSET', KEYS[1], ':w', 1)  -- the release that deletes it publishes
+    end
+    return pttl  -- held by another owner, or a late copy of an undone call
 end
 
 local reply = attempt()
-if ARGV[4] then  -- a resend: its first copy may still arrive
-    fence_off(KEYS[2], request)
+if ARGV[5] then  -- a resend: its first copy may still arrive
+    fence_off(KEYS[2], request, resend_ms(ARGV[5]))
 end
 return reply

@@ -6,18 +6,19 @@
 --          't:<owner>' -> its read token; 'q:<owner>' -> the last request applied for that
 --          owner, 'x:<owner>' -> its last acquire undone before it arrived (both there while
 --          the owner holds the lock); ':fence' -> the write hold's fencing token
--- KEYS[2]  the meta hash: 'released' -> the request that last deleted the lock (kept as long
---          as the lease it had left, so that a resend of that release is recognised),
---          '<owner>/<n>' -> 1 for an acquire undone before it arrived or fenced off by its
---          client (see common/_requests)
--- KEYS[3]  the readers: owner -> its read lease end (server ms); 'owner/request' -> minus the
---          time until which a resend of that owner's last read release is recognised
+-- KEYS[2]  the meta hash: '<owner>/<n>' -> an acquire undone before it arrived or fenced off
+--          by its client, for the client's resend window (see common/_requests); written on
+--          those fault paths only
+-- KEYS[3]  the readers: owner -> its read lease end (server ms); negative scores are marks of
+--          earlier versions, dropped past their time
 -- KEYS[4]  the waiting writers: owner -> the server ms after which it no longer waits
 -- KEYS[5]  the readers' channel (a write release wakes them all)
 -- KEYS[6]  the writers' channel (a release that frees the lock wakes one writer)
 -- KEYS[7]  the fencing token counter (read and write tokens), shared by every lock name
 --
--- Every hold has its own lease; the hash lives exactly as long as its longest live hold.
+-- Every hold has its own lease; the hash lives exactly as long as its longest live hold, and
+-- the last release deletes it with the readers set, leaving nothing behind.  A release script
+-- takes owner, request, and on an undo the acquire request and the client's resend window.
 
 -- Whether request is a late copy the owner must not get (see common/_requests): an acquire
 -- its client undid before it arrived ('x:<owner>' while the owner holds the lock, the meta
@@ -36,7 +37,7 @@ local function burn(owner, undo, holding)
     if holding then
         redis.call('HSET', KEYS[1], 'x:' .. owner, undo)
     end
-    fence_off(KEYS[2], undo)
+    fence_off(KEYS[2], undo, resend_ms(ARGV[4]))
 end
 
 -- The owner holds nothing any more: drop what the lock kept for it.
@@ -114,11 +115,10 @@ local function wake_after_write()
     end
 end
 
--- Nobody holds it any more: delete it and wake the next.
-local function free(request)
-    local pttl = redis.call('PTTL', KEYS[1])
+-- Nobody holds it any more: delete it and wake the next.  No marker: a resend of this release
+-- finds nothing and answers nil, which its client (it knows it resent) takes for released.
+local function free()
     redis.call('DEL', KEYS[1], KEYS[3])
-    mark(KEYS[2], 'released', request, math.max(pttl, 1000))
     wake_after_write()
 end
 

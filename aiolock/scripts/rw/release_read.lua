@@ -6,9 +6,11 @@
 -- ARGV[2]  request id; a resent call carries the same id
 -- ARGV[3]  optional: undo mode, an acquire request whose outcome its caller never saw;
 --          release only if that was the owner's last request applied
+-- ARGV[4]  with ARGV[3]: the client's resend window in ms (the marker of an undo not applied)
 --
--- Returns the owner's read holds left, or nil when it held none.  The release that frees the
--- lock deletes it and wakes a writer.
+-- Returns the owner's read holds left, or nil when it held none (also for a resend of the
+-- owner's last read release: its client knows it resent).  The release that frees the lock
+-- deletes it and wakes a writer; no release writes a marker.
 --@include common/_time
 --@include common/_requests
 --@include rw/_rw
@@ -20,10 +22,6 @@ expire(now)
 local undo = ARGV[3] and owner .. '/' .. ARGV[3]
 local held = redis.call('HMGET', KEYS[1], 'r:' .. owner, 'q:' .. owner, 'w')
 if not held[1] then
-    if redis.call('HGET', KEYS[2], 'released') == request
-        or redis.call('ZSCORE', KEYS[3], request) then
-        return 0  -- a resend of a release that landed
-    end
     if undo then
         burn(owner, undo, held[3] == owner)  -- that acquire was not applied
     end
@@ -47,11 +45,10 @@ redis.call('ZREM', KEYS[3], owner)
 if held[3] == owner then
     redis.call('HSET', KEYS[1], 'q:' .. owner, request)  -- it still writes
 elseif live_readers(now) == 0 then
-    free(request)
+    free()
     return 0
 else
     forget(owner)
-    redis.call('ZADD', KEYS[3], -(now + MARK_MS), request)  -- so that a resend is recognised
 end
 retime(now)
 return 0

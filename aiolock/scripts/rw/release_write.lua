@@ -5,8 +5,10 @@
 -- ARGV[1]  owner id
 -- ARGV[2]  request id; a resent call carries the same id
 -- ARGV[3]  optional: undo mode, as for the read release
+-- ARGV[4]  with ARGV[3]: the client's resend window in ms (the marker of an undo not applied)
 --
--- Returns the owner's write holds left, or nil when it held none.  The last write release
+-- Returns the owner's write holds left, or nil when it held none (also for a resend of the
+-- release that deleted the lock: its client knows it resent).  The last write release
 -- keeps the owner's read holds (a downgrade); if nobody reads, the lock is deleted.  Either
 -- way a waiting writer is woken, and every waiting reader unless a writer is registered.
 --@include common/_time
@@ -20,8 +22,8 @@ expire(now)
 local undo = ARGV[3] and owner .. '/' .. ARGV[3]
 local held = redis.call('HMGET', KEYS[1], 'w', 'wc', 'q:' .. owner, 'r:' .. owner)
 if held[1] ~= owner then
-    if redis.call('HGET', KEYS[2], 'released') == request or held[3] == request then
-        return 0  -- a resend of a release that landed
+    if held[3] == request then
+        return 0  -- a resend of a release that landed (the owner still reads)
     end
     if undo then
         burn(owner, undo, held[4] ~= false)  -- that acquire was not applied
@@ -42,7 +44,7 @@ if count > 0 then
     return count
 end
 if live_readers(now) == 0 then
-    free(request)
+    free()
     return 0
 end
 redis.call('HDEL', KEYS[1], 'w', 'wc', 'we', ':fence')

@@ -6,6 +6,8 @@
 -- also keeps fence marks, '<permit id>/<request>' -> minus the server time until which that
 -- acquire request must grant nothing (a late copy of it may still arrive: it was resent, or
 -- undone before it was applied); a negative score, so that marks never count as permits.
+-- Marks are written on those fault paths only, for the client's resend window; the set goes
+-- with its last permit and its last mark.
 
 -- Drop the permits whose lease ended and the marks past their time; returns the time used.
 local function drop_expired()
@@ -19,8 +21,8 @@ local function held()
     return redis.call('ZCOUNT', KEYS[1], '(0', '+inf')
 end
 
--- Mark acquire request (permit id/request id) as one that must never grant, for MARK_MS.
-local function fence(request, now)
-    redis.call('ZADD', KEYS[1], -(now + MARK_MS), request)
-    keep(KEYS[1], MARK_MS)
+-- Mark acquire request (permit id/request id) as one that must never grant, for ms.
+local function fence(request, now, ms)
+    redis.call('ZADD', KEYS[1], -(now + ms), request)
+    keep(KEYS[1], ms)
 end

@@ -6,15 +6,17 @@
 --
 -- KEYS[1]  the permits: permit id -> lease end (server time, ms); fence marks (see _permits)
 -- ARGV[1]  the permit id
--- ARGV[2..] the acquire request ids to fence off
+-- ARGV[2]  the client's resend window in ms: how long the marks live
+-- ARGV[3..] the acquire request ids to fence off
 --
--- Returns how many were fenced.  Each mark lives MARK_MS; they are dropped past their time by
--- the next call that looks, and the key lives at least as long as its marks.
+-- Returns how many were fenced.  Each mark lives the window; they are dropped past their time
+-- by the next call that looks, and the key lives at least as long as its marks.
 --@include common/_time
 --@include common/_requests
 --@include semaphore/_permits
 local now = drop_expired()
-for i = 2, #ARGV do
-    fence(ARGV[1] .. '/' .. ARGV[i], now)
+local ms = resend_ms(ARGV[2])
+for i = 3, #ARGV do
+    fence(ARGV[1] .. '/' .. ARGV[i], now, ms)
 end
-return #ARGV - 1
+return #ARGV - 2
