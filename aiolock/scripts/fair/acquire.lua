@@ -1,8 +1,8 @@
 -- Acquire or re-enter a fair lock, or take (and keep) a place in its queue.
 --
 -- KEYS[1]  the lock hash: <owner> -> hold count, ':fence' -> token, ':req' -> last request
--- KEYS[2]  the meta hash: 'released' -> the request that last deleted the lock, '<owner>/<n>'
---          -> an acquire undone before it arrived or fenced off (see common/_requests.lua)
+-- KEYS[2]  the meta hash: '<owner>/<n>' -> an acquire undone before it arrived or fenced off
+--          (see common/_requests.lua); it exists only for a resend window after a fault
 -- KEYS[3]  the queue: owner -> ticket (sorted set)
 -- KEYS[4]  the queue deadlines: owner -> server time in ms after which it is dropped
 -- KEYS[5]  the prefix of the per-client wake-up channels (<prefix><client id>)
@@ -69,10 +69,11 @@ local function attempt()
             redis.call('ZREM', KEYS[4], owner)
             local reply = grant(KEYS[1], KEYS[6], owner, request, lease)
             -- A lease that runs out publishes nothing.  The next in line is parked until the
-            -- end of an earlier hold (released early: the meta hash lives at least as long as
-            -- the lease a release left) or for its own wait timeout (ending by its deadline, at
+            -- end of an earlier hold or for its own wait timeout (ending by its deadline, at
             -- most the latest of the queue): it is told when this hold ends, if that may be
-            -- sooner.  Cheapest reads first: this runs at every contended grant, and with the
+            -- sooner.  (The meta hash's TTL told of an earlier hold released early while a
+            -- release marker lived for the lease it left; markers are written after faults
+            -- only now, so that case hands over up to a keep-alive late: a known defect.)  Cheapest reads first: this runs at every contended grant, and with the
             -- watchdog's leases no message is needed.
             local tell = lease < redis.call('PTTL', KEYS[2])
             if not tell then

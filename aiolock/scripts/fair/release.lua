@@ -1,8 +1,8 @@
 -- Release one hold of a fair lock; the last release deletes it and wakes the next waiter.
 --
 -- KEYS[1]  the lock hash
--- KEYS[2]  the meta hash: 'released' -> the request that last deleted the lock; an undo of an
---          acquire that was not applied marks '<owner>/<n>' (see common/_requests.lua)
+-- KEYS[2]  the meta hash: an undo of an acquire that was not applied marks '<owner>/<n>'
+--          there (see common/_requests.lua); nothing else is written to it
 -- KEYS[3]  the queue: owner -> ticket
 -- KEYS[4]  the queue deadlines: owner -> server time in ms
 -- KEYS[5]  the prefix of the per-client wake-up channels
