@@ -11,6 +11,7 @@ from redis.asyncio import Redis
 import aiolock
 from aiolock import _scripts
 from aiolock._calls import NotSent
+from aiolock._redispy import has_data
 from aiolock.pytest_plugin import ServerInfo
 from tests.helpers import assert_clean, eventually, stall_server
 
@@ -49,7 +50,7 @@ async def test_idle_connections_killed_by_the_server_are_replaced(
     assert await redis.client_kill_filter(_type="normal", skipme=True) >= 1
 
     async def noticed() -> bool:  # the EOF has reached the idle connection
-        return all([await conn.can_read() for conn in client._services.calls._idle])
+        return all([await has_data(conn) for conn in client._services.calls._idle])
 
     await eventually(noticed, what="EOF seen on the idle connection")
     await lock.lock()
