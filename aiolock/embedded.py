@@ -275,7 +275,8 @@ class EmbeddedCluster(_Managed):
                 # replica that has not yet heard its primary's new one asks for votes with the
                 # old: every vote is denied ("epoch > reqEpoch") and it never takes over.
                 redis.execute_command("CLUSTER", "SET-CONFIG-EPOCH", i + 1)
-                redis.execute_command("CLUSTER", "ADDSLOTSRANGE", i * per, end)
+                # ADDSLOTS, not ADDSLOTSRANGE: Redis 6.2 has only the former.
+                redis.execute_command("CLUSTER", "ADDSLOTS", *range(i * per, end + 1))
                 if node is not first:
                     redis.execute_command("CLUSTER", "MEET", first.host, first.port)
         for node in self.replicas:

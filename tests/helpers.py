@@ -8,6 +8,8 @@ import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import pytest
+from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 from redis.exceptions import ClusterDownError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -169,3 +171,18 @@ async def cluster_clients(url: str, prefix: str) -> AsyncIterator[Callable[..., 
     finally:
         for client in made:
             await client.aclose()
+
+
+def redis_version(url: str) -> tuple[int, int]:
+    """The Redis version the server at ``url`` reports (Valkey 7 and later report 7.2, the
+    Redis they are compatible with)."""
+    with SyncRedis.from_url(url, decode_responses=True) as redis:
+        major, minor, *_ = str(redis.info("server")["redis_version"]).split(".")
+    return int(major), int(minor)
+
+
+def needs_sharded_pubsub(url: str) -> None:
+    """Skip a test of sharded pub/sub on a server without it (Redis 6; the classic pub/sub
+    that aiolock uses there instead is tested in test_server_versions.py)."""
+    if redis_version(url) < (7, 0):
+        pytest.skip("no sharded pub/sub before Redis 7.0 (classic pub/sub is used instead)")
