@@ -73,13 +73,16 @@ async def assert_clean(redis: Redis, client: aiolock.Client) -> None:
 async def stall_server(url: str, seconds: float, started: asyncio.Event) -> None:
     """Block the server for ``seconds`` (DEBUG SLEEP); ``started`` is set once it is written."""
     staller = Redis.from_url(url)
-    conn = await staller.connection_pool.get_connection()  # type: ignore[no-untyped-call]
+    # A connection of its own, not the pool's: get_connection() needs a command name before
+    # redis-py 5.3 and warns about one after.
+    conn = staller.connection_pool.make_connection()
     try:
+        await conn.connect()  # type: ignore[no-untyped-call]
         await write(conn, ("DEBUG", "SLEEP", seconds))  # in the socket before the event is set
         started.set()
         await conn.read_response(timeout=math.inf)
     finally:
-        await staller.connection_pool.release(conn)
+        await conn.disconnect()
         await staller.aclose()
 
 
