@@ -680,7 +680,9 @@ class EmbeddedSentinel(_Managed):
         primary = self._primary
         for port in self._ports:
             with redis(host=self.host, port=port, decode_responses=True) as sentinel:
-                state = sentinel.sentinel_master(self.service)
+                # Raw, not sentinel_master(): redis-py 6.x passes that one an option its own
+                # reply parser refuses (TypeError: ... 'return_responses').
+                state = sentinel.execute_command("SENTINEL MASTER", self.service)
             if (
                 (state["ip"], state["port"]) != (primary.host, primary.port)
                 or state["flags"] != "master"
@@ -723,7 +725,9 @@ class EmbeddedSentinel(_Managed):
             named = set()
             for sentinel_port in self._ports:
                 with Redis(host=self.host, port=sentinel_port, decode_responses=True) as sentinel:
-                    host, port = sentinel.sentinel_get_master_addr_by_name(self.service)
+                    host, port = sentinel.execute_command(  # raw: as in _ready()
+                        "SENTINEL GET-MASTER-ADDR-BY-NAME", self.service
+                    )
                     named.add((host, int(port)))
             if len(named) != 1 or (address := named.pop()) == (old.host, old.port):
                 return False
