@@ -32,6 +32,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from ._redispy import has_data, stream_writer
 from ._scripts import Script
 
 __all__ = [
@@ -268,7 +269,7 @@ class Calls:
             conn = self._idle.pop()
             # The pool's own check: data or EOF on an idle connection means it is not clean.
             try:
-                dirty = conn.is_connected and await conn.can_read()
+                dirty = conn.is_connected and await has_data(conn)
             except (RedisConnectionError, RedisTimeoutError, OSError):
                 dirty = True
             except asyncio.CancelledError:
@@ -332,7 +333,7 @@ async def write(conn: AbstractConnection, *commands: tuple[Any, ...]) -> None:
     concurrent disconnect can catch half-way (its writer gone).  Here the bytes are handed to
     the transport before the first await.
     """
-    writer = conn._writer
+    writer = stream_writer(conn)
     if writer is None:
         raise RedisConnectionError("the connection is closed")
     writer.writelines(

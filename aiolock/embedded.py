@@ -286,7 +286,8 @@ class EmbeddedCluster(_Managed):
                 # replica that has not yet heard its primary's new one asks for votes with the
                 # old: every vote is denied ("epoch > reqEpoch") and it never takes over.
                 redis.execute_command("CLUSTER", "SET-CONFIG-EPOCH", i + 1)
-                redis.execute_command("CLUSTER", "ADDSLOTSRANGE", i * per, end)
+                # ADDSLOTS, not ADDSLOTSRANGE: Redis 6.2 has only the former.
+                redis.execute_command("CLUSTER", "ADDSLOTS", *range(i * per, end + 1))
                 if node is not first:
                     redis.execute_command("CLUSTER", "MEET", first.host, first.port)
         for node in self.replicas:
@@ -690,7 +691,9 @@ class EmbeddedSentinel(_Managed):
         primary = self._primary
         for port in self._ports:
             with redis(host=self.host, port=port, decode_responses=True) as sentinel:
-                state = sentinel.sentinel_master(self.service)
+                # Raw, not sentinel_master(): redis-py 6.x passes that one an option its own
+                # reply parser refuses (TypeError: ... 'return_responses').
+                state = sentinel.execute_command("SENTINEL MASTER", self.service)
             if (
                 (state["ip"], state["port"]) != (primary.host, primary.port)
                 or state["flags"] != "master"
@@ -733,7 +736,9 @@ class EmbeddedSentinel(_Managed):
             named = set()
             for sentinel_port in self._ports:
                 with Redis(host=self.host, port=sentinel_port, decode_responses=True) as sentinel:
-                    host, port = sentinel.sentinel_get_master_addr_by_name(self.service)
+                    host, port = sentinel.execute_command(  # raw: as in _ready()
+                        "SENTINEL GET-MASTER-ADDR-BY-NAME", self.service
+                    )
                     named.add((host, int(port)))
             if len(named) != 1 or (address := named.pop()) == (old.host, old.port):
                 return False

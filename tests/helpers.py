@@ -8,6 +8,8 @@ import math
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
+import pytest
+from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 from redis.exceptions import ClusterDownError, TryAgainError
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -71,13 +73,16 @@ async def assert_clean(redis: Redis, client: aiolock.Client) -> None:
 async def stall_server(url: str, seconds: float, started: asyncio.Event) -> None:
     """Block the server for ``seconds`` (DEBUG SLEEP); ``started`` is set once it is written."""
     staller = Redis.from_url(url)
-    conn = await staller.connection_pool.get_connection()  # type: ignore[no-untyped-call]
+    # A connection of its own, not the pool's: get_connection() needs a command name before
+    # redis-py 5.3 and warns about one after.
+    conn = staller.connection_pool.make_connection()
     try:
+        await conn.connect()  # type: ignore[no-untyped-call]
         await write(conn, ("DEBUG", "SLEEP", seconds))  # in the socket before the event is set
         started.set()
         await conn.read_response(timeout=math.inf)
     finally:
-        await staller.connection_pool.release(conn)
+        await conn.disconnect()
         await staller.aclose()
 
 
@@ -192,3 +197,18 @@ async def use_once(client: aiolock.Client, kind: str, name: str) -> None:
         }[kind](name)
         async with lock.acquire(wait=0):
             pass
+
+
+def redis_version(url: str) -> tuple[int, int]:
+    """The Redis version the server at ``url`` reports (Valkey 7 and later report 7.2, the
+    Redis they are compatible with)."""
+    with SyncRedis.from_url(url, decode_responses=True) as redis:
+        major, minor, *_ = str(redis.info("server")["redis_version"]).split(".")
+    return int(major), int(minor)
+
+
+def needs_sharded_pubsub(url: str) -> None:
+    """Skip a test of sharded pub/sub on a server without it (Redis 6; the classic pub/sub
+    that aiolock uses there instead is tested in test_server_versions.py)."""
+    if redis_version(url) < (7, 0):
+        pytest.skip("no sharded pub/sub before Redis 7.0 (classic pub/sub is used instead)")

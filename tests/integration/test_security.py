@@ -69,7 +69,12 @@ def _write_certificates(directory: Path) -> tuple[Path, Path, Path]:
     """
     ca, ca_key = directory / "ca.pem", directory / "ca.key"
     cert, key, request = directory / "server.pem", directory / "server.key", directory / "req.csr"
-    (directory / "san.ext").write_text("subjectAltName=IP:127.0.0.1\n")
+    # The extensions Python 3.13's strict verification (VERIFY_X509_STRICT) requires: a CA's
+    # key usage, and the issuer's key identifier on the server's certificate.
+    (directory / "san.ext").write_text(
+        "subjectAltName=IP:127.0.0.1\nauthorityKeyIdentifier=keyid,issuer\n"
+        "keyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n"
+    )
     new_key = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
     commands = [
         [
@@ -84,6 +89,10 @@ def _write_certificates(directory: Path) -> tuple[Path, Path, Path]:
             "1",
             "-subj",
             "/CN=aiolock test CA",
+            "-addext",
+            "basicConstraints=critical,CA:TRUE",
+            "-addext",
+            "keyUsage=critical,keyCertSign,cRLSign",
         ],
         ["req", *new_key, "-keyout", key, "-out", request, "-subj", "/CN=127.0.0.1"],
         [

@@ -1,0 +1,35 @@
+"""What aiolock reads of redis-py's connection beyond its documented surface, in one place.
+
+:mod:`aiolock._calls` writes on redis-py's ``Connection`` itself (see its docstring for why), so it
+needs the connection's ``asyncio.StreamWriter``, which redis-py keeps in the private ``_writer``
+(the same name from redis-py 5.0 through 8.x).  ``tests/unit/test_redispy.py`` checks this
+against the installed redis-py and fails loudly when it changes; ``pyproject.toml`` allows the
+next major version of redis-py only because that test exists.
+
+The check for a dirty idle connection is public but renamed: ``can_read_destructive`` up to
+redis-py 7, ``can_read`` from 8.0 (where the old name still works, with a deprecation warning).
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from redis.asyncio.connection import AbstractConnection
+
+__all__ = ["has_data", "stream_writer"]
+
+
+def stream_writer(conn: AbstractConnection) -> asyncio.StreamWriter | None:
+    """The connection's writer, or ``None`` when it is not connected."""
+    writer: asyncio.StreamWriter | None = conn._writer
+    return writer
+
+
+async def has_data(conn: AbstractConnection) -> bool:
+    """Whether a connected idle connection has data or EOF waiting (redis-py's pool check);
+    raises redis-py's ``ConnectionError`` when the socket failed."""
+    check = getattr(conn, "can_read", None)
+    if check is None:  # redis-py < 8
+        check = conn.can_read_destructive
+    result: bool = await check()
+    return result

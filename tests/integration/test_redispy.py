@@ -1,0 +1,86 @@
+"""The guard on what aiolock reads of redis-py's connection (``aiolock._redispy``).
+
+These fail, naming the attribute, when an installed redis-py no longer has the connection
+internals that the client's own call path writes and checks through: that is the signal to
+adapt ``aiolock._redispy`` before allowing the new redis-py in ``pyproject.toml``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis
+from redis.asyncio import Connection
+
+from aiolock._redispy import has_data, stream_writer
+from aiolock.pytest_plugin import ServerInfo
+from tests.helpers import eventually
+
+pytestmark = pytest.mark.anyio
+
+
+def connection(server: ServerInfo) -> Connection:
+    host, port = server.url.removeprefix("redis://").rsplit(":", 1)
+    return Connection(host=host, port=int(port.split("/")[0]))
+
+
+async def test_the_writer_is_the_connections_stream_writer(aiolock_server: ServerInfo) -> None:
+    conn = connection(aiolock_server)
+    assert hasattr(conn, "_writer"), f"redis-py {redis.__version__}: Connection._writer is gone"
+    assert stream_writer(conn) is None  # not connected yet
+    await conn.connect()
+    try:
+        writer = stream_writer(conn)
+        assert isinstance(writer, asyncio.StreamWriter), (
+            f"redis-py {redis.__version__}: Connection._writer is a {type(writer).__name__}"
+        )
+        # Bytes written on it are what redis-py's reader then reads as the reply.
+        writer.writelines(conn.pack_command("ECHO", "through the writer"))
+        await writer.drain()
+        assert await conn.read_response() == b"through the writer"
+    finally:
+        await conn.disconnect()
+    assert stream_writer(conn) is None, f"redis-py {redis.__version__}: _writer kept on disconnect"
+
+
+async def test_has_data_sees_an_unread_reply_and_a_closed_socket(
+    aiolock_server: ServerInfo,
+) -> None:
+    conn = connection(aiolock_server)
+    await conn.connect()
+    try:
+        assert not await has_data(conn)  # a clean idle connection
+        writer = stream_writer(conn)
+        assert writer is not None
+        writer.writelines(conn.pack_command("PING"))
+        await writer.drain()
+
+        async def unread_reply() -> bool:
+            return await has_data(conn)
+
+        # Up to redis-py 7 the check consumes what it finds ("destructive"): the connection
+        # is only fit to be dropped after, which is all aiolock does with a dirty one.
+        await eventually(unread_reply, what="the unread PONG")
+        await conn.disconnect()
+        await conn.connect()
+        assert not await has_data(conn)
+        await conn.send_command("CLIENT", "ID")
+        own_id = await conn.read_response()
+        killer = connection(aiolock_server)
+        await killer.connect()
+        try:
+            await killer.send_command("CLIENT", "KILL", "ID", own_id)
+            assert await killer.read_response() == 1
+        finally:
+            await killer.disconnect()
+
+        async def eof_seen() -> bool:
+            try:
+                return await has_data(conn)
+            except redis.ConnectionError:
+                return True  # redis-py reports a failed socket as an error, also a dirty one
+
+        await eventually(eof_seen, what="the EOF of the killed connection")
+    finally:
+        await conn.disconnect()
