@@ -23,10 +23,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import Callable
-from typing import Any, Final, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any, Final, Protocol, TypeVar
 
-from redis._parsers.commands import AsyncCommandsParser
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
@@ -40,7 +39,6 @@ __all__ = [
     "ConnectionSource",
     "NotSent",
     "Orphan",
-    "commands_parser",
     "not_sent",
     "write",
 ]
@@ -48,6 +46,41 @@ __all__ = [
 # At most this many connections of its own per client, and never more than the pool allows.
 # The server runs one script at a time: more calls in flight would only queue there.
 _MAX_CONNECTIONS: Final = 32
+
+
+_T = TypeVar("_T")
+
+# What redis-py's Retry resends on (its default supported errors, and the OSError they wrap).
+_RESENT_ON: Final = (RedisConnectionError, RedisTimeoutError, OSError)
+
+
+class _Written(Exception):
+    """A ``once`` call's error after its request was written: kept from redis-py's Retry."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+def _never_resent(
+    attempt: Callable[[], Awaitable[_T]],
+    written: Callable[[], bool],
+    failed: Callable[[Exception], Awaitable[None]],
+) -> Callable[[], Awaitable[_T]]:
+    """``attempt``, whose error once its request was ``written()`` leaves redis-py's Retry
+    wrapped in :class:`_Written`, after ``failed`` (as Retry would call it), so that it is not
+    resent (redis-py 5's Retry has no is_retryable)."""
+
+    async def once() -> _T:
+        try:
+            return await attempt()
+        except _RESENT_ON as error:
+            if written():
+                await failed(error)
+                raise _Written(error) from error
+            raise
+
+    return once
 
 
 class NotSent(Exception):
@@ -198,9 +231,13 @@ class Calls:
             await conn.disconnect(nowait=True)
 
         try:
-            # ``once``: a connect that failed is tried again, a written attempt never.
-            retryable = (lambda _: not sent) if once else None
-            reply = await conn.retry.call_with_retry(attempt, failed, is_retryable=retryable)
+            try:
+                # ``once``: a connect that failed is tried again, a written attempt never.
+                reply = await conn.retry.call_with_retry(
+                    _never_resent(attempt, lambda: sent, failed) if once else attempt, failed
+                )
+            except _Written as written:
+                raise written.error from None
         except asyncio.CancelledError:
             if in_flight:
                 # The scripts are idempotent per request, so this reply is the call's outcome,
@@ -343,13 +380,6 @@ async def write(conn: AbstractConnection, *commands: tuple[Any, ...]) -> None:
         await writer.drain()
     except OSError as exc:
         raise RedisConnectionError(f"error while writing to the socket: {exc!r}") from exc
-
-
-def commands_parser() -> AsyncCommandsParser:
-    """redis-py's parser of command keys, the one its Cluster client routes by (the server's
-    ``COMMAND`` table; ``COMMAND GETKEYS`` for commands whose keys move).  Not exported by
-    redis-py: read here, the one module that holds redis-py's privates."""
-    return AsyncCommandsParser()
 
 
 async def _evaluate(

@@ -6,6 +6,11 @@ needs the connection's ``asyncio.StreamWriter``, which redis-py keeps in the pri
 against the installed redis-py and fails loudly when it changes; ``pyproject.toml`` allows the
 next major version of redis-py only because that test exists.
 
+``guard.transaction()`` finds the keys of its queued commands with the parser redis-py's
+Cluster client routes by (``redis._parsers.commands.AsyncCommandsParser``: the server's
+``COMMAND`` table, ``COMMAND GETKEYS`` for commands whose keys move), not exported by redis-py
+(the same from 5.0 through 8.x).
+
 The check for a dirty idle connection is public but renamed: ``can_read_destructive`` up to
 redis-py 7, ``can_read`` from 8.0 (where the old name still works, with a deprecation warning).
 """
@@ -14,9 +19,10 @@ from __future__ import annotations
 
 import asyncio
 
+from redis._parsers.commands import AsyncCommandsParser
 from redis.asyncio.connection import AbstractConnection
 
-__all__ = ["has_data", "stream_writer"]
+__all__ = ["AsyncCommandsParser", "commands_parser", "has_data", "stream_writer"]
 
 
 def stream_writer(conn: AbstractConnection) -> asyncio.StreamWriter | None:
@@ -33,3 +39,8 @@ async def has_data(conn: AbstractConnection) -> bool:
         check = conn.can_read_destructive
     result: bool = await check()
     return result
+
+
+def commands_parser() -> AsyncCommandsParser:
+    """A new redis-py commands parser (``initialize(redis)`` reads the server's table)."""
+    return AsyncCommandsParser()

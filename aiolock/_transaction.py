@@ -36,13 +36,12 @@ from redis.commands import AsyncCoreCommands
 from redis.crc import key_slot
 from redis.exceptions import ResponseError
 
-from ._calls import Calls, commands_parser
+from ._calls import Calls
 from ._cluster import ClusterCalls
+from ._redispy import AsyncCommandsParser, commands_parser
 from .errors import LockLostError
 
 if TYPE_CHECKING:
-    from redis._parsers.commands import AsyncCommandsParser
-
     from ._holds import Hold, Holds
     from ._scripts import Script
 

@@ -84,3 +84,19 @@ async def test_has_data_sees_an_unread_reply_and_a_closed_socket(
         await eventually(eof_seen, what="the EOF of the killed connection")
     finally:
         await conn.disconnect()
+
+
+async def test_the_commands_parser_finds_the_keys_of_a_command(aiolock_server: ServerInfo) -> None:
+    """``guard.transaction()`` finds its commands' keys with redis-py's commands parser."""
+    from redis.asyncio import Redis
+
+    from aiolock._redispy import commands_parser
+
+    parser = commands_parser()
+    async with Redis.from_url(aiolock_server.url) as client:
+        await parser.initialize(client)  # type: ignore[arg-type]
+        assert "sadd" in parser.commands, f"redis-py {redis.__version__}: no command table"
+        keys = await parser.get_keys("SADD", "members", "a")
+        assert list(keys or ()) == ["members"], f"redis-py {redis.__version__}: keys {keys!r}"
+        moving = await parser.get_keys("ZUNIONSTORE", "out", 2, "a", "b")
+        assert sorted(moving or ()) == ["a", "b", "out"], f"redis-py {redis.__version__}"

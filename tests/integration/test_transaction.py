@@ -345,7 +345,7 @@ async def test_keys_are_found_by_redis_pys_cluster_commands_parser(
 ) -> None:
     """Guards the redis-py private that ``aiolock._calls.commands_parser`` reads: the parser
     redis-py's Cluster client routes by, over the server's COMMAND table."""
-    from aiolock._calls import commands_parser
+    from aiolock._redispy import commands_parser
 
     parser = commands_parser()
     await parser.initialize(aiolock_client.redis)  # type: ignore[arg-type]
