@@ -51,6 +51,7 @@ CORE = [
     "tests/integration/test_spin_lock.py",
     "tests/integration/test_calls.py",
     "tests/integration/test_cluster.py",
+    "tests/integration/test_transaction.py",
 ]
 
 # pyenv's interpreters, for nox to find as python3.X.
