@@ -10,7 +10,7 @@ long jobs' locks alive (a watchdog), and tells its holder when it lost the lock:
 
 import logging as _logging
 
-from ._composite import CompositeStatistics as CompositeStatistics
+from ._core.composite import CompositeStatistics as CompositeStatistics
 from .client import Client as Client
 from .client import ClientStatistics as ClientStatistics
 from .errors import LockError as LockError

@@ -83,7 +83,7 @@ def _server(url: str | None) -> Iterator[str]:
     if url is not None:
         yield url
         return
-    from .embedded import EmbeddedServer
+    from .testing.embedded import EmbeddedServer
 
     with EmbeddedServer() as server:
         yield server.url

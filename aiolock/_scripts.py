@@ -5,8 +5,8 @@ They publish with classic ``PUBLISH``; on a Cluster whose nodes have sharded pub
 router runs their :func:`sharded` variant instead, which publishes with ``SPUBLISH``.  A variant
 (a second source, with its own SHA) rather than an ARGV flag: the command is fixed per client,
 so no call carries it and no script branches on it, the scripts keep one text to read, and the
-choice lives in the one place that knows the topology (:mod:`aiolock._cluster`).  Their channels
-share the hash tag of their keys, so a SPUBLISH goes to the slot the script runs in.
+choice lives in the one place that knows the topology (:mod:`aiolock._redis.cluster`).  Their
+channels share the hash tag of their keys, so a SPUBLISH goes to the slot the script runs in.
 """
 
 from __future__ import annotations

@@ -29,7 +29,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         "aiolock.aiohttp needs aiohttp: pip install 'aiolock-redis[aiohttp]'"
     ) from exc
 
-from ._decorator import NameTemplate
+from ._core.names import NameTemplate
 from .client import Client
 from .errors import LockTimeoutError
 

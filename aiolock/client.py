@@ -16,16 +16,16 @@ from typing import Any
 
 from redis.asyncio import Redis, RedisCluster
 
-from ._calls import Calls
-from ._cluster import ClusterCalls, ClusterTopology
-from ._decorator import P, R, locked
-from ._holds import Hold, Holds
-from ._metrics import metrics, tracing
-from ._owners import Owners
-from ._pubsub import OneServer, PubSub, Topology
-from ._services import Services
-from ._validate import check_name, check_timeout
-from ._watchdog import Watchdog
+from ._core.holds import Hold, Holds
+from ._core.metrics import metrics, tracing
+from ._core.names import P, R, locked
+from ._core.owners import Owners
+from ._core.services import Services
+from ._core.validate import check_name, check_timeout
+from ._core.watchdog import Watchdog
+from ._redis.calls import Calls
+from ._redis.cluster import ClusterCalls, ClusterTopology
+from ._redis.pubsub import OneServer, PubSub, Topology
 from .fair import AsyncFairLock
 from .latch import AsyncCountDownLatch
 from .lock import AsyncRLock

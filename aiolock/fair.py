@@ -1,10 +1,10 @@
 """``AsyncFairLock``: first come, first served across every client, with the queue in Redis.
 
-A kind on the shared base (:mod:`aiolock._base`) with the scripts in ``scripts/fair/``: the
+A kind on the shared base (:mod:`aiolock._core.base`) with the scripts in ``scripts/fair/``: the
 lock hash of the plain lock, plus a queue of waiting owners (tickets) and their deadlines on
 the server's clock.  A try that does not get the lock takes (or keeps) the owner's place and
 moves its deadline on; a release wakes exactly the next waiter, with one message on the
-channel of that waiter's client, naming it (:class:`~aiolock._waiting.NamedWait`), so there is
+channel of that waiter's client, naming it (:class:`~aiolock._core.waiting.NamedWait`), so there is
 no herd however many clients wait, and no channel per waiting task.
 
 Waiters that give up leave the queue at once (a ``leave`` script, settled in the background
@@ -17,7 +17,7 @@ thousand tries.
 
 A lease that runs out publishes nothing, so a parked waiter is bounded by the lease left of the
 hold in front of it: its try returns it, and a grant from the queue tells the next in line with
-a bound message (``+<ms> <owner>``, :meth:`~aiolock._pubsub.NamedEntry.bound_named`) when the
+a bound message (``+<ms> <owner>``, :meth:`~aiolock._redis.pubsub.NamedEntry.bound_named`) when the
 new lease may end before that waiter would try again by itself.
 """
 
@@ -32,11 +32,11 @@ from typing import Any, ClassVar
 from redis.exceptions import RedisError
 
 from . import _scripts
-from ._base import Call, LockKind, release_args
-from ._holds import Hold
-from ._keys import LockKeys
-from ._services import Services
-from ._waiting import NamedWait, Waiting
+from ._core.base import Call, LockKind, release_args
+from ._core.holds import Hold
+from ._core.keys import LockKeys
+from ._core.services import Services
+from ._core.waiting import NamedWait, Waiting
 
 __all__ = ["AsyncFairLock", "KeepAlive"]
 

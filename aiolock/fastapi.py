@@ -37,7 +37,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
         "aiolock.fastapi needs FastAPI: pip install 'aiolock-redis[fastapi]'"
     ) from exc
 
-from ._decorator import NameTemplate
+from ._core.names import NameTemplate
 from .client import Client
 from .errors import LockTimeoutError
 from .lock import LockGuard

@@ -2,7 +2,7 @@
 
 The count is one key (absent: zero); counting it down to zero deletes it and publishes on the
 latch's channel, where every waiting task of every client is parked on one broadcast entry per
-client (:class:`~aiolock._pubsub.BroadcastEntry`): one message wakes them all.  A waiter looks
+client (:class:`~aiolock._redis.pubsub.BroadcastEntry`): one message wakes them all.  A waiter looks
 at the count, joins the channel, and looks again whenever it is woken (the subscription's
 confirmation wakes it too, so a zero published before the subscription is not missed, and a
 zero published while it looks is kept for it).  It never polls.
@@ -14,10 +14,10 @@ import asyncio
 import math
 
 from . import _scripts
-from ._keys import LockKeys
-from ._pubsub import BroadcastEntry
-from ._services import Services
-from ._validate import check_timeout
+from ._core.keys import LockKeys
+from ._core.services import Services
+from ._core.validate import check_timeout
+from ._redis.pubsub import BroadcastEntry
 
 __all__ = ["AsyncCountDownLatch"]
 

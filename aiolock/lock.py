@@ -1,9 +1,9 @@
 """``AsyncRLock``: the reentrant distributed lock, Redisson's ``RLock`` for asyncio.
 
-A kind on the shared base (:mod:`aiolock._base`): the scripts in ``scripts/lock/``, and waiters
-parked on the lock's pub/sub channel, one wake-up per release (:class:`~aiolock._waiting.
+A kind on the shared base (:mod:`aiolock._core.base`): the scripts in ``scripts/lock/``, and waiters
+parked on the lock's pub/sub channel, one wake-up per release (:class:`~aiolock._core.waiting.
 ChannelWait`).  A release published before the subscription existed is not missed: the
-SUBSCRIBE's confirmation wakes one waiter too (see :mod:`aiolock._pubsub`).
+SUBSCRIBE's confirmation wakes one waiter too (see :mod:`aiolock._redis.pubsub`).
 """
 
 from __future__ import annotations
@@ -11,12 +11,12 @@ from __future__ import annotations
 from typing import ClassVar
 
 from . import _scripts
-from ._base import Call, LockKind, LockStatistics, release_args
-from ._guard import LockGuard
-from ._holds import Hold
-from ._keys import LockKeys
-from ._services import Services
-from ._waiting import ChannelWait, Waiting
+from ._core.base import Call, LockKind, LockStatistics, release_args
+from ._core.guard import LockGuard
+from ._core.holds import Hold
+from ._core.keys import LockKeys
+from ._core.services import Services
+from ._core.waiting import ChannelWait, Waiting
 
 __all__ = ["AsyncRLock", "LockGuard", "LockStatistics", "ReentrantKind"]
 

@@ -18,10 +18,10 @@ import math
 from collections.abc import Coroutine
 from typing import Any
 
-from ._base import LockKind, Seam
-from ._composite import CompositeHold, CompositeStatistics, release_all, start_releases
-from ._guard import Guarded, Holding
-from ._validate import check_lease, check_wait
+from ._core.base import LockKind, Seam
+from ._core.composite import CompositeHold, CompositeStatistics, release_all, start_releases
+from ._core.guard import Guarded, Holding
+from ._core.validate import check_lease, check_wait
 from .errors import LockNotOwnedError, LockTimeoutError
 
 __all__ = ["MultiLock"]

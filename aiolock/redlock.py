@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING, Any, Final
 
 from redis.exceptions import RedisError
 
-from ._base import Seam
-from ._composite import CompositeHold, CompositeStatistics, release_all, start_releases
-from ._guard import Guarded, Holding
-from ._holds import Hold
-from ._validate import check_lease, check_name, check_wait
+from ._core.base import Seam
+from ._core.composite import CompositeHold, CompositeStatistics, release_all, start_releases
+from ._core.guard import Guarded, Holding
+from ._core.holds import Hold
+from ._core.validate import check_lease, check_name, check_wait
 from .errors import LockNotOwnedError, LockTimeoutError
 from .lock import AsyncRLock
 

@@ -1,6 +1,6 @@
 """``AsyncReadWriteLock``: many readers or one writer, across all clients; writers not starved.
 
-Redisson's ``RReadWriteLock`` for asyncio, on the shared base (:mod:`aiolock._base`): the read
+Redisson's ``RReadWriteLock`` for asyncio, on the shared base (:mod:`aiolock._core.base`): the read
 lock and the write lock are two kinds over one lock hash (scripts in ``scripts/rw/``).
 
 - Readers of many owners hold it at once; each owner's read holds have a lease of their own in
@@ -27,14 +27,14 @@ from typing import ClassVar
 from redis.exceptions import ResponseError
 
 from . import _scripts
-from ._base import Call, LockKind, Seam, release_args
-from ._holds import Hold
-from ._keys import LockKeys, hash_tag
-from ._metrics import lock_extra
-from ._pubsub import BroadcastEntry
-from ._services import Services
-from ._validate import check_name
-from ._waiting import ChannelWait, Waiting
+from ._core.base import Call, LockKind, Seam, release_args
+from ._core.holds import Hold
+from ._core.keys import LockKeys, hash_tag
+from ._core.metrics import lock_extra
+from ._core.services import Services
+from ._core.validate import check_name
+from ._core.waiting import ChannelWait, Waiting
+from ._redis.pubsub import BroadcastEntry
 from .errors import LockError
 
 __all__ = ["AsyncReadLock", "AsyncReadWriteLock", "AsyncWriteLock"]

@@ -7,7 +7,7 @@ found none free tries again when the earliest lease ends (with no message).  A r
 one waiter, parked on the semaphore's channel as for the plain lock.
 
 Each acquisition is an owner of its own (the permit id) on the shared base
-(:mod:`aiolock._base`), so a cancelled or failed acquire is undone and a release with a lost
+(:mod:`aiolock._core.base`), so a cancelled or failed acquire is undone and a release with a lost
 reply completed exactly as for the locks, and ``lease=None`` permits are renewed by the
 client's watchdog while the task that took them lives.
 """
@@ -19,18 +19,18 @@ from types import TracebackType
 from typing import TYPE_CHECKING, ClassVar
 
 from . import _scripts
-from ._base import Call, LockKind, LockStatistics, Seam, release_args
-from ._guard import LockGuard
-from ._holds import Hold
-from ._keys import hash_tag
-from ._owners import current_task
-from ._services import Services
-from ._validate import check_lease, check_wait
-from ._waiting import ChannelWait, Waiting
+from ._core.base import Call, LockKind, LockStatistics, Seam, release_args
+from ._core.guard import LockGuard
+from ._core.holds import Hold
+from ._core.keys import hash_tag
+from ._core.owners import current_task
+from ._core.services import Services
+from ._core.validate import check_lease, check_wait
+from ._core.waiting import ChannelWait, Waiting
 from .errors import LockLostError, LockNotOwnedError, LockTimeoutError
 
 if TYPE_CHECKING:
-    from ._transaction import Transaction
+    from ._core.transaction import Transaction
 
 __all__ = ["AsyncSemaphore", "Permit", "seam_of"]
 
@@ -173,7 +173,7 @@ class AsyncSemaphore:
 
 
 def seam_of(semaphore: AsyncSemaphore) -> Seam:
-    """The declared interface (:class:`~aiolock._base.Seam`) of a semaphore's permits lock."""
+    """The declared interface (:class:`~aiolock._core.base.Seam`) of a semaphore's permits lock."""
     return semaphore._seam
 
 

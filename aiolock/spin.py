@@ -2,7 +2,7 @@
 
 Some proxies and managed services do not offer SUBSCRIBE.  This kind has the plain lock's
 semantics and scripts, under keys of its own, and never subscribes: between tries it sleeps a
-full-jitter exponential backoff (:class:`~aiolock._waiting.Backoff`), bounded by the lock's
+full-jitter exponential backoff (:class:`~aiolock._core.waiting.Backoff`), bounded by the lock's
 remaining lease and the caller's deadline.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from ._services import Services
-from ._waiting import Backoff, Waiting
+from ._core.services import Services
+from ._core.waiting import Backoff, Waiting
 from .lock import ReentrantKind
 
 __all__ = ["AsyncSpinLock"]

@@ -25,7 +25,7 @@ if __package__ in (None, ""):  # run as a script: make ``benchmarks`` importable
 import redis
 
 import aiolock
-from aiolock.embedded import EmbeddedServer
+from aiolock.testing.embedded import EmbeddedServer
 from benchmarks import impls, report
 from benchmarks.scenarios import cluster, contended, fanin, rtt, shared, sweep, uncontended
 from benchmarks.scenarios import names as many_names

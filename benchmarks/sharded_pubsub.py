@@ -41,8 +41,8 @@ if __package__ in (None, ""):  # run as a script: this checkout's aiolock, not a
 from redis import Redis
 
 import aiolock
-from aiolock import _cluster
-from aiolock.embedded import EmbeddedCluster
+from aiolock._redis import cluster as _cluster
+from aiolock.testing.embedded import EmbeddedCluster
 
 _HOLD = 0.001
 

@@ -33,7 +33,7 @@ import aiohttp
 from aiohttp import web
 
 from aiolock.aiohttp import client_context, get_client, held_lock, lock_timeout_middleware
-from aiolock.embedded import EmbeddedServer
+from aiolock.testing.embedded import EmbeddedServer
 
 LIMIT = 5
 

@@ -35,8 +35,8 @@ from fastapi import Depends, FastAPI, HTTPException, Response
 from pydantic import BaseModel, Field
 
 import aiolock
-from aiolock.embedded import EmbeddedServer
 from aiolock.fastapi import get_client, held_lock, lock_timeout_handler
+from aiolock.testing.embedded import EmbeddedServer
 
 LIMIT = 5
 

@@ -40,7 +40,7 @@ if __name__ == "__main__":
     if len(sys.argv) > 1:
         asyncio.run(main(sys.argv[1]))
     else:
-        from aiolock.embedded import EmbeddedServer
+        from aiolock.testing.embedded import EmbeddedServer
 
         with EmbeddedServer() as server:
             asyncio.run(main(server.url))

@@ -27,8 +27,8 @@ import redis as redis_py
 from redis.asyncio import Redis
 
 import aiolock
-from aiolock.embedded import EmbeddedCluster, EmbeddedServer, redis_server_binary
-from aiolock.pytest_plugin import CLUSTER_URL_VARIABLE, URL_VARIABLE, ServerInfo, _serve
+from aiolock.testing.embedded import EmbeddedCluster, EmbeddedServer, redis_server_binary
+from aiolock.testing.pytest_plugin import CLUSTER_URL_VARIABLE, URL_VARIABLE, ServerInfo, _serve
 
 # On a failure hypothesis imports libcst (to suggest an @example patch), which warns about
 # mypy_extensions.TypedDict; with filterwarnings=error that turns a test failure into a pytest

@@ -16,7 +16,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 import aiolock
-from aiolock._calls import write
+from aiolock._redis.calls import write
 
 
 async def eventually(

@@ -81,9 +81,9 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
     # Every public name has its entry in the reference.
     reference = (site / "reference" / "index.html").read_text(encoding="utf-8")
     expected = [f"aiolock.{name}" for name in aiolock.__all__] + [
-        "aiolock.embedded.EmbeddedServer",
-        "aiolock.pytest_plugin.aiolock_server",
-        "aiolock.pytest_plugin.aiolock_client",
+        "aiolock.testing.embedded.EmbeddedServer",
+        "aiolock.testing.pytest_plugin.aiolock_server",
+        "aiolock.testing.pytest_plugin.aiolock_client",
     ]
     anchors = set(re.findall(r'id="(aiolock[\w.]*)"', reference))
     missing = [

@@ -1,7 +1,7 @@
 """What ``aiolock inspect`` reads: one lock's state on the server, in one MULTI/EXEC.
 
 Each kind's keys come from a lock object built through the :class:`~aiolock.Client` (through
-its :class:`~aiolock._base.Seam`), never from names put together here; how each kind stores
+its :class:`~aiolock._core.base.Seam`), never from names put together here; how each kind stores
 its state is described in the headers of its scripts (``scripts/<kind>/``).  The reads of one
 kind run in a single transaction with the server's ``TIME``, so the holders, leases, queue and
 counter are one consistent snapshot, and deadlines kept on the server's clock are turned into
@@ -23,9 +23,9 @@ from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.client import Pipeline
 from redis.exceptions import ResponseError
 
-from .._base import Seam
-from .._cluster import node_of
-from .._keys import LockKeys
+from .._core.base import Seam
+from .._core.keys import LockKeys
+from .._redis.cluster import node_of
 from ..client import Client
 from ..fair import FairKeys
 from ..rw import RWKeys

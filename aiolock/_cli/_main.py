@@ -283,7 +283,7 @@ def _demo(args: argparse.Namespace) -> int:
 def _server(args: argparse.Namespace) -> int:
     if args.url is not None:
         raise _Usage("server starts a server of its own: --url does not apply")
-    from ..embedded import EmbeddedCluster, EmbeddedServer
+    from ..testing.embedded import EmbeddedCluster, EmbeddedServer
 
     server: EmbeddedServer | EmbeddedCluster
     try:

@@ -1,6 +1,6 @@
 """``cluster``: 1,000 distinct locks contended by 4 processes against a 3-primary Cluster.
 
-The scenario starts its own :class:`~aiolock.embedded.EmbeddedCluster` (3 primaries, no
+The scenario starts its own :class:`~aiolock.testing.embedded.EmbeddedCluster` (3 primaries, no
 replicas, of the ``--server`` binary) on this machine.  Every process runs T tasks; each task
 loops: pick one of the 1,000 lock names at random, acquire it (waiting as long as it takes),
 hold it 1 ms, release it, and log ``(granted, released, lock)`` with ``perf_counter_ns``.  The
@@ -28,7 +28,7 @@ from redis.asyncio.lock import Lock as RedisPyLock
 from redis.crc import key_slot
 
 import aiolock
-from aiolock.embedded import EmbeddedCluster
+from aiolock.testing.embedded import EmbeddedCluster
 
 from ..stats import ServerProbe, median_of_runs
 from ..workers import WorkerPool

@@ -40,7 +40,7 @@ import time
 import uuid
 from typing import Any
 
-from aiolock._keys import fence_of
+from aiolock._core.keys import fence_of
 
 from ..impls import IMPLS, KEY_PREFIX, AiolockImpl, make
 from ..stats import ServerProbe, median_of_runs, percentile

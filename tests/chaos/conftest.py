@@ -9,7 +9,7 @@ from urllib.parse import urlsplit
 import pytest
 
 import aiolock
-from aiolock.pytest_plugin import ServerInfo
+from aiolock.testing.pytest_plugin import ServerInfo
 
 from .proxy import FreezableProxy
 

@@ -23,8 +23,8 @@ from redis.asyncio import Redis
 from redis.crc import key_slot
 
 from aiolock import _scripts
-from aiolock._keys import LockKeys
-from aiolock.embedded import EmbeddedCluster, EmbeddedServer
+from aiolock._core.keys import LockKeys
+from aiolock.testing.embedded import EmbeddedCluster, EmbeddedServer
 
 from .history import FaultEvent
 from .proxy import FreezableProxy

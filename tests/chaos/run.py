@@ -20,7 +20,7 @@ The exit status is 1 when the checker found a violation; a wait that overran onl
 worker's event loop was blocked ("wait-loop": the machine's share) is shown, not counted.
 
 ``--cluster`` runs one phase instead, on a Cluster of 3 primaries with a replica each
-(:class:`~aiolock.embedded.EmbeddedCluster`, a 1.5 s node timeout).  The workers connect to
+(:class:`~aiolock.testing.embedded.EmbeddedCluster`, a 1.5 s node timeout).  The workers connect to
 the nodes directly (``cluster=True``, each from another primary's address; no proxies) with
 ``sync_replicas=1``, so that a failover keeps every hold it did not report lost.  The faults
 move the slots of the run's lock names to other primaries while they are held and waited for,
@@ -51,7 +51,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from aiolock.embedded import EmbeddedCluster, EmbeddedServer
+from aiolock.testing.embedded import EmbeddedCluster, EmbeddedServer
 
 from .checker import Violation, check_phase, format_summary, summarize
 from .faults import (
@@ -417,7 +417,7 @@ async def leftovers_on(
         return found
 
 
-# The longest resend window of the workers' clients (aiolock._services.resend_window): the
+# The longest resend window of the workers' clients (aiolock._core.services.resend_window): the
 # steady one's, 4 attempts x (5 + 5) s of socket timeouts + 3 backoffs of at most 0.2 s.
 MARKER_WINDOW_MS = 41_000
 

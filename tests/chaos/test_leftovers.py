@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from redis.asyncio import Redis
 
-from aiolock.pytest_plugin import ServerInfo
+from aiolock.testing.pytest_plugin import ServerInfo
 
 from .run import PREFIX, _print_stranded, leftovers_on
 

@@ -56,8 +56,8 @@ from aiolock import (
     LockSyncError,
     LockTimeoutError,
 )
-from aiolock._base import LockKind
-from aiolock._holds import Hold
+from aiolock._core.base import LockKind
+from aiolock._core.holds import Hold
 from aiolock.client import Client
 
 from .history import (

@@ -1,4 +1,4 @@
-"""The client's own call path (``aiolock._calls``): its connections, their limit and their reuse."""
+"""The client's own call path (``aiolock._redis.calls``): its connections, their limit, reuse."""
 
 from __future__ import annotations
 
@@ -12,9 +12,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 import aiolock
 from aiolock import _scripts
-from aiolock._calls import NotSent
-from aiolock._redispy import has_data
-from aiolock.pytest_plugin import ServerInfo
+from aiolock._redis.calls import NotSent
+from aiolock._redis.redispy import has_data
+from aiolock.testing.pytest_plugin import ServerInfo
 from tests.helpers import assert_clean, eventually, stall_server
 
 pytestmark = pytest.mark.anyio

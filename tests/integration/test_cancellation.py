@@ -19,7 +19,7 @@ from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.connection import Connection as RedisConnection
 
 import aiolock
-from aiolock.pytest_plugin import ServerInfo
+from aiolock.testing.pytest_plugin import ServerInfo
 from tests.helpers import assert_clean, eventually, hold_as_stranger
 
 pytestmark = pytest.mark.anyio

@@ -28,8 +28,8 @@ import aiolock
 from aiolock import _demo
 from aiolock._cli import main
 from aiolock._cli._inspect import inspect
-from aiolock.embedded import free_port
-from aiolock.pytest_plugin import ServerInfo
+from aiolock.testing.embedded import free_port
+from aiolock.testing.pytest_plugin import ServerInfo
 from tests.helpers import eventually
 
 pytestmark = pytest.mark.anyio

@@ -19,9 +19,9 @@ from redis.asyncio import RedisCluster
 from redis.crc import key_slot
 
 import aiolock
-from aiolock._cluster import ClusterCalls
-from aiolock.embedded import EmbeddedCluster
-from aiolock.pytest_plugin import ServerInfo
+from aiolock._redis.cluster import ClusterCalls
+from aiolock.testing.embedded import EmbeddedCluster
+from aiolock.testing.pytest_plugin import ServerInfo
 from tests.helpers import cluster_clients, eventually, use_once
 
 pytestmark = pytest.mark.anyio

@@ -20,7 +20,7 @@ from redis import Redis
 from redis.crc import key_slot
 
 import aiolock
-from aiolock.embedded import EmbeddedCluster, EmbeddedServer
+from aiolock.testing.embedded import EmbeddedCluster, EmbeddedServer
 from tests.conftest import SERVERS
 from tests.helpers import cluster_clients, eventually, settled
 

@@ -24,11 +24,11 @@ from redis.crc import key_slot
 from redis.exceptions import ResponseError
 
 import aiolock
-from aiolock import _cluster
-from aiolock._pubsub import Entry
-from aiolock._subscriber import Subscriber
-from aiolock.embedded import EmbeddedCluster
-from aiolock.pytest_plugin import ServerInfo
+from aiolock._redis import cluster as _cluster
+from aiolock._redis.pubsub import Entry
+from aiolock._redis.subscriber import Subscriber
+from aiolock.testing.embedded import EmbeddedCluster
+from aiolock.testing.pytest_plugin import ServerInfo
 from tests.conftest import SERVERS
 from tests.helpers import (
     cluster_clients,

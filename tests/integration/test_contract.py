@@ -22,8 +22,8 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
-from aiolock._base import LockKind, LockStatistics
-from aiolock._holds import Hold
+from aiolock._core.base import LockKind, LockStatistics
+from aiolock._core.holds import Hold
 from tests.helpers import assert_clean, evalsha_calls, eventually
 
 pytestmark = pytest.mark.anyio

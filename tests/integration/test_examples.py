@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from aiolock.pytest_plugin import ServerInfo
+from aiolock.testing.pytest_plugin import ServerInfo
 
 EXAMPLES = sorted((Path(__file__).parents[2] / "examples").glob("*.py"))
 # The framework glue modules are public too (behind the fastapi and aiohttp extras).
-PUBLIC_MODULES = ("aiolock", "aiolock.embedded", "aiolock.fastapi", "aiolock.aiohttp")
+PUBLIC_MODULES = ("aiolock", "aiolock.testing.embedded", "aiolock.fastapi", "aiolock.aiohttp")
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])

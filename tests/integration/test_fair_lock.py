@@ -17,7 +17,7 @@ from redis.asyncio import Redis
 
 import aiolock
 from aiolock.fair import FairKeys
-from aiolock.pytest_plugin import ServerInfo
+from aiolock.testing.pytest_plugin import ServerInfo
 from tests.helpers import assert_clean, channels, eventually
 
 pytestmark = pytest.mark.anyio

@@ -23,9 +23,9 @@ from redis.asyncio import Redis
 
 import aiolock
 from aiolock.aiohttp import CLIENT_KEY
-from aiolock.embedded import free_port
 from aiolock.fastapi import held_lock, lock_timeout_handler
-from aiolock.pytest_plugin import ServerInfo
+from aiolock.testing.embedded import free_port
+from aiolock.testing.pytest_plugin import ServerInfo
 
 from ._apps import LIMIT, check_crowd, crowd, http_crowd, load_example, python, served
 

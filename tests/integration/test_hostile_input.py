@@ -27,8 +27,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
 import aiolock
-from aiolock._validate import MAX_SECONDS
-from aiolock.embedded import free_port
+from aiolock._core.validate import MAX_SECONDS
+from aiolock.testing.embedded import free_port
 from tests.helpers import lock_keys
 
 pytestmark = pytest.mark.anyio

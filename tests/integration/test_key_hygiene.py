@@ -22,8 +22,8 @@ from redis.backoff import ConstantBackoff
 from redis.exceptions import ResponseError
 
 import aiolock
-from aiolock.embedded import EmbeddedServer
-from aiolock.pytest_plugin import ServerInfo
+from aiolock.testing.embedded import EmbeddedServer
+from aiolock.testing.pytest_plugin import ServerInfo
 from tests.helpers import evalsha_calls, eventually, stall_server, use_once
 
 pytestmark = pytest.mark.anyio

@@ -205,7 +205,7 @@ async def test_client_id_is_a_uuid4(aiolock_client: aiolock.Client) -> None:
 
 
 async def test_closed_client_refuses_work(aiolock_server: object) -> None:
-    from aiolock.pytest_plugin import ServerInfo
+    from aiolock.testing.pytest_plugin import ServerInfo
 
     assert isinstance(aiolock_server, ServerInfo)
     async with aiolock.Client.from_url(aiolock_server.url, key_prefix="closed-test") as client:
@@ -216,7 +216,7 @@ async def test_closed_client_refuses_work(aiolock_server: object) -> None:
 
 
 async def test_wraps_an_existing_redis_without_closing_it(aiolock_server: object) -> None:
-    from aiolock.pytest_plugin import ServerInfo
+    from aiolock.testing.pytest_plugin import ServerInfo
 
     assert isinstance(aiolock_server, ServerInfo)
     redis = Redis.from_url(aiolock_server.url)

@@ -16,8 +16,8 @@ from opentelemetry.sdk.metrics import export
 from redis.asyncio import Redis
 
 import aiolock
-from aiolock._metrics import _WAIT_BUCKETS, KIND, METER
-from aiolock.pytest_plugin import ServerInfo
+from aiolock._core.metrics import _WAIT_BUCKETS, KIND, METER
+from aiolock.testing.pytest_plugin import ServerInfo
 from tests.helpers import eventually
 
 pytestmark = pytest.mark.anyio
@@ -284,7 +284,7 @@ def test_without_opentelemetry_nothing_is_imported(aiolock_server: ServerInfo) -
 
         block = Block()
         sys.meta_path.insert(0, block)
-        import aiolock, aiolock._metrics
+        import aiolock, aiolock._core.metrics
 
         async def main():
             async with aiolock.Client.from_url(sys.argv[1], key_prefix="no-otel") as client:
@@ -297,7 +297,7 @@ def test_without_opentelemetry_nothing_is_imported(aiolock_server: ServerInfo) -
         asyncio.run(main())
         assert not [m for m in sys.modules if m.split(".")[0] == "opentelemetry"]
         ours = [path for path in block.importers if "aiolock" in path]
-        assert set(ours) == {aiolock._metrics.__file__}, ours  # metrics and traces
+        assert set(ours) == {aiolock._core.metrics.__file__}, ours  # metrics and traces
         print("ok")
         """
     )

@@ -9,7 +9,7 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
-from aiolock.pytest_plugin import ServerInfo
+from aiolock.testing.pytest_plugin import ServerInfo
 from tests.helpers import assert_clean, eventually, stall_server
 
 pytestmark = pytest.mark.anyio

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from aiolock.pytest_plugin import URL_VARIABLE, ServerInfo
+from aiolock.testing.pytest_plugin import URL_VARIABLE, ServerInfo
 
 pytest_plugins = ["pytester"]
 

@@ -1,8 +1,8 @@
-"""The guard on what aiolock reads of redis-py's connection (``aiolock._redispy``).
+"""The guard on what aiolock reads of redis-py's connection (``aiolock._redis.redispy``).
 
 These fail, naming the attribute, when an installed redis-py no longer has the connection
 internals that the client's own call path writes and checks through: that is the signal to
-adapt ``aiolock._redispy`` before allowing the new redis-py in ``pyproject.toml``.
+adapt ``aiolock._redis.redispy`` before allowing the new redis-py in ``pyproject.toml``.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ import pytest
 import redis
 from redis.asyncio import Connection
 
-from aiolock._redispy import has_data, stream_writer
-from aiolock.pytest_plugin import ServerInfo
+from aiolock._redis.redispy import has_data, stream_writer
+from aiolock.testing.pytest_plugin import ServerInfo
 from tests.helpers import eventually
 
 pytestmark = pytest.mark.anyio
@@ -90,7 +90,7 @@ async def test_the_commands_parser_finds_the_keys_of_a_command(aiolock_server: S
     """``guard.transaction()`` finds its commands' keys with redis-py's commands parser."""
     from redis.asyncio import Redis
 
-    from aiolock._redispy import commands_parser
+    from aiolock._redis.redispy import commands_parser
 
     parser = commands_parser()
     async with Redis.from_url(aiolock_server.url) as client:

@@ -12,7 +12,7 @@ import pytest
 import redis
 
 import aiolock
-from aiolock.embedded import EmbeddedServer
+from aiolock.testing.embedded import EmbeddedServer
 from tests.conftest import SERVERS
 from tests.helpers import eventually
 

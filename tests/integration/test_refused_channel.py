@@ -16,7 +16,7 @@ from redis.asyncio import Redis
 from redis.exceptions import NoPermissionError
 
 import aiolock
-from aiolock.pytest_plugin import ServerInfo
+from aiolock.testing.pytest_plugin import ServerInfo
 from tests.helpers import assert_clean, eventually, hold_as_stranger, parked
 
 pytestmark = pytest.mark.anyio

@@ -18,7 +18,7 @@ from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 
 import aiolock
-from aiolock.embedded import EmbeddedServer
+from aiolock.testing.embedded import EmbeddedServer
 from tests.conftest import SERVERS
 from tests.helpers import eventually
 

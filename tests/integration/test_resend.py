@@ -21,7 +21,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 import aiolock
 from aiolock import _scripts
-from aiolock.pytest_plugin import ServerInfo
+from aiolock.testing.pytest_plugin import ServerInfo
 from tests.helpers import evalsha_calls, eventually, held_by_another_task, stall_server
 
 pytestmark = pytest.mark.anyio

@@ -22,7 +22,7 @@ from redis.asyncio import Redis
 from redis.exceptions import AuthenticationError, NoPermissionError, RedisError
 
 import aiolock
-from aiolock.embedded import EmbeddedServer, free_port, redis_server_binary
+from aiolock.testing.embedded import EmbeddedServer, free_port, redis_server_binary
 
 pytestmark = pytest.mark.anyio
 

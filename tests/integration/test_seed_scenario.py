@@ -10,7 +10,7 @@ import uuid
 import pytest
 
 from aiolock._demo import LIMIT, demo, run_requests
-from aiolock.pytest_plugin import ServerInfo
+from aiolock.testing.pytest_plugin import ServerInfo
 
 pytestmark = pytest.mark.anyio
 

@@ -1,7 +1,7 @@
 """Sentinel: ``aiolock.Client(sentinel.master_for(name))`` against real processes.
 
 Each group is a primary, replicas and three Sentinels of one server binary
-(:class:`~aiolock.embedded.EmbeddedSentinel`).  The locks work through the Sentinel-managed
+(:class:`~aiolock.testing.embedded.EmbeddedSentinel`).  The locks work through the Sentinel-managed
 pool, their waiters are woken by pub/sub, and grants synced to a replica (``sync_replicas=1``)
 outlive a failover: the primary killed, or a forced ``SENTINEL FAILOVER``.  After a forced
 failover the old primary takes writes for about ten seconds, until the Sentinels make it a
@@ -20,7 +20,7 @@ from redis.asyncio import Redis
 from redis.asyncio.sentinel import Sentinel
 
 import aiolock
-from aiolock.embedded import EmbeddedSentinel, EmbeddedServer
+from aiolock.testing.embedded import EmbeddedSentinel, EmbeddedServer
 from tests.conftest import SERVERS
 from tests.helpers import eventually, settled, take_and_release_across_failover
 

@@ -16,8 +16,8 @@ from redis import Redis
 from redis.exceptions import NoPermissionError
 
 import aiolock
-from aiolock.embedded import EmbeddedServer
-from aiolock.pytest_plugin import ServerInfo
+from aiolock.testing.embedded import EmbeddedServer
+from aiolock.testing.pytest_plugin import ServerInfo
 from tests.conftest import SERVERS
 from tests.helpers import cluster_clients, eventually, redis_version
 

@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 import aiolock
-from aiolock.pytest_plugin import ServerInfo
+from aiolock.testing.pytest_plugin import ServerInfo
 from tests.helpers import eventually, held_by_another_task
 
 pytestmark = pytest.mark.anyio

@@ -23,7 +23,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 import aiolock
-from aiolock.pytest_plugin import ServerInfo
+from aiolock.testing.pytest_plugin import ServerInfo
 from tests.helpers import assert_clean, evalsha_calls, eventually
 
 pytestmark = pytest.mark.anyio
@@ -343,9 +343,9 @@ async def test_a_composite_guard_has_no_transaction(
 async def test_keys_are_found_by_redis_pys_cluster_commands_parser(
     aiolock_client: aiolock.Client,
 ) -> None:
-    """Guards the redis-py private that ``aiolock._calls.commands_parser`` reads: the parser
+    """Guards the redis-py private that ``aiolock._redis.calls.commands_parser`` reads: the parser
     redis-py's Cluster client routes by, over the server's COMMAND table."""
-    from aiolock._redispy import commands_parser
+    from aiolock._redis.redispy import commands_parser
 
     parser = commands_parser()
     await parser.initialize(aiolock_client.redis)  # type: ignore[arg-type]

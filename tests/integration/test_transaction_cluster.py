@@ -18,7 +18,7 @@ from redis.asyncio import RedisCluster
 from redis.crc import key_slot
 
 import aiolock
-from aiolock.pytest_plugin import ServerInfo
+from aiolock.testing.pytest_plugin import ServerInfo
 from tests.helpers import cluster_clients
 from tests.integration.test_transaction import KINDS, RIVAL, held, lock_of
 

@@ -15,8 +15,8 @@ import pytest
 from redis.asyncio import ConnectionPool
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from aiolock._pubsub import Entry, Home, PubSub
-from aiolock.pytest_plugin import ServerInfo
+from aiolock._redis.pubsub import Entry, Home, PubSub
+from aiolock.testing.pytest_plugin import ServerInfo
 from tests.chaos.proxy import FreezableProxy
 from tests.helpers import eventually
 

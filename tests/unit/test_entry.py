@@ -7,8 +7,8 @@ import asyncio
 import pytest
 from redis.exceptions import NoPermissionError
 
-from aiolock._holds import NameCounters
-from aiolock._pubsub import Entry, NamedEntry
+from aiolock._core.holds import NameCounters
+from aiolock._redis.pubsub import Entry, NamedEntry
 
 pytestmark = pytest.mark.anyio
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from aiolock import _holds
-from aiolock._holds import Holds
+from aiolock._core import holds as _holds
+from aiolock._core.holds import Holds
 
 pytestmark = pytest.mark.anyio
 

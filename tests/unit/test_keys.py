@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from aiolock._keys import LockKeys, hash_tag
+from aiolock._core.keys import LockKeys, hash_tag
 
 
 def slot_tag(key: str) -> str:

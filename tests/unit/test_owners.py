@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from aiolock._owners import Owners
+from aiolock._core.owners import Owners
 
 pytestmark = pytest.mark.anyio
 

@@ -9,7 +9,7 @@ import asyncio
 import pytest
 from redis.asyncio import ConnectionPool
 
-from aiolock._pubsub import Home, PubSub
+from aiolock._redis.pubsub import Home, PubSub
 from tests.helpers import eventually
 
 pytestmark = pytest.mark.anyio

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import aiolock
-from aiolock._validate import check_lease, check_wait
+from aiolock._core.validate import check_lease, check_wait
 
 pytestmark = pytest.mark.anyio
 

@@ -9,7 +9,7 @@ The pieces, as in Redisson's ``PublishSubscribeService`` and ``RedissonLockEntry
   its entry and schedules the SUBSCRIBE, the last one out schedules the UNSUBSCRIBE; both run in
   the background, so joining never waits.  A pool of ``asyncio.Semaphore(1)``, picked by hashing
   the channel, serialises that work per channel and bounds how much of it runs at once.
-- :class:`~aiolock._subscriber.Subscriber`: one connection and its one reader task.  One
+- :class:`~aiolock._redis.subscriber.Subscriber`: one connection and its one reader task.  One
   server has one; a Cluster has one per node that has waiters when its nodes have sharded
   pub/sub (SSUBSCRIBE, Redis and Valkey 7+: a message is handled by its slot's node only),
   else one classic subscriber on any node (PUBLISH reaches every node).  A :class:`Topology`
@@ -36,7 +36,7 @@ from typing import Any, NamedTuple, Protocol
 
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
-from ._subscriber import Subscriber, SubscriberSource, cancel
+from .subscriber import Subscriber, SubscriberSource, cancel
 
 __all__ = [
     "BroadcastEntry",

@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
 
 import anyio
 
-from ._owners import current_task
-from ._validate import check_lease, check_wait
-from .errors import LockLostError
+from ..errors import LockLostError
+from .owners import current_task
+from .validate import check_lease, check_wait
 
 if TYPE_CHECKING:
-    from ._transaction import Transaction
+    from .transaction import Transaction
 
 __all__ = ["Guarded", "Holding", "LockGuard"]
 

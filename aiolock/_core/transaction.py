@@ -36,14 +36,14 @@ from redis.commands import AsyncCoreCommands
 from redis.crc import key_slot
 from redis.exceptions import ResponseError
 
-from ._calls import Calls
-from ._cluster import ClusterCalls
-from ._redispy import AsyncCommandsParser, commands_parser
-from .errors import LockLostError
+from .._redis.calls import Calls
+from .._redis.cluster import ClusterCalls
+from .._redis.redispy import AsyncCommandsParser, commands_parser
+from ..errors import LockLostError
 
 if TYPE_CHECKING:
-    from ._holds import Hold, Holds
-    from ._scripts import Script
+    from .._scripts import Script
+    from .holds import Hold, Holds
 
 __all__ = ["FORBIDDEN", "CommandTable", "Transaction", "TransactionContext"]
 

@@ -1,7 +1,7 @@
-"""Script calls on a Redis Cluster: one :class:`~aiolock._calls.Calls` per node, picked by slot.
+"""Script calls on a Redis Cluster: one :class:`~aiolock._redis.calls.Calls` per node, by slot.
 
 Why aiolock's own per-node connections rather than redis-py's cluster command path
-(``RedisCluster.execute_command``): what :mod:`aiolock._calls` guarantees holds per connection
+(``RedisCluster.execute_command``): what :mod:`aiolock._redis.calls` guarantees holds per connection
 (a cancelled caller leaves at once while the reply is read in the background and settled; no
 ``asyncio.wait_for`` in the send path, which on Python 3.11 may swallow a cancellation; resends
 only of idempotent scripts), and redis-py's cluster path offers none of it: it retries and
@@ -17,7 +17,7 @@ timeout) answers nothing: connecting fails, or a call in flight fails or times o
 failure refreshes the topology, so that once the replica is promoted the next call goes there.
 A call that never reached the node (every connect failed) is resent, to the slot's owner as
 then known, until the same deadline as a redirection: an acquire waits out a failover.  A call
-that did reach it has an unknown outcome, which :mod:`aiolock._base` settles with the same
+that did reach it has an unknown outcome, which :mod:`aiolock._core.base` settles with the same
 request id (a grant undone, a release completed); so it is not resent here but raised, as on one
 server.  Resending it would be worse than useless: the settlement of the failed attempt would
 undo the grant its resend returned, since both carry the same request id.
@@ -54,9 +54,9 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ._calls import Calls, Orphan
-from ._pubsub import Home
-from ._scripts import Script, sharded
+from .._scripts import Script, sharded
+from .calls import Calls, Orphan
+from .pubsub import Home
 
 __all__ = ["ClusterCalls", "ClusterTopology", "NodeConnections", "node_of"]
 
@@ -303,7 +303,7 @@ async def _has_sharded_pubsub(node: ClusterNode) -> bool | None:
 
 
 class ClusterTopology:
-    """Which subscriber carries a channel on a Cluster (see :class:`aiolock._pubsub.Topology`).
+    """Which subscriber carries a channel on a Cluster (:class:`aiolock._redis.pubsub.Topology`).
 
     Sharded: the one of the node that serves the channel's slot.  Classic: one subscriber on
     any node; each reconnect takes the next node, so a dead one is skipped.

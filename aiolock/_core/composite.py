@@ -12,8 +12,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from ._base import LockKind, LockStatistics, Seam
-from ._holds import Hold
+from .base import LockKind, LockStatistics, Seam
+from .holds import Hold
 
 __all__ = ["CompositeHold", "CompositeStatistics", "release_all", "start_releases"]
 

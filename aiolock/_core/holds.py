@@ -20,11 +20,11 @@ from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ._metrics import lock_extra
+from .metrics import lock_extra
 
 if TYPE_CHECKING:
-    from ._metrics import Metrics, Tracing
-    from ._scripts import Script
+    from .._scripts import Script
+    from .metrics import Metrics, Tracing
 
 __all__ = ["CLOCK_MARGIN", "Hold", "Holds", "NameCounters"]
 

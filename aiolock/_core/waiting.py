@@ -1,6 +1,6 @@
 """How a task waits between two tries of a lock: one strategy object per waiting call.
 
-The wait loop (:class:`aiolock._base.LockKind`) asks its strategy when to try first, parks on
+The wait loop (:class:`aiolock._core.base.LockKind`) asks its strategy when to try first, parks on
 the future it gets for a pause, and tells it when it leaves.  Every method is synchronous, so a
 parked task carries no extra coroutine frame.
 
@@ -17,11 +17,11 @@ import asyncio
 import random
 from typing import TYPE_CHECKING, Any, Protocol
 
-from ._holds import NameCounters
-from ._pubsub import Entry, NamedEntry
+from .._redis.pubsub import Entry, NamedEntry
+from .holds import NameCounters
 
 if TYPE_CHECKING:
-    from ._services import Services
+    from .services import Services
 
 __all__ = ["Backoff", "ChannelWait", "Keeper", "NamedWait", "Waiting"]
 

@@ -12,11 +12,11 @@ import inspect
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
-from ._validate import check_lease, check_name, check_wait, template_fields
+from .validate import check_lease, check_name, check_wait, template_fields
 
 if TYPE_CHECKING:
-    from ._guard import GuardContext
-    from .lock import AsyncRLock
+    from ..lock import AsyncRLock
+    from .guard import GuardContext
 
 __all__ = ["NameTemplate", "locked"]
 

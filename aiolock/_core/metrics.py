@@ -45,13 +45,13 @@ import functools
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
-from .errors import LockTimeoutError
+from ..errors import LockTimeoutError
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import Meter
     from opentelemetry.trace import Tracer
 
-    from ._holds import Hold
+    from .holds import Hold
 
 __all__ = ["KIND", "METER", "TRACER", "Metrics", "Tracing", "lock_extra", "metrics", "tracing"]
 
@@ -157,7 +157,7 @@ def metrics() -> Metrics | None:
         from opentelemetry.metrics import get_meter
     except ImportError:
         return None
-    from . import __version__
+    from .. import __version__
 
     return Metrics(get_meter(METER, __version__))
 
@@ -246,7 +246,7 @@ def _tracer() -> Tracer | None:
         from opentelemetry.trace import get_tracer
     except ImportError:
         return None
-    from . import __version__
+    from .. import __version__
 
     return get_tracer(TRACER, __version__)
 

@@ -27,10 +27,10 @@ import logging
 from redis.crc import key_slot
 from redis.exceptions import RedisError
 
-from ._calls import Calls
-from ._cluster import ClusterCalls
-from ._holds import Hold, Holds
-from ._metrics import lock_extra
+from .._redis.calls import Calls
+from .._redis.cluster import ClusterCalls
+from .holds import Hold, Holds
+from .metrics import lock_extra
 
 __all__ = ["Watchdog"]
 
@@ -41,7 +41,7 @@ _RENEWED = {1: True, 0: False}
 
 
 class Watchdog:
-    """Renews the watched holds of :class:`~aiolock._holds.Holds` (see the module docstring)."""
+    """Renews the watched holds of :class:`~aiolock._core.holds.Holds` (see the module doc)."""
 
     def __init__(
         self,

@@ -16,14 +16,14 @@ from typing import Any, Final, TypeVar
 from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.cluster import ClusterNode
 
-from ._calls import Calls
-from ._cluster import ClusterCalls
-from ._holds import Holds
-from ._metrics import Metrics, Tracing
-from ._owners import Owners
-from ._pubsub import PubSub
-from ._transaction import CommandTable
-from ._watchdog import Watchdog
+from .._redis.calls import Calls
+from .._redis.cluster import ClusterCalls
+from .._redis.pubsub import PubSub
+from .holds import Holds
+from .metrics import Metrics, Tracing
+from .owners import Owners
+from .transaction import CommandTable
+from .watchdog import Watchdog
 
 __all__ = ["Services", "resend_window"]
 

@@ -7,7 +7,7 @@ and ``async with``, loss reporting, statistics and the repr.  A kind supplies:
   (:meth:`_attempt`: a grant ``{token, count, pttl}`` or the seconds to wait before trying
   again, in ms), a release with an undo mode (:meth:`_release_call`), a force
   (:meth:`_force_call`), and the renew script the watchdog runs for its holds (``_renew``);
-- how its waiters wait and wake (:meth:`_waiting`, see :mod:`aiolock._waiting`);
+- how its waiters wait and wake (:meth:`_waiting`, see :mod:`aiolock._core.waiting`);
 - optionally what a waiter that gives up must leave behind (:meth:`_gave_up`).
 
 **The wait loop**, as in Redisson's ``RedissonLock.tryLock``: try; on failure park until a
@@ -34,18 +34,18 @@ from typing import Any, ClassVar, Final, TypeVar
 
 from redis.exceptions import RedisError, ResponseError
 
-from . import _scripts
-from ._calls import NotSent, not_sent
-from ._guard import Guarded, Holding
-from ._holds import Hold, NameCounters
-from ._keys import LockKeys, hash_tag
-from ._metrics import lock_extra
-from ._scripts import Script
-from ._services import Services
-from ._transaction import TransactionContext
-from ._validate import check_lease, check_wait
-from ._waiting import Waiting
-from .errors import LockNotOwnedError, LockSyncError, LockTimeoutError
+from .. import _scripts
+from .._redis.calls import NotSent, not_sent
+from .._scripts import Script
+from ..errors import LockNotOwnedError, LockSyncError, LockTimeoutError
+from .guard import Guarded, Holding
+from .holds import Hold, NameCounters
+from .keys import LockKeys, hash_tag
+from .metrics import lock_extra
+from .services import Services
+from .transaction import TransactionContext
+from .validate import check_lease, check_wait
+from .waiting import Waiting
 
 __all__ = ["Call", "LockKind", "LockStatistics", "NameState", "Seam", "Who", "release_args"]
 

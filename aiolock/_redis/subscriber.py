@@ -43,10 +43,10 @@ from redis.exceptions import AskError, ClusterDownError, RedisError, ResponseErr
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ._calls import write
+from .calls import write
 
 if TYPE_CHECKING:
-    from ._pubsub import Entry
+    from .pubsub import Entry
 
 __all__ = ["Listener", "Subscriber", "SubscriberSource", "cancel"]
 

@@ -31,8 +31,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ._redispy import has_data, stream_writer
-from ._scripts import Script
+from .._scripts import Script
+from .redispy import has_data, stream_writer
 
 __all__ = [
     "Calls",
@@ -92,7 +92,7 @@ Orphan = Callable[["asyncio.Future[Any]"], object]
 
 class ConnectionSource(Protocol):
     """Where a :class:`Calls` gets its connections: a redis-py ``ConnectionPool`` (one server),
-    or one node of a Cluster (see :mod:`aiolock._cluster`)."""
+    or one node of a Cluster (see :mod:`aiolock._redis.cluster`)."""
 
     @property
     def max_connections(self) -> int: ...

@@ -1,0 +1,1 @@
+"""The lock core: the kind base, holds, the watchdog, guards, owners, keys."""

@@ -1,0 +1,1 @@
+"""The Redis boundary: script calls, Cluster routing, pub/sub."""

@@ -1,0 +1,1 @@
+"""Test support: embedded servers and the pytest plugin (as ``trio.testing``)."""
