@@ -98,8 +98,8 @@ class Client:
         options = _Options.check(
             key_prefix=key_prefix,
             watchdog_timeout=watchdog_timeout,
-            concurrency=subscribe_concurrency,
-            fair_wait=fair_wait_timeout,
+            subscribe_concurrency=subscribe_concurrency,
+            fair_wait_timeout=fair_wait_timeout,
             sync_replicas=sync_replicas,
             sync_timeout=sync_timeout,
             trace_names=trace_names,
@@ -185,8 +185,8 @@ class Client:
         options = _Options.check(
             key_prefix=key_prefix,
             watchdog_timeout=watchdog_timeout,
-            concurrency=subscribe_concurrency,
-            fair_wait=fair_wait_timeout,
+            subscribe_concurrency=subscribe_concurrency,
+            fair_wait_timeout=fair_wait_timeout,
             sync_replicas=sync_replicas,
             sync_timeout=sync_timeout,
             trace_names=trace_names,
@@ -353,8 +353,8 @@ class _Options:
         *,
         key_prefix: object,
         watchdog_timeout: object,
-        concurrency: object,
-        fair_wait: object,
+        subscribe_concurrency: object,
+        fair_wait_timeout: object,
         sync_replicas: object,
         sync_timeout: object,
         trace_names: object,
@@ -364,6 +364,7 @@ class _Options:
             raise ValueError("key_prefix must not contain '{' or '}' (they set Redis hash tags)")
         # Renewals run every third of it: below 10 ms the watchdog would only spin.
         watchdog = check_timeout(watchdog_timeout, "watchdog_timeout", minimum=0.01)
+        concurrency = subscribe_concurrency
         if isinstance(concurrency, bool) or not isinstance(concurrency, int):
             raise TypeError(
                 f"subscribe_concurrency must be an int, not {type(concurrency).__name__}"
@@ -371,7 +372,7 @@ class _Options:
         if concurrency < 1:
             raise ValueError(f"subscribe_concurrency must be at least 1, got {concurrency}")
         # Fair waiters try again every third of it: below 10 ms they would only spin.
-        fair = check_timeout(fair_wait, "fair_wait_timeout", minimum=0.01)
+        fair = check_timeout(fair_wait_timeout, "fair_wait_timeout", minimum=0.01)
         if isinstance(sync_replicas, bool) or not isinstance(sync_replicas, int):
             raise TypeError(f"sync_replicas must be an int, not {type(sync_replicas).__name__}")
         if sync_replicas < 0:

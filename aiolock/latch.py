@@ -95,7 +95,7 @@ class AsyncCountDownLatch:
                     return False
         finally:
             self._waiters -= 1
-            pubsub.release(entry)
+            pubsub.unreference(entry)
 
     def __repr__(self) -> str:
         return f"<AsyncCountDownLatch {self.name!r} [waiters:{self._waiters}]>"

@@ -578,7 +578,7 @@ class LockKind(Guarded[int]):
             )
             holds.defer(self._keys.lock, owner, self._drop_holds(owner, count - 1))
             reply = [reply[0], 1, reply[2]]  # this grant is the owner's one hold
-        hold = services.holds.granted(
+        hold = services.holds.record_grant(
             name=self.name,
             kind=self.kind,
             key=self._hold_key,

@@ -157,7 +157,7 @@ class Holds:
 
     # -- script replies ---------------------------------------------------------------------
 
-    def granted(
+    def record_grant(
         self,
         *,
         name: str,

@@ -125,7 +125,7 @@ class ChannelWait:
     def leave(self, granted: bool) -> None:
         pubsub = self._services.pubsub
         if self._entry is not None:
-            pubsub.release(self._entry)
+            pubsub.unreference(self._entry)
             self._counters.waiters -= 1
         self._counters.contenders -= 1
         pubsub.left(self._channel, granted=granted and not self._shared)
@@ -219,7 +219,7 @@ class NamedWait:
         if entry is not None:
             assert isinstance(entry, NamedEntry)
             entry.leave(self._owner)
-            self._services.pubsub.release(entry)
+            self._services.pubsub.unreference(entry)
             self._counters.waiters -= 1
         self._counters.contenders -= 1
 

@@ -71,7 +71,7 @@ class Entry:
     """A subscribed channel: who waits on it, and the wake-ups handed to them.
 
     Invariants: ``refs`` counts the tasks between :meth:`PubSub.join` and
-    :meth:`PubSub.release`; ``_permits <= refs + contention.first_tries`` (restored by
+    :meth:`PubSub.unreference`; ``_permits <= refs + contention.first_tries`` (restored by
     :meth:`trim` when a task leaves).  A wake-up is kept as a
     permit for the next task to park when nobody is parked, and also while a task of this client
     is on its first try: that task came before every parked one, and its try may have run
@@ -135,7 +135,7 @@ class Entry:
         """A message on the channel: a release, which wakes one waiter."""
         self.wake_one()
 
-    def granted(self) -> None:
+    def drop_wakeups(self) -> None:
         """A task of this client got the lock: drop the wake-ups kept meanwhile.
 
         Any try now would find the lock held; its next release wakes the head as usual.
@@ -480,7 +480,7 @@ class PubSub:
         entry.refs += 1
         return entry
 
-    def release(self, entry: Entry) -> None:
+    def unreference(self, entry: Entry) -> None:
         """Drop a reference; the last one schedules the UNSUBSCRIBE (off the caller's path)."""
         entry.refs -= 1
         entry.trim()
@@ -492,12 +492,12 @@ class PubSub:
 
         Without the lock: somebody may have queued behind it, or it may have been handed a
         wake-up it will not use; either way the next in line tries now.  With it: wake-ups kept
-        meanwhile are dropped (:meth:`Entry.granted`).
+        meanwhile are dropped (:meth:`Entry.drop_wakeups`).
         """
         if not granted:
             self.wake(channel)
         elif (entry := self._entries.get(channel.encode())) is not None:
-            entry.granted()
+            entry.drop_wakeups()
 
     def wake(self, channel: str) -> None:
         """Wake one of this client's waiters on ``channel``, if it has any."""

@@ -186,14 +186,14 @@ GRANT_TIMES: dict[int, int] = {}
 def stamp_grants(client: Client) -> None:
     """Record the time of each grant that ``client`` registers, in GRANT_TIMES."""
     holds = client._services.holds
-    granted = holds.granted
+    record_grant = holds.record_grant
 
     def stamped(*args: Any, **kwargs: Any) -> Hold:
-        hold = granted(*args, **kwargs)
+        hold = record_grant(*args, **kwargs)
         GRANT_TIMES[id(hold)] = now()
         return hold
 
-    holds.granted = stamped  # type: ignore[method-assign]
+    holds.record_grant = stamped  # type: ignore[method-assign]
 
 
 def redlock_prefixes(key_prefix: str) -> list[str]:

@@ -80,9 +80,9 @@ async def test_a_silent_node_holds_up_no_other_channel(
         await eventually(lambda: served.confirmed, what="the live node's channel confirmed")
         assert not stuck.confirmed
         # Leaving the dead node's channel waits for nothing either.
-        pubsub.release(stuck)
+        pubsub.unreference(stuck)
         await asyncio.wait_for(pubsub.drain(), 5)
-        pubsub.release(served)
+        pubsub.unreference(served)
         await asyncio.wait_for(pubsub.drain(), 5)
         assert pubsub.statistics().channels == 0
     finally:

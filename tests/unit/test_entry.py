@@ -204,7 +204,7 @@ async def test_a_wake_up_kept_for_a_first_try_that_was_granted_is_dropped() -> N
     parked = entry.park(float("inf"))
     entry.wake_one()  # kept for the first try
     counters.contenders = 1  # that try was granted: it leaves without parking
-    entry.granted()
+    entry.drop_wakeups()
     assert not parked.done()  # the lock is held now: waking it would be an empty try
     assert not entry.park(float("inf")).done()  # and no stale wake-up is left for the next
 
