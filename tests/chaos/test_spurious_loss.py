@@ -142,6 +142,15 @@ async def test_short_watched_holds_under_contention_are_never_lost(
     ]
     lost: list[str] = []
     holds = 0
+    blocked = 0.0  # the longest the event loop was blocked (a 0.3 s lease can truly run out)
+
+    async def probe(until: float) -> None:
+        nonlocal blocked
+        loop = asyncio.get_running_loop()
+        while loop.time() < until:
+            before = loop.time()
+            await asyncio.sleep(0.01)
+            blocked = max(blocked, loop.time() - before - 0.01)
 
     async def worker(client: aiolock.Client, i: int, until: float) -> None:
         nonlocal holds
@@ -157,6 +166,7 @@ async def test_short_watched_holds_under_contention_are_never_lost(
     try:
         until = asyncio.get_running_loop().time() + 4
         async with asyncio.TaskGroup() as group:
+            group.create_task(probe(until))
             for client in clients:
                 for i in range(32):
                     group.create_task(worker(client, i, until))
@@ -164,7 +174,11 @@ async def test_short_watched_holds_under_contention_are_never_lost(
     finally:
         for client in clients:
             await client.aclose()
-    assert lost == [], f"{len(lost)} of {holds} holds reported lost: {lost[:3]}"
+    # The race's signature is the watchdog's reason; a lease that ran out for the client's
+    # timer is a true loss only if the loop was blocked long enough for it (a loaded machine).
+    raced = [reason for reason in lost if "the watchdog found it" in reason]
+    assert raced == [], f"{len(raced)} of {holds} holds reported lost: {raced[:3]}"
+    assert lost == [] or blocked > 0.1, f"{lost[:3]}, the loop never blocked {blocked:.3f}s"
     assert renewals > 0  # the watchdog did renew, so renewals did meet releases
 
 
