@@ -68,18 +68,14 @@ local function attempt()
             redis.call('ZREM', KEYS[3], owner)
             redis.call('ZREM', KEYS[4], owner)
             local reply = grant(KEYS[1], KEYS[6], owner, request, lease)
-            -- A lease that runs out publishes nothing.  The next in line is parked until the
-            -- end of an earlier hold or for its own wait timeout (ending by its deadline, at
-            -- most the latest of the queue): it is told when this hold ends, if that may be
-            -- sooner.  (The meta hash's TTL told of an earlier hold released early while a
-            -- release marker lived for the lease it left; markers are written after faults
-            -- only now, so that case hands over up to a keep-alive late: a known defect.)  Cheapest reads first: this runs at every contended grant, and with the
-            -- watchdog's leases no message is needed.
-            local tell = lease < redis.call('PTTL', KEYS[2])
-            if not tell then
-                local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')[2]
-                tell = last ~= nil and now_ms() + lease < tonumber(last)
-            end
+            -- A lease that runs out publishes nothing.  The next in line is parked for its own
+            -- wait timeout at most (ending by its deadline, at most the latest of the queue):
+            -- it is told when this hold ends, if that may be sooner.  Two reads: this runs at
+            -- every contended grant, and with the watchdog's leases no message is needed.  (A
+            -- waiter parked behind an earlier hold released early is not seen here: a known
+            -- defect, see tests/integration/test_lease_ends.py.)
+            local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')[2]
+            local tell = last ~= nil and now_ms() + lease < tonumber(last)
             local next_owner = tell and redis.call('ZRANGE', KEYS[3], 0, 0)[1]
             if next_owner then
                 bound(next_owner, lease)
