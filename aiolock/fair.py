@@ -18,7 +18,7 @@ thousand tries.
 A lease that runs out publishes nothing, so a parked waiter is bounded by the lease left of the
 hold in front of it: its try returns it, and a grant from the queue tells the next in line with
 a bound message (``+<ms> <owner>``, :meth:`~aiolock._redis.pubsub.NamedEntry.bound_named`) when the
-new lease may end before that waiter would try again by itself.
+new lease ends (that waiter may be parked until the end of a longer hold, released early).
 """
 
 from __future__ import annotations
@@ -68,7 +68,8 @@ class KeepAlive:
     its client stalled, say) is woken to try again.  The same call drops vanished waiters at
     the head of the queue while the lock is free and wakes the first live one; if that one's
     deadline is nearer than the next call, the next call comes at its deadline (it may have
-    vanished too).  Shared by the
+    vanished too), and while the lock is held, at the end of its lease if that is nearer
+    (expiry publishes nothing).  Shared by the
     waiting calls of the name (through the client's name cache); a failed call is logged and
     the next one comes a third of the timeout later (the places last the whole timeout).
     """
@@ -116,7 +117,9 @@ class KeepAlive:
             call = (_scripts.FAIR_KEEP, self._keys, (wait_ms, *owners))
             missing, due_ms = await services.calls.run(*call)
             if due_ms:
-                due = int(due_ms) / 1000  # the lock is free, its queue's head may be gone
+                # Sooner than a third of the timeout: the deadline of the head of a free
+                # lock's queue (it may be gone), or the end of a lease held now.
+                due = int(due_ms) / 1000
         except (RedisError, OSError, RuntimeError) as exc:  # RuntimeError: the client closed
             if not services.closed:
                 logger.warning(

@@ -157,12 +157,6 @@ async def test_each_waiter_is_granted_right_after_the_lease_in_front_of_it_runs_
     assert all(-1 <= ms <= BOUND_MS for ms in late), f"grants late by {late} ms"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="known defect (issue 24): the grant read how long waiters may still be parked from "
-    "the meta hash's TTL, which the release's marker kept for the lease left; with no marker on "
-    "the fault-free path (issue 29) the grant cannot tell, and hands over up to a keep-alive late",
-)
 async def test_fair_waiters_behind_a_long_hold_released_early_are_told_of_each_next_lease(
     aiolock_client: aiolock.Client,
     make_client: Callable[..., aiolock.Client],

@@ -484,7 +484,8 @@ async def below_the_servers(redis: Redis, kind: str, lock: Any, guard: Any) -> f
 async def test_valid_for_never_exceeds_the_servers_pttl_across_renewals(
     make_client: MakeClient, redis: Redis, kind: str
 ) -> None:
-    client = make_client(watchdog_timeout=0.3)
+    # A 0.6 s lease: renewed every 0.2 s, it outlasts a stall of the loop of up to 0.4 s.
+    client = make_client(watchdog_timeout=0.6)
     lock = lock_of(client, kind, "renewed")
     samples: list[float] = []
     async with lock.acquire(wait=5) as guard:

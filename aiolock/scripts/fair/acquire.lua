@@ -68,15 +68,12 @@ local function attempt()
             redis.call('ZREM', KEYS[3], owner)
             redis.call('ZREM', KEYS[4], owner)
             local reply = grant(KEYS[1], KEYS[6], owner, request, lease)
-            -- A lease that runs out publishes nothing.  The next in line is parked for its own
-            -- wait timeout at most (ending by its deadline, at most the latest of the queue):
-            -- it is told when this hold ends, if that may be sooner.  Two reads: this runs at
-            -- every contended grant, and with the watchdog's leases no message is needed.  (A
-            -- waiter parked behind an earlier hold released early is not seen here: a known
-            -- defect, see tests/integration/test_lease_ends.py.)
-            local last = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')[2]
-            local tell = last ~= nil and now_ms() + lease < tonumber(last)
-            local next_owner = tell and redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+            -- A lease that runs out publishes nothing, and the next in line may be parked past
+            -- this one's end (until the end of a longer hold it first met, released early).
+            -- Its client's keep-alive, which calls every third of the wait timeout, calls
+            -- again when a lease it sees runs out (keep.lua); a lease shorter than the wait
+            -- timeout may end before that keep-alive sees it, so the next in line is told.
+            local next_owner = lease < wait and redis.call('ZRANGE', KEYS[3], 0, 0)[1]
             if next_owner then
                 bound(next_owner, lease)
             end

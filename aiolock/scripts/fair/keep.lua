@@ -10,7 +10,8 @@
 -- ARGV[2..] the owners of this client waiting for the lock
 --
 -- Returns {the owners among them that are not in the queue (dropped, or not queued yet: they
--- must try again to take a place), ms until the head's deadline (0: none to wait for)}.
+-- must try again to take a place), ms until the next call is due if sooner than a third of
+-- the wait timeout: the head's deadline or the end of the lease held (0: none)}.
 --
 -- Each client runs it every third of the wait timeout while it has waiters, instead of each
 -- waiter re-trying: it moves their deadlines on, keeps the queue's keys alive, and, while the
@@ -50,11 +51,17 @@ if pttl ~= -2 and pttl < wait then
     redis.call('PEXPIRE', KEYS[4], 2 * wait)
 end
 local due = 0
-if redis.call('EXISTS', KEYS[1]) == 0 then
+local held = redis.call('PTTL', KEYS[1])
+if held == -2 then
     local head, deadline = live_head(now)
     if head then
         wake(head)
         due = math.max(deadline - now + 1, 1)
     end
+elseif held > 0 then
+    -- A lease that runs out publishes nothing, and these waiters may be parked past it (until
+    -- the end of a longer hold released early): the next call comes when it runs out, and
+    -- wakes the head then.
+    due = held + 1
 end
 return {missing, due}
