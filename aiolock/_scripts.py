@@ -22,7 +22,6 @@ __all__ = [
     "FAIR_KEEP",
     "FAIR_LEAVE",
     "FAIR_RELEASE",
-    "FENCE",
     "LATCH_COUNT_DOWN",
     "LATCH_SET",
     "LOCK_ACQUIRE",
@@ -43,11 +42,12 @@ __all__ = [
     "RW_TRANSACT_WRITE",
     "RW_WRITE",
     "SEMAPHORE_ACQUIRE",
-    "SEMAPHORE_FENCE",
     "SEMAPHORE_HELD",
     "SEMAPHORE_RELEASE",
     "SEMAPHORE_RENEW",
     "SEMAPHORE_TRANSACT",
+    "SEMAPHORE_VOID",
+    "VOID",
     "Script",
     "sharded",
 ]
@@ -90,7 +90,7 @@ def sharded(script: Script) -> Script:
 
 
 READ = Script.load("common", "read")
-FENCE = Script.load("common", "fence")
+VOID = Script.load("common", "void")
 
 LOCK_ACQUIRE = Script.load("lock", "acquire")
 LOCK_RELEASE = Script.load("lock", "release")
@@ -111,7 +111,7 @@ SEMAPHORE_ACQUIRE = Script.load("semaphore", "acquire")
 SEMAPHORE_RELEASE = Script.load("semaphore", "release")
 SEMAPHORE_RENEW = Script.load("semaphore", "renew")
 SEMAPHORE_HELD = Script.load("semaphore", "held")
-SEMAPHORE_FENCE = Script.load("semaphore", "fence")
+SEMAPHORE_VOID = Script.load("semaphore", "void")
 SEMAPHORE_TRANSACT = Script.load("semaphore", "transact")
 
 RW_READ = Script.load("rw", "read")

@@ -69,10 +69,10 @@ class _Permits(LockKind):
         # The permit id is unique per acquisition: it tells this permit from any later one.
         return _scripts.SEMAPHORE_TRANSACT, (self._keys.lock,), (hold.owner, 0)
 
-    def _fence_call(self, owner: str, requests: list[int]) -> Call:
+    def _void_call(self, owner: str, requests: list[int]) -> Call:
         # The marks live with the permits (the meta key is unused).
         window = self._services.resend_window_ms
-        return (_scripts.SEMAPHORE_FENCE, (self._keys.lock,), (owner, window, *requests))
+        return (_scripts.SEMAPHORE_VOID, (self._keys.lock,), (owner, window, *requests))
 
     def _channels(self) -> tuple[str, ...]:
         return (self._keys.channel,)

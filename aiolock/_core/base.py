@@ -160,12 +160,12 @@ class LockKind(Guarded[int]):
         the reentrant lock hash's, which the plain, spin and fair locks share."""
         return _scripts.LOCK_TRANSACT, (self._keys.lock,), (hold.owner, hold.token)
 
-    def _fence_call(self, owner: str, requests: list[int]) -> Call:
-        """Mark the owner's acquire ``requests`` as ones that must never grant, for the client's
-        resend window: by default in the meta hash (``common/fence.lua``), which the acquire
-        scripts read."""
+    def _void_call(self, owner: str, requests: list[int]) -> Call:
+        """Void the owner's acquire ``requests`` (mark them as ones that must never grant) for
+        the client's resend window: by default in the meta hash (``common/void.lua``), which
+        the acquire scripts read."""
         window = self._services.resend_window_ms
-        return (_scripts.FENCE, (self._keys.meta,), (owner, window, *requests))
+        return (_scripts.VOID, (self._keys.meta,), (owner, window, *requests))
 
     def _waiting(self, owner: str) -> Waiting:
         raise NotImplementedError
@@ -538,7 +538,7 @@ class LockKind(Guarded[int]):
                 return None
             raise refusal from None
         if not isinstance(reply, list):
-            # A resend that was refused fenced its request off itself: its first copy may still
+            # A resend that was refused voided its request itself: its first copy may still
             # arrive, and must not grant once the lock is free.
             pttl = int(reply)
             counters = self._counters
@@ -595,7 +595,7 @@ class LockKind(Guarded[int]):
         )
         if resent:
             if not hold.resent:
-                hold.listeners.append(lambda: self._fence_lost(hold))
+                hold.listeners.append(lambda: self._void_lost(hold))
             hold.resent.append(request)  # its first copy may still arrive, after the release
         if hold.watchdog:
             services.watchdog.start()
@@ -632,8 +632,8 @@ class LockKind(Guarded[int]):
         if hold is not None and believed == 0 and hold.resent:
             # In the background, like a settlement: a cancellation of this call must not lose
             # it (the release is then settled after it).
-            fenced, hold.resent = hold.resent, []
-            services.holds.defer(self._keys.lock, owner, self._fence(owner, fenced))
+            voided, hold.resent = hold.resent, []
+            services.holds.defer(self._keys.lock, owner, self._void(owner, voided))
             try:
                 await services.holds.settle(self._keys.lock, owner)
             except asyncio.CancelledError:
@@ -665,10 +665,10 @@ class LockKind(Guarded[int]):
             self._released_last(hold)
         return remaining
 
-    async def _fence(self, owner: str, requests: list[int]) -> None:
-        """Make sure that late copies of the owner's resent acquire ``requests`` grant nothing
-        once the owner does not hold the lock (:meth:`_fence_call`).  A resend fences itself
-        off in its own script (``mark_resends`` in ``Calls.run``), for the resend window; a hold may
+    async def _void(self, owner: str, requests: list[int]) -> None:
+        """Void the owner's resent acquire ``requests``: late copies of them grant nothing once
+        the owner does not hold the lock (:meth:`_void_call`).  A resend voids itself in its
+        own script (``mark_resends`` in ``Calls.run``), for the resend window; a hold may
         outlive that, so this runs again before the release that ends a hold whose acquires
         were resent, when such a hold is lost, and in the settlement of a resent call whose
         caller left.
@@ -678,23 +678,23 @@ class LockKind(Guarded[int]):
         the caller goes on: the lease still bounds such a hold.
         """
         try:
-            await self._services.calls.run(*self._fence_call(owner, requests))
+            await self._services.calls.run(*self._void_call(owner, requests))
         except _FAILURES as exc:
             logger.warning(
-                "could not fence off %d resent acquire(s) of %r: %r",
+                "could not void %d resent acquire(s) of %r: %r",
                 len(requests),
                 self.name,
                 exc,
                 extra=lock_extra(self.kind, self.name, owner),
             )
 
-    def _fence_lost(self, hold: Hold) -> None:
+    def _void_lost(self, hold: Hold) -> None:
         """A hold whose acquires were resent was lost (its lease ran out, it was forced): no
-        release will fence them off, so it is done now, in the background."""
+        release will void them, so it is done now, in the background."""
         if hold.resent:
-            fenced, hold.resent = hold.resent, []
-            fence = self._fence(hold.owner, fenced)
-            self._services.holds.defer(self._keys.lock, hold.owner, fence)
+            voided, hold.resent = hold.resent, []
+            void = self._void(hold.owner, voided)
+            self._services.holds.defer(self._keys.lock, hold.owner, void)
 
     def _check_count(self, owner: str, believed: int | None, remaining: int | None) -> None:
         """A release left more holds on the server than the client knew of: drop the extra.
@@ -786,7 +786,7 @@ class LockKind(Guarded[int]):
         if isinstance(failure, NotSent):
             return
         if resent:
-            await self._fence(owner, [acquire_request])  # a first copy may still arrive
+            await self._void(owner, [acquire_request])  # a first copy may still arrive
         if failure is None and not isinstance(work.result(), list):
             return  # the lock was busy: nothing was granted
         # Granted, or failed with an unknown outcome: undo exactly that request, if it landed.

@@ -90,7 +90,7 @@ class Hold:
     timer: asyncio.TimerHandle | None = None
     listeners: list[Callable[[], object]] = field(default_factory=list)
     # Acquire requests of this hold that were resent (an earlier copy went out on a connection
-    # that failed, and may still arrive): fenced off before the release that ends the hold.
+    # that failed, and may still arrive): voided before the release that ends the hold.
     resent: list[int] = field(default_factory=list)
     # The trace span current when the hold was granted (the holder's operation), if traced.
     span: Any = None

@@ -134,7 +134,7 @@ class Calls:
         failed: that first copy may still reach the server, later.
         ``mark_resends`` (a positive number, the client's resend window in ms): such an attempt
         carries it as one more argument, so that the script knows it (an acquire script then
-        fences that request off for that long, granted or refused: see
+        voids that request for that long, granted or refused: see
         ``common/_requests.lua``).
         ``once``: never sent again once some attempt was written (a script that is not
         idempotent, such as a transaction's queued commands): the caller gets the error.

@@ -84,7 +84,7 @@ async def test_a_long_hold_released_after_a_resend_leaves_nothing_after_the_wind
     aiolock_server: ServerInfo, aiolock_client: aiolock.Client, redis: Redis
 ) -> None:
     """A ``lease=600`` acquire that redis-py resent (the server stalled past a short socket
-    timeout) fences its request off, and the client fences it again before the release: the
+    timeout) voids its request, and the client voids it again before the release: the
     marker lives for the client's resend window (from its retry policy: here the two-second
     floor), not for the ten minutes of the lease, and then nothing is left."""
     address = urlsplit(aiolock_server.url)
@@ -118,7 +118,7 @@ async def test_a_long_hold_released_after_a_resend_leaves_nothing_after_the_wind
         assert 0 < await redis.pttl(meta) <= window  # the resend's own mark: for the window
         await lock.unlock()
         assert not await redis.exists(lock._keys.lock)
-        assert 0 < await redis.pttl(meta) <= window  # fenced again at the release
+        assert 0 < await redis.pttl(meta) <= window  # voided again at the release
         assert await redis.hlen(meta) == 1  # the one resent request, nothing else
 
         async def only_the_counter() -> bool:
