@@ -515,21 +515,13 @@ class LockKind(Guarded[int]):
 
         call = self._attempt(owner, request, round(lease_s * 1000))
         try:
-            if services.sync is None:
-                reply = await services.calls.run(
-                    *call,
-                    orphan=unknown,
-                    on_send=sending,
-                    mark_resends=services.resend_window_ms,
-                )
-            else:
-                reply, synced = await services.calls.run_synced(
-                    *call,
-                    sync=services.sync,
-                    orphan=unknown,
-                    on_send=sending,
-                    mark_resends=services.resend_window_ms,
-                )
+            reply, synced = await services.calls.run_synced(
+                *call,
+                sync=services.sync,
+                orphan=unknown,
+                on_send=sending,
+                mark_resends=services.resend_window_ms,
+            )
         except ResponseError as error:
             refusal = self._refusal(error)
             if refusal is None:

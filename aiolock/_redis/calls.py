@@ -139,12 +139,12 @@ class Calls:
         ``once``: never sent again once some attempt was written (a script that is not
         idempotent, such as a transaction's queued commands): the caller gets the error.
         """
-        reply, _ = await self._run(
+        reply, _ = await self.run_synced(
             script,
             keys,
             args,
-            orphan,
-            None,
+            sync=None,
+            orphan=orphan,
             on_send=on_send,
             mark_resends=mark_resends,
             once=once,
@@ -157,30 +157,15 @@ class Calls:
         keys: tuple[str, ...],
         args: tuple[Any, ...],
         *,
-        sync: tuple[int, float],
-        orphan: Orphan | None = None,
-        on_send: Callable[[bool], object] | None = None,
-        mark_resends: int = 0,
-    ) -> tuple[Any, int]:
-        """:meth:`run`, then ``WAIT`` on the same connection (WAIT covers the writes of its own
-        connection) for ``sync = (replicas, seconds)``: the reply, and how many replicas have
-        the script's writes."""
-        return await self._run(
-            script, keys, args, orphan, sync, on_send=on_send, mark_resends=mark_resends
-        )
-
-    async def _run(
-        self,
-        script: Script,
-        keys: tuple[str, ...],
-        args: tuple[Any, ...],
-        orphan: Orphan | None,
         sync: tuple[int, float] | None,
-        *,
+        orphan: Orphan | None = None,
         on_send: Callable[[bool], object] | None = None,
         mark_resends: int = 0,
         once: bool = False,
     ) -> tuple[Any, int]:
+        """:meth:`run`, then, with ``sync = (replicas, seconds)``, ``WAIT`` on the same
+        connection (WAIT covers the writes of its own connection): the reply, and how many
+        replicas have the script's writes (0 for ``sync=None``, which waits for none)."""
         evalsha = ("EVALSHA", script.sha, len(keys), *keys, *args)
         resent = (*evalsha, int(mark_resends)) if mark_resends else evalsha
         return await self._call((evalsha, resent), script, orphan, sync, on_send, once=once)

@@ -107,19 +107,17 @@ class ClusterCalls:
     ) -> Any:
         """:meth:`Calls.run` on the node of ``keys[0]``'s slot, following redirections (a
         redirected call did not run: sending it on is not a resend)."""
-        return await self._routed(
-            keys[0],
-            lambda calls, orphan: calls.run(
-                self._variant(script),
-                keys,
-                args,
-                orphan=orphan,
-                on_send=on_send,
-                mark_resends=mark_resends,
-                once=once,
-            ),
-            orphan,
+        reply, _ = await self.run_synced(
+            script,
+            keys,
+            args,
+            sync=None,
+            orphan=orphan,
+            on_send=on_send,
+            mark_resends=mark_resends,
+            once=once,
         )
+        return reply
 
     async def run_synced(
         self,
@@ -127,10 +125,11 @@ class ClusterCalls:
         keys: tuple[str, ...],
         args: tuple[Any, ...],
         *,
-        sync: tuple[int, float],
+        sync: tuple[int, float] | None,
         orphan: Orphan | None = None,
         on_send: Callable[[bool], object] | None = None,
         mark_resends: int = 0,
+        once: bool = False,
     ) -> tuple[Any, int]:
         """:meth:`Calls.run_synced` on the node of ``keys[0]``'s slot (WAIT counts that
         primary's replicas), following redirections."""
@@ -144,6 +143,7 @@ class ClusterCalls:
                 orphan=orphan,
                 on_send=on_send,
                 mark_resends=mark_resends,
+                once=once,
             ),
             orphan,
         )
