@@ -15,6 +15,7 @@ import functools
 import hashlib
 from dataclasses import dataclass
 from importlib import resources
+from typing import Any
 
 __all__ = [
     "FAIR_ACQUIRE",
@@ -48,6 +49,7 @@ __all__ = [
     "SEMAPHORE_TRANSACT",
     "SEMAPHORE_VOID",
     "VOID",
+    "Call",
     "Script",
     "sharded",
 ]
@@ -72,6 +74,10 @@ class Script:
             for line in lines
         )
         return cls(f"{kind}/{operation}", source, hashlib.sha1(source.encode()).hexdigest())
+
+
+Call = tuple[Script, tuple[str, ...], tuple[Any, ...]]
+"""A script call, ready to run: the script, its KEYS and its ARGV."""
 
 
 _INCLUDE = "--@include "

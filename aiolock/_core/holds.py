@@ -129,7 +129,7 @@ class Holds:
         self._holds: dict[tuple[str, str], Hold] = {}
         self._pending: dict[tuple[str, str], asyncio.Task[None]] = {}
         # The token of each (key, owner)'s last hold lost, until its next grant: a grant that
-        # re-enters that very hold is stale (see LockKind._attempt_once).
+        # re-enters that very hold is stale (see Settlement.reconcile).
         self._lost_tokens: dict[tuple[str, str], int] = {}
         # When a background release of each (lock, owner) last gave up (loop time, oldest
         # first): a hold it left may still be met for a while, and that is no bug.

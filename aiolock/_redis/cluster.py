@@ -17,10 +17,10 @@ timeout) answers nothing: connecting fails, or a call in flight fails or times o
 failure refreshes the topology, so that once the replica is promoted the next call goes there.
 A call that never reached the node (every connect failed) is resent, to the slot's owner as
 then known, until the same deadline as a redirection: an acquire waits out a failover.  A call
-that did reach it has an unknown outcome, which :mod:`aiolock._core.base` settles with the same
-request id (a grant undone, a release completed); so it is not resent here but raised, as on one
-server.  Resending it would be worse than useless: the settlement of the failed attempt would
-undo the grant its resend returned, since both carry the same request id.
+that did reach it has an unknown outcome, which :mod:`aiolock._core.settlement` settles with
+the same request id (a grant undone, a release completed); so it is not resent here but
+raised, as on one server.  Resending it would be worse than useless: the settlement of the
+failed attempt would undo the grant its resend returned, since both carry the same request id.
 
 Every script touches the keys of one lock, which share a hash tag, so the first key names the
 slot; the watchdog groups its batches by slot (one call may not span slots: CROSSSLOT).

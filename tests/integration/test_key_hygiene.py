@@ -22,6 +22,7 @@ from redis.backoff import ConstantBackoff
 from redis.exceptions import ResponseError
 
 import aiolock
+from aiolock._core.base import Seam
 from aiolock.testing.embedded import EmbeddedServer
 from aiolock.testing.pytest_plugin import ServerInfo
 from tests.helpers import evalsha_calls, eventually, stall_server, use_once
@@ -201,7 +202,8 @@ async def test_an_undo_marks_for_the_resend_window_only(
         services = client._services
         late = services.owners.next_request()
         loop = asyncio.get_running_loop()
-        await lock._retry_release(owner, services.owners.next_request(), late, loop.time() + 5)
+        settlement = Seam(lock).settlement
+        await settlement.retry_release(owner, services.owners.next_request(), late, loop.time() + 5)
         assert 0 < await redis.pttl(marked) <= window
         reply = await services.calls.run(*lock._attempt(owner, late, 600_000))  # the late copy
         assert not isinstance(reply, list)  # refused

@@ -21,6 +21,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 import aiolock
 from aiolock import _scripts
+from aiolock._core.base import Seam
 from aiolock.testing.pytest_plugin import ServerInfo
 from tests.helpers import evalsha_calls, eventually, held_by_another_task, stall_server
 
@@ -283,7 +284,7 @@ async def test_a_voided_acquire_grants_nothing_after_another_owner_released(
     services = aiolock_client._services
     acquire = lock._attempt(owner, services.owners.next_request(), 30_000)
     assert (await services.calls.run(*acquire))[1] == 1  # the resend lands
-    await lock._void(owner, [acquire[2][2]])
+    await Seam(lock).settlement.void(owner, [acquire[2][2]])
     release = lock._release_call(owner, services.owners.next_request(), None)
     assert await services.calls.run(*release) == 0
     await _another_owner_takes_and_releases(aiolock_client, kind, "voided")
@@ -303,7 +304,7 @@ async def test_a_voided_read_grants_nothing_while_other_readers_keep_the_lock(
     async with held_by_another_task(rw.read_lock()):  # another reader keeps the lock alive
         acquire = lock._attempt(owner, services.owners.next_request(), 30_000)
         assert (await services.calls.run(*acquire))[1] == 1  # the resend lands
-        await lock._void(owner, [acquire[2][2]])
+        await Seam(lock).settlement.void(owner, [acquire[2][2]])
         release = lock._release_call(owner, services.owners.next_request(), None)
         assert await services.calls.run(*release) == 0
         reply = await services.calls.run(*acquire)  # the first copy, late
@@ -353,7 +354,7 @@ async def test_a_voided_fair_try_does_not_queue_its_owner_again_after_it_left(
         try_call = lock._attempt(owner, services.owners.next_request(), 30_000)
         assert not isinstance(await services.calls.run(*try_call), list)  # queued
         assert await redis.zscore(queue, owner) is not None
-        await lock._void(owner, [try_call[2][2]])
+        await Seam(lock).settlement.void(owner, [try_call[2][2]])
         assert await services.calls.run(*lock._leave_call(owner)) == 1  # it gave up
         assert not isinstance(await services.calls.run(*try_call), list)  # the late copy
         assert await redis.zscore(queue, owner) is None  # not queued again
@@ -372,7 +373,7 @@ async def test_marks_past_their_time_are_pruned_when_a_void_mark_is_added(
     await redis.hset(meta, mapping={f"{owner}/{n}": 1 for n in range(40)})  # long past
     await redis.hset(meta, "released", f"{owner}/99")
     await redis.pexpire(meta, 60_000)
-    await lock._void(owner, [1000])
+    await Seam(lock).settlement.void(owner, [1000])
     assert sorted(await redis.hkeys(meta)) == sorted(["released", f"{owner}/1000"])
     assert 0 < await redis.pttl(meta) <= 60_000
 
@@ -407,13 +408,13 @@ async def test_a_late_copy_of_a_permit_acquire_grants_nothing(
     elif how == "refused":
         async with semaphore.acquire(wait=1):  # another task holds the only permit
             assert not isinstance(await services.calls.run(*acquire), list)  # refused
-        await permits._void(permit, [late])
+        await Seam(permits).settlement.void(permit, [late])
     else:
         script, keys, args = acquire
         resend = (script, keys, (*args, services.resend_window_ms))  # marked, as every resend
         assert isinstance(await services.calls.run(*resend), list)  # granted
         if how == "voided":
-            await permits._void(permit, [late])
+            await Seam(permits).settlement.void(permit, [late])
         release = permits._release_call(permit, services.owners.next_request(), None)
         assert await services.calls.run(*release) == 0
     await _cycle_permits(semaphore, 0 if how == "released" else 40)
