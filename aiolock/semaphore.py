@@ -19,7 +19,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, ClassVar
 
 from . import _scripts
-from ._core.base import Call, LockKind, LockStatistics, Seam, release_args
+from ._core.base import Call, HoldKind, LockStatistics, Seam, release_args
 from ._core.guard import LockGuard
 from ._core.holds import Hold
 from ._core.keys import hash_tag
@@ -35,8 +35,8 @@ if TYPE_CHECKING:
 __all__ = ["AsyncSemaphore", "Permit", "seam_of"]
 
 
-class _Permits(LockKind):
-    """The semaphore's machinery: a lock kind whose every owner is one permit."""
+class _Permits(HoldKind):
+    """The semaphore's machinery: a kind whose every owner is one permit (it has no force)."""
 
     __slots__ = ("limit",)
 
@@ -61,9 +61,6 @@ class _Permits(LockKind):
             (keys.lock, keys.meta, keys.channel),
             release_args(owner, request, undo),
         )
-
-    def _force_call(self) -> Call:
-        raise NotImplementedError("a semaphore has no force_unlock")
 
     def _transact_call(self, hold: Hold) -> Call:
         # The permit id is unique per acquisition: it tells this permit from any later one.

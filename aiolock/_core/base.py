@@ -1,11 +1,12 @@
-"""The lock-kind base: what every lock kind shares, so that a kind is its scripts and little else.
+"""The kind base: what every kind shares, so that a kind is its scripts and little else.
 
-:class:`LockKind` owns the public calls, the wait loop, guards and ``async with``, loss
-reporting, statistics and the repr.  A kind supplies:
+:class:`HoldKind` owns the public calls, the wait loop, guards and ``async with``, loss
+reporting, statistics and the repr; :class:`LockKind` adds ``force_unlock``, which every lock
+kind has and the semaphore's permits have not.  A kind supplies:
 
-- its keys (:meth:`LockKind._build_keys`) and its scripts, as ready calls: an attempt
+- its keys (:meth:`HoldKind._build_keys`) and its scripts, as ready calls: an attempt
   (:meth:`_attempt`: a grant ``{token, count, pttl}`` or the seconds to wait before trying
-  again, in ms), a release with an undo mode (:meth:`_release_call`), a force
+  again, in ms), a release with an undo mode (:meth:`_release_call`), a force for a lock
   (:meth:`_force_call`), and the renew script the watchdog runs for its holds (``_renew``);
 - how its waiters wait and wake (:meth:`_waiting`, see :mod:`aiolock._core.waiting`);
 - optionally what a waiter that gives up must leave behind (:meth:`_gave_up`).
@@ -27,8 +28,6 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
-from redis.exceptions import ResponseError
-
 from .. import _scripts
 from .._redis.calls import not_sent
 from .._scripts import Call, Script
@@ -42,7 +41,16 @@ from .transaction import TransactionContext
 from .validate import check_lease, check_wait
 from .waiting import Waiting
 
-__all__ = ["Call", "LockKind", "LockStatistics", "NameState", "Seam", "Who", "release_args"]
+__all__ = [
+    "Call",
+    "HoldKind",
+    "LockKind",
+    "LockStatistics",
+    "NameState",
+    "Seam",
+    "Who",
+    "release_args",
+]
 
 _T = TypeVar("_T")
 
@@ -80,8 +88,9 @@ class NameState:
     counters: NameCounters
 
 
-class LockKind(Guarded[int]):
-    """The base of every single-name lock kind (see the module docstring)."""
+class HoldKind(Guarded[int]):
+    """The base of every single-name kind (see the module docstring): the locks
+    (:class:`LockKind`) and the semaphore's permits."""
 
     __slots__ = (
         "_counters",
@@ -96,6 +105,9 @@ class LockKind(Guarded[int]):
     kind: ClassVar[str]
     """The kind's name: part of its keys (so kinds never share keys) and of its registries."""
     _renew: ClassVar[Script]
+    _publishes_if_refused: ClassVar[bool] = False
+    """Whether the kind's release publishes only when the server refused a waiter since the
+    grant (``lock/release.lua``), rather than always: see :meth:`_released_last`."""
 
     def __init__(self, services: Services, name: str, owner: str | None) -> None:
         self._services = services
@@ -135,9 +147,6 @@ class LockKind(Guarded[int]):
         """Release one hold; with ``undo``, only if that acquire request was applied."""
         raise NotImplementedError
 
-    def _force_call(self) -> Call:
-        raise NotImplementedError
-
     def _transact_call(self, hold: Hold) -> Call:
         """The kind's check before a transaction's commands (``<kind>/transact.lua``): its
         script, the lock keys it reads, and its ARGV head (owner, fencing token).  By default
@@ -158,12 +167,6 @@ class LockKind(Guarded[int]):
         """Where the client wakes one of its own waiters when a hold ends unpublished."""
         return ()
 
-    def _released_last(self, hold: Hold | None) -> None:
-        """A release of this client deleted the lock (``hold``: the client's record of it, if
-        it had one).  A kind whose release publishes only when the server saw a waiter refused
-        wakes its own parked waiters here: they may have been refused by an earlier
-        incarnation of the lock (see ``lock/release.lua``)."""
-
     def _leave_call(self, owner: str) -> Call | None:
         """What a waiter that gives up sends, if its kind keeps waiters on the server."""
         return None
@@ -183,16 +186,6 @@ class LockKind(Guarded[int]):
     async def _leave(self, call: Call) -> None:
         # Sent also while the client closes: closing waits for it (see Client.aclose).
         await self._services.calls.run(*call)
-
-    def _refusal(self, error: ResponseError) -> Exception | None:
-        """The exception to raise for an attempt the script refused, if the kind has one."""
-        return None
-
-    async def _refused_for_unknown_holds(self, owner: str) -> bool:
-        """Whether a refusal was caused by holds of the owner (a task) that the client did not
-        know of, which are now released: the attempt is then made again.  Kinds whose scripts
-        refuse because of the owner's own holds override it."""
-        return False
 
     # -- acquiring ---------------------------------------------------------------------------
 
@@ -304,14 +297,6 @@ class LockKind(Guarded[int]):
         owner, _ = self._owner()
         if await self._release(owner) is None:
             raise LockNotOwnedError(f"lock {self.name!r} is not held by this owner")
-
-    async def force_unlock(self) -> bool:
-        """Delete the lock whoever holds it and wake a waiter; ``True`` if it existed."""
-        services = self._services.check_open()
-        deleted = await services.calls.run(*self._force_call())
-        if deleted:
-            services.holds.lose_all(self._hold_key, "it was force-unlocked")
-        return bool(deleted)
 
     # -- inspecting --------------------------------------------------------------------------
 
@@ -480,15 +465,7 @@ class LockKind(Guarded[int]):
         loop = asyncio.get_running_loop()
         lease_s = services.watchdog_timeout if lease is None else lease
         attempt = Attempt(owner, services.owners.next_request(), lease_s, loop.time())
-        try:
-            reply, synced = await self._send(attempt)
-        except ResponseError as error:
-            refusal = self._refusal(error)
-            if refusal is None:
-                raise
-            if task is not None and await self._refused_for_unknown_holds(owner):
-                return None
-            raise refusal from None
+        reply, synced = await self._send(attempt)
         if not isinstance(reply, list):
             return self._busy(attempt, reply)
         reconciled = await self._settlement().reconcile(attempt, reply, synced)
@@ -610,10 +587,47 @@ class LockKind(Guarded[int]):
             self._released_last(hold)
         return remaining
 
+    def _released_last(self, hold: Hold | None) -> None:
+        """A release of this client deleted the lock (``hold``: the client's record of it, if
+        it had one).
+
+        A kind whose release publishes only if the server refused a waiter since the grant
+        wakes this client's own parked waiters here: they may have been refused by an earlier
+        incarnation of the lock.  A try of this client refused after the grant was read was
+        refused by this incarnation: the release published, and this client hears it like any
+        other (no second wake-up).
+        """
+        counters = self._counters
+        if (
+            self._publishes_if_refused
+            and counters.waiters
+            and (hold is None or counters.refused_sent_at <= hold.granted_at)
+        ):
+            self._services.pubsub.wake(self._keys.channel)
+
     def _settlement(self) -> Settlement:
         """The settlement of this lock's calls whose outcome is unknown (made when needed: it
         is two small objects, and most calls have nothing to settle)."""
         return Seam(self).settlement
+
+
+class LockKind(HoldKind):
+    """A kind whose holds can be ended whoever holds them: every lock kind (a semaphore has
+    no ``force_unlock``, so its permits are a plain :class:`HoldKind`)."""
+
+    __slots__ = ()
+
+    def _force_call(self) -> Call:
+        """Delete the lock whoever holds it, and wake who may now get in."""
+        raise NotImplementedError
+
+    async def force_unlock(self) -> bool:
+        """Delete the lock whoever holds it and wake a waiter; ``True`` if it existed."""
+        services = self._services.check_open()
+        deleted = await services.calls.run(*self._force_call())
+        if deleted:
+            services.holds.lose_all(self._hold_key, "it was force-unlocked")
+        return bool(deleted)
 
 
 class Seam:
@@ -627,7 +641,7 @@ class Seam:
 
     __slots__ = ("lock",)
 
-    def __init__(self, lock: LockKind) -> None:
+    def __init__(self, lock: HoldKind) -> None:
         self.lock = lock
 
     @property
