@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Final, Protocol, TypeVar
 
 from redis.asyncio.connection import AbstractConnection
@@ -33,6 +33,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .._scripts import Script
 from .redispy import has_data, stream_writer
+from .tasks import Background
 
 __all__ = [
     "Calls",
@@ -110,7 +111,7 @@ class Calls:
         self._idle: list[AbstractConnection] = []
         self._queue: deque[asyncio.Future[AbstractConnection]] = deque()
         self._closed = False
-        self._background: set[asyncio.Task[Any]] = set()
+        self._background = Background()  # replies read for callers that left, discards
 
     async def run(
         self,
@@ -323,10 +324,8 @@ class Calls:
                 return
         self._idle.append(conn)
 
-    def _spawn(self, work: Any, orphan: Orphan | None) -> None:
-        task: asyncio.Task[Any] = asyncio.get_running_loop().create_task(work)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+    def _spawn(self, work: Coroutine[Any, Any, Any], orphan: Orphan | None) -> None:
+        task = self._background.spawn(work)
         if orphan is not None:
             orphan(task)
         else:
@@ -335,16 +334,13 @@ class Calls:
     async def aclose(self, grace: float) -> None:
         """Close every connection; background reads get ``grace`` seconds to finish first."""
         self._closed = True
-        if self._background:
-            _, late = await asyncio.wait(set(self._background), timeout=grace)
-            for task in late:
-                task.cancel()
+        for task in await self._background.wait(within=grace):
+            task.cancel()
         # Connections given back from now on are closed as they come (calls still in flight).
         idle, self._idle = self._idle, []
         for conn in idle:
             await conn.disconnect()
-        if self._background:
-            await asyncio.wait(set(self._background))
+        await self._background.wait()
 
 
 async def write(conn: AbstractConnection, *commands: tuple[Any, ...]) -> None:

@@ -30,13 +30,14 @@ import logging
 import math
 import zlib
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
-from .subscriber import Subscriber, SubscriberSource, cancel
+from .subscriber import Subscriber, SubscriberSource
+from .tasks import Background
 
 __all__ = [
     "BroadcastEntry",
@@ -442,7 +443,7 @@ class PubSub:
         # here, or a ``_subscribe`` of it is scheduled (it moved, or no node was found yet).
         self._homes: dict[bytes, Subscriber] = {}
         self._moves: dict[bytes, int] = {}  # moves of a channel since its last confirmation
-        self._background: set[asyncio.Task[None]] = set()
+        self._background = Background()  # SUBSCRIBE / UNSUBSCRIBE work, moves
         self._closed = False
         self._rehoming: set[Subscriber] = set()  # subscribers whose channels are being moved
 
@@ -520,8 +521,7 @@ class PubSub:
 
     async def drain(self) -> None:
         """Wait until the scheduled SUBSCRIBE/UNSUBSCRIBE work is done (for tests and shutdown)."""
-        while self._background:
-            await asyncio.gather(*self._background, return_exceptions=True)
+        await self._background.drain()
 
     async def aclose(self) -> None:
         """Stop the readers, close the connections, and wake every waiter so it can leave."""
@@ -532,8 +532,7 @@ class PubSub:
         for subscriber in self._subscribers.values():
             subscriber.fail_confirmations(closed)
         # A task that swallowed its cancellation may have spawned more before it saw we closed.
-        while self._background:
-            await cancel(set(self._background))
+        await self._background.cancel_all()
         await asyncio.gather(*(subscriber.aclose() for subscriber in self._subscribers.values()))
 
     # -- the Listener of every subscriber ----------------------------------------------------
@@ -659,13 +658,11 @@ class PubSub:
             if home is not None:
                 await home.unsubscribe(entry)
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         if self._closed:
             coro.close()  # nothing starts once closing began
             return
-        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._background.spawn(coro)
 
     def __repr__(self) -> str:
         stats = self.statistics()
