@@ -21,8 +21,8 @@ __all__ = [
     "FAIR_ACQUIRE",
     "FAIR_FORCE",
     "FAIR_KEEP",
-    "FAIR_LEAVE",
     "FAIR_RELEASE",
+    "FAIR_WITHDRAW",
     "LATCH_COUNT_DOWN",
     "LATCH_SET",
     "LOCK_ACQUIRE",
@@ -32,7 +32,6 @@ __all__ = [
     "LOCK_TRANSACT",
     "READ",
     "RW_FORCE",
-    "RW_LEAVE",
     "RW_READ",
     "RW_RELEASE_READ",
     "RW_RELEASE_WRITE",
@@ -42,6 +41,7 @@ __all__ = [
     "RW_TRANSACT_READ",
     "RW_TRANSACT_WRITE",
     "RW_WRITE",
+    "RW_WITHDRAW",
     "SEMAPHORE_ACQUIRE",
     "SEMAPHORE_HELD",
     "SEMAPHORE_RELEASE",
@@ -106,7 +106,7 @@ LOCK_TRANSACT = Script.load("lock", "transact")
 
 FAIR_ACQUIRE = Script.load("fair", "acquire")
 FAIR_RELEASE = Script.load("fair", "release")
-FAIR_LEAVE = Script.load("fair", "leave")
+FAIR_WITHDRAW = Script.load("fair", "withdraw")
 FAIR_FORCE = Script.load("fair", "force")
 FAIR_KEEP = Script.load("fair", "keep")
 
@@ -127,7 +127,7 @@ RW_RELEASE_WRITE = Script.load("rw", "release_write")
 RW_RENEW_READ = Script.load("rw", "renew_read")
 RW_RENEW_WRITE = Script.load("rw", "renew_write")
 RW_FORCE = Script.load("rw", "force")
-RW_LEAVE = Script.load("rw", "leave")
+RW_WITHDRAW = Script.load("rw", "withdraw")
 RW_STATE = Script.load("rw", "state")
 RW_TRANSACT_READ = Script.load("rw", "transact_read")
 RW_TRANSACT_WRITE = Script.load("rw", "transact_write")

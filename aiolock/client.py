@@ -272,8 +272,8 @@ class Client:
         if services.closed:
             return
         services.closed = True
-        # Waiters are woken first, and given a loop pass to leave (a fair lock's waiter leaves
-        # its queue): what they leave behind is settled with the rest below.
+        # Waiters are woken first, and given a loop pass to leave (a fair lock's waiter withdraws
+        # from its queue): what they leave behind is settled with the rest below.
         await services.pubsub.aclose()
         await asyncio.sleep(0)
         pending = services.holds.pending()

@@ -276,9 +276,9 @@ class AsyncWriteLock(_Mode):
             self._services, self._keys.channel, self._counters, reentering=reentering
         )
 
-    def _leave_call(self, owner: str) -> Call:
+    def _withdraw_call(self, owner: str) -> Call:
         # A writer that stops waiting stops holding readers back at once.
-        return _scripts.RW_LEAVE, self._rw_keys.script_keys(), (owner,)
+        return _scripts.RW_WITHDRAW, self._rw_keys.script_keys(), (owner,)
 
     async def is_locked(self) -> bool:
         """``True`` while anyone holds the write lock."""

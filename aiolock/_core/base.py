@@ -9,7 +9,7 @@ kind has and the semaphore's permits have not.  A kind supplies:
   again, in ms), a release with an undo mode (:meth:`_release_call`), a force for a lock
   (:meth:`_force_call`), and the renew script the watchdog runs for its holds (``_renew``);
 - how its waiters wait and wake (:meth:`_waiting`, see :mod:`aiolock._core.waiting`);
-- optionally what a waiter that gives up must leave behind (:meth:`_gave_up`).
+- optionally how a waiter that gives up withdraws from the server (:meth:`_withdraw_call`).
 
 **The wait loop**, as in Redisson's ``RedissonLock.tryLock``: try; on failure park until a
 wake-up or the pause the try returned (the lock's remaining lease, say) runs out; repeat until
@@ -167,23 +167,23 @@ class HoldKind(Guarded[int]):
         """Where the client wakes one of its own waiters when a hold ends unpublished."""
         return ()
 
-    def _leave_call(self, owner: str) -> Call | None:
+    def _withdraw_call(self, owner: str) -> Call | None:
         """What a waiter that gives up sends, if its kind keeps waiters on the server."""
         return None
 
     def _gave_up(self, owner: str) -> None:
         """A waiting call left without the lock (timeout, cancellation, error).
 
-        A kind that keeps its waiters on the server (a queue) has them leave at once.  Leaving
+        A kind that keeps its waiters on the server (a queue) has them withdraw at once.  That
         is idempotent, so it is sent for every call that leaves without the lock, also one
         cancelled while its try (which may have queued it) was in flight: settled after that
         try, like the rest of the owner's pending work.
         """
-        call = self._leave_call(owner)
+        call = self._withdraw_call(owner)
         if call is not None:
-            self._services.holds.defer(self._keys.lock, owner, self._leave(call))
+            self._services.holds.defer(self._keys.lock, owner, self._withdraw(call))
 
-    async def _leave(self, call: Call) -> None:
+    async def _withdraw(self, call: Call) -> None:
         # Sent also while the client closes: closing waits for it (see Client.aclose).
         await self._services.calls.run(*call)
 

@@ -269,8 +269,8 @@ class BroadcastEntry(Entry):
 class NamedEntry(Entry):
     """A channel whose messages name the one waiter to wake (the fair lock's hand-off).
 
-    Each waiting owner registers its name for the whole of its wait (:meth:`enter` ..
-    :meth:`leave`), so that a message naming it while it is between two tries is kept for its
+    Each waiting owner registers its name for the whole of its wait (:meth:`add` ..
+    :meth:`discard`), so that a message naming it while it is between two tries is kept for its
     next park instead of lost.  A bound message (``+<ms> <owner>``) shortens that owner's park
     instead of waking it.  Anything else that is not a named hand-off (the confirmation of the
     SUBSCRIBE, a reconnect, a loss) wakes every waiter: each tries, and only the next in the
@@ -287,10 +287,10 @@ class NamedEntry(Entry):
         # owner -> the loop time its next park ends by at the latest (see bound_named).
         self._bounds: dict[str, float] = {}
 
-    def enter(self, name: str) -> None:
+    def add(self, name: str) -> None:
         self._named.setdefault(name, None)
 
-    def leave(self, name: str) -> None:
+    def discard(self, name: str) -> None:
         self._named.pop(name, None)
         self._bounds.pop(name, None)
 
@@ -460,7 +460,7 @@ class PubSub:
         published before the subscription existed).  If the connection fails first, the entry
         stays: the reader subscribes every channel it carries when it reconnects.  If the server
         refuses the SUBSCRIBE, the entry's waiters are woken to raise its error
-        (:meth:`Entry.raise_refusal`).  Every call must be balanced by :meth:`release`.
+        (:meth:`Entry.raise_refusal`).  Every call must be balanced by :meth:`unreference`.
         """
         if self._closed:
             raise RuntimeError("the aiolock client is closed")

@@ -355,7 +355,7 @@ async def test_a_voided_fair_try_does_not_queue_its_owner_again_after_it_left(
         assert not isinstance(await services.calls.run(*try_call), list)  # queued
         assert await redis.zscore(queue, owner) is not None
         await Seam(lock).settlement.void(owner, [try_call[2][2]])
-        assert await services.calls.run(*lock._leave_call(owner)) == 1  # it gave up
+        assert await services.calls.run(*lock._withdraw_call(owner)) == 1  # it gave up
         assert not isinstance(await services.calls.run(*try_call), list)  # the late copy
         assert await redis.zscore(queue, owner) is None  # not queued again
     assert not await lock.is_locked()
