@@ -141,6 +141,7 @@ class HoldKind(Guarded[int]):
         return (self._keys.lock,)
 
     def _attempt(self, owner: str, request: int, lease_ms: int) -> Call:
+        """One try: its script answers a grant ``[token, count, pttl]`` or the PTTL to wait."""
         raise NotImplementedError
 
     def _release_call(self, owner: str, request: int, undo: int | None) -> Call:
@@ -161,6 +162,7 @@ class HoldKind(Guarded[int]):
         return (_scripts.VOID, (self._keys.meta,), (owner, window, *requests))
 
     def _waiting(self, owner: str) -> Waiting:
+        """How one waiting call of ``owner`` parks and is woken (:mod:`aiolock._core.waiting`)."""
         raise NotImplementedError
 
     def _channels(self) -> tuple[str, ...]:
@@ -443,6 +445,8 @@ class HoldKind(Guarded[int]):
             if not granted:
                 self._gave_up(owner)
 
+    # -- one attempt: send, reconcile, record ------------------------------------------------
+
     async def _try_acquire(
         self, owner: str, task: asyncio.Task[Any] | None, lease: float | None, started: float
     ) -> Hold | float:
@@ -533,7 +537,7 @@ class HoldKind(Guarded[int]):
             services.watchdog.start()
         return hold
 
-    # -- releasing ---------------------------------------------------------------------------
+    # -- one release -------------------------------------------------------------------------
 
     async def _release(self, owner: str) -> int | None:
         """Release one hold: the holds left, or ``None`` if the owner held none.
@@ -634,8 +638,9 @@ class Seam:
     """All that code outside a lock kind may ask of one lock object: the declared interface.
 
     The composites (``MultiLock``, ``RedLock``), the semaphore's permits, the read-write lock's
-    modes, the command line and the tests go through it, never through the kind's underscore
-    names, so a kind can change inside without reading all of them.  It is internal: the
+    modes, the settlement of unknown outcomes, the command line and the tests go through it,
+    never through the kind's underscore names, so a kind can change inside without reading
+    all of them.  It is internal: the
     public calls are the lock's own.
     """
 
