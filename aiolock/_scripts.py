@@ -15,14 +15,14 @@ import functools
 import hashlib
 from dataclasses import dataclass
 from importlib import resources
+from typing import Any
 
 __all__ = [
     "FAIR_ACQUIRE",
     "FAIR_FORCE",
     "FAIR_KEEP",
-    "FAIR_LEAVE",
     "FAIR_RELEASE",
-    "FENCE",
+    "FAIR_WITHDRAW",
     "LATCH_COUNT_DOWN",
     "LATCH_SET",
     "LOCK_ACQUIRE",
@@ -32,7 +32,6 @@ __all__ = [
     "LOCK_TRANSACT",
     "READ",
     "RW_FORCE",
-    "RW_LEAVE",
     "RW_READ",
     "RW_RELEASE_READ",
     "RW_RELEASE_WRITE",
@@ -42,12 +41,15 @@ __all__ = [
     "RW_TRANSACT_READ",
     "RW_TRANSACT_WRITE",
     "RW_WRITE",
+    "RW_WITHDRAW",
     "SEMAPHORE_ACQUIRE",
-    "SEMAPHORE_FENCE",
     "SEMAPHORE_HELD",
     "SEMAPHORE_RELEASE",
     "SEMAPHORE_RENEW",
     "SEMAPHORE_TRANSACT",
+    "SEMAPHORE_VOID",
+    "VOID",
+    "Call",
     "Script",
     "sharded",
 ]
@@ -74,6 +76,10 @@ class Script:
         return cls(f"{kind}/{operation}", source, hashlib.sha1(source.encode()).hexdigest())
 
 
+Call = tuple[Script, tuple[str, ...], tuple[Any, ...]]
+"""A script call, ready to run: the script, its KEYS and its ARGV."""
+
+
 _INCLUDE = "--@include "
 _PUBLISH = "redis.call('PUBLISH', "
 
@@ -90,7 +96,7 @@ def sharded(script: Script) -> Script:
 
 
 READ = Script.load("common", "read")
-FENCE = Script.load("common", "fence")
+VOID = Script.load("common", "void")
 
 LOCK_ACQUIRE = Script.load("lock", "acquire")
 LOCK_RELEASE = Script.load("lock", "release")
@@ -100,7 +106,7 @@ LOCK_TRANSACT = Script.load("lock", "transact")
 
 FAIR_ACQUIRE = Script.load("fair", "acquire")
 FAIR_RELEASE = Script.load("fair", "release")
-FAIR_LEAVE = Script.load("fair", "leave")
+FAIR_WITHDRAW = Script.load("fair", "withdraw")
 FAIR_FORCE = Script.load("fair", "force")
 FAIR_KEEP = Script.load("fair", "keep")
 
@@ -111,7 +117,7 @@ SEMAPHORE_ACQUIRE = Script.load("semaphore", "acquire")
 SEMAPHORE_RELEASE = Script.load("semaphore", "release")
 SEMAPHORE_RENEW = Script.load("semaphore", "renew")
 SEMAPHORE_HELD = Script.load("semaphore", "held")
-SEMAPHORE_FENCE = Script.load("semaphore", "fence")
+SEMAPHORE_VOID = Script.load("semaphore", "void")
 SEMAPHORE_TRANSACT = Script.load("semaphore", "transact")
 
 RW_READ = Script.load("rw", "read")
@@ -121,7 +127,7 @@ RW_RELEASE_WRITE = Script.load("rw", "release_write")
 RW_RENEW_READ = Script.load("rw", "renew_read")
 RW_RENEW_WRITE = Script.load("rw", "renew_write")
 RW_FORCE = Script.load("rw", "force")
-RW_LEAVE = Script.load("rw", "leave")
+RW_WITHDRAW = Script.load("rw", "withdraw")
 RW_STATE = Script.load("rw", "state")
 RW_TRANSACT_READ = Script.load("rw", "transact_read")
 RW_TRANSACT_WRITE = Script.load("rw", "transact_write")

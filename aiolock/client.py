@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -95,16 +95,7 @@ class Client:
             raise TypeError(
                 f"redis must be a redis.asyncio.Redis or RedisCluster, not {type(redis).__name__}"
             )
-        options = _Options.check(
-            key_prefix=key_prefix,
-            watchdog_timeout=watchdog_timeout,
-            subscribe_concurrency=subscribe_concurrency,
-            fair_wait_timeout=fair_wait_timeout,
-            sync_replicas=sync_replicas,
-            sync_timeout=sync_timeout,
-            trace_names=trace_names,
-        )
-        self._init(redis, options, owns=False)
+        self._init(redis, _Options.given(locals()), owns=False)
 
     def _init(self, redis: Redis | RedisCluster, options: _Options, *, owns: bool) -> None:
         self.id = str(uuid.uuid4())
@@ -182,15 +173,7 @@ class Client:
         """
         if not isinstance(url, str):
             raise TypeError(f"url must be a str, not {type(url).__name__}")
-        options = _Options.check(
-            key_prefix=key_prefix,
-            watchdog_timeout=watchdog_timeout,
-            subscribe_concurrency=subscribe_concurrency,
-            fair_wait_timeout=fair_wait_timeout,
-            sync_replicas=sync_replicas,
-            sync_timeout=sync_timeout,
-            trace_names=trace_names,
-        )
+        options = _Options.given(locals())
         client = cls.__new__(cls)
         if not isinstance(cluster, bool):
             raise TypeError(f"cluster must be a bool, not {type(cluster).__name__}")
@@ -289,8 +272,8 @@ class Client:
         if services.closed:
             return
         services.closed = True
-        # Waiters are woken first, and given a loop pass to leave (a fair lock's waiter leaves
-        # its queue): what they leave behind is settled with the rest below.
+        # Waiters are woken first, and given a loop pass to leave (a fair lock's waiter withdraws
+        # from its queue): what they leave behind is settled with the rest below.
         await services.pubsub.aclose()
         await asyncio.sleep(0)
         pending = services.holds.pending()
@@ -339,6 +322,10 @@ class Client:
 
 @dataclass(frozen=True, slots=True)
 class _Options:
+    """The client's options, checked.  Both constructors spell them out in their signatures
+    (for readers, ``help()`` and type checkers); :meth:`given` reads them from there by name,
+    so that adding one means adding it to the two signatures and here."""
+
     key_prefix: str
     watchdog_timeout: float
     subscribe_concurrency: int
@@ -348,23 +335,15 @@ class _Options:
     trace_names: bool
 
     @classmethod
-    def check(
-        cls,
-        *,
-        key_prefix: object,
-        watchdog_timeout: object,
-        subscribe_concurrency: object,
-        fair_wait_timeout: object,
-        sync_replicas: object,
-        sync_timeout: object,
-        trace_names: object,
-    ) -> _Options:
-        prefix = check_name(key_prefix, "key_prefix")
+    def given(cls, arguments: Mapping[str, Any]) -> _Options:
+        """The options among a constructor's ``arguments`` (its ``locals()``), checked in
+        order: a bad one raises ``TypeError`` or ``ValueError`` naming it, before any I/O."""
+        prefix = check_name(arguments["key_prefix"], "key_prefix")
         if "{" in prefix or "}" in prefix:
             raise ValueError("key_prefix must not contain '{' or '}' (they set Redis hash tags)")
         # Renewals run every third of it: below 10 ms the watchdog would only spin.
-        watchdog = check_timeout(watchdog_timeout, "watchdog_timeout", minimum=0.01)
-        concurrency = subscribe_concurrency
+        watchdog = check_timeout(arguments["watchdog_timeout"], "watchdog_timeout", minimum=0.01)
+        concurrency = arguments["subscribe_concurrency"]
         if isinstance(concurrency, bool) or not isinstance(concurrency, int):
             raise TypeError(
                 f"subscribe_concurrency must be an int, not {type(concurrency).__name__}"
@@ -372,15 +351,17 @@ class _Options:
         if concurrency < 1:
             raise ValueError(f"subscribe_concurrency must be at least 1, got {concurrency}")
         # Fair waiters try again every third of it: below 10 ms they would only spin.
-        fair = check_timeout(fair_wait_timeout, "fair_wait_timeout", minimum=0.01)
-        if isinstance(sync_replicas, bool) or not isinstance(sync_replicas, int):
-            raise TypeError(f"sync_replicas must be an int, not {type(sync_replicas).__name__}")
-        if sync_replicas < 0:
-            raise ValueError(f"sync_replicas must be at least 0, got {sync_replicas}")
-        sync = check_timeout(sync_timeout, "sync_timeout", minimum=0.001)
+        fair = check_timeout(arguments["fair_wait_timeout"], "fair_wait_timeout", minimum=0.01)
+        replicas = arguments["sync_replicas"]
+        if isinstance(replicas, bool) or not isinstance(replicas, int):
+            raise TypeError(f"sync_replicas must be an int, not {type(replicas).__name__}")
+        if replicas < 0:
+            raise ValueError(f"sync_replicas must be at least 0, got {replicas}")
+        sync = check_timeout(arguments["sync_timeout"], "sync_timeout", minimum=0.001)
+        trace_names = arguments["trace_names"]
         if not isinstance(trace_names, bool):
             raise TypeError(f"trace_names must be a bool, not {type(trace_names).__name__}")
-        return cls(prefix, watchdog, concurrency, fair, sync_replicas, sync, trace_names)
+        return cls(prefix, watchdog, concurrency, fair, replicas, sync, trace_names)
 
 
 def _name_and_owner(name: object, owner: object) -> tuple[str, str | None]:

@@ -7,13 +7,13 @@ moves its deadline on; a release wakes exactly the next waiter, with one message
 channel of that waiter's client, naming it (:class:`~aiolock._core.waiting.NamedWait`), so there is
 no herd however many clients wait, and no channel per waiting task.
 
-Waiters that give up leave the queue at once (a ``leave`` script, settled in the background
-like any call whose caller has gone); one whose process died stops having its deadline moved
-on and is dropped, once it is next, after ``fair_wait_timeout``.  A parked waiter does not
-re-try to keep its place: one :class:`KeepAlive` per lock name and client moves the deadlines
-of all its parked waiters on every third of the timeout in one call (``keep.lua``), so a live
-waiter is never dropped, and a thousand parked waiters cost one call per third of it, not a
-thousand tries.
+Waiters that give up withdraw from the queue at once (a ``withdraw`` script, settled in the
+background like any call whose caller has gone); one whose process died stops having its
+deadline moved on and is dropped, once it is next, after ``fair_wait_timeout``.  A parked
+waiter does not re-try to keep its place: one :class:`KeepAlive` per lock name and client
+moves the deadlines of all its parked waiters on every third of the timeout in one call
+(``keep.lua``), so a live waiter is never dropped, and a thousand parked waiters cost one call
+per third of it, not a thousand tries.
 
 A lease that runs out publishes nothing, so a parked waiter is bounded by the lease left of the
 hold in front of it: its try returns it, and a grant from the queue tells the next in line with
@@ -87,12 +87,12 @@ class KeepAlive:
         self._timer: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[None] | None = None  # a keep-alive call in flight
 
-    def enter(self, owner: str, wait: NamedWait) -> None:
+    def add(self, owner: str, wait: NamedWait) -> None:
         self._waiters[owner] = wait
         if self._timer is None and self._task is None:
             self._arm()
 
-    def leave(self, owner: str) -> None:
+    def discard(self, owner: str) -> None:
         self._waiters.pop(owner, None)
         if not self._waiters and self._timer is not None:
             self._timer.cancel()
@@ -199,5 +199,5 @@ class AsyncFairLock(LockKind):
         async with keeper.tries:
             return await super()._try_acquire(owner, task, lease, started)
 
-    def _leave_call(self, owner: str) -> Call:
-        return _scripts.FAIR_LEAVE, self._script_keys(), (owner,)
+    def _withdraw_call(self, owner: str) -> Call:
+        return _scripts.FAIR_WITHDRAW, self._script_keys(), (owner,)

@@ -13,7 +13,6 @@ from typing import ClassVar
 from . import _scripts
 from ._core.base import Call, LockKind, LockStatistics, release_args
 from ._core.guard import LockGuard
-from ._core.holds import Hold
 from ._core.keys import LockKeys
 from ._core.services import Services
 from ._core.waiting import ChannelWait, Waiting
@@ -83,6 +82,9 @@ class AsyncRLock(ReentrantKind):
     __slots__ = ()
 
     kind: ClassVar[str] = "lock"
+    # A release publishes only if a waiter was refused since the grant: a waiter may park on
+    # the channel.  The spin lock's waiters never do, and its release never publishes.
+    _publishes_if_refused: ClassVar[bool] = True
 
     @classmethod
     def _build_keys(cls, services: Services, name: str) -> LockKeys:
@@ -91,15 +93,6 @@ class AsyncRLock(ReentrantKind):
 
     def _channels(self) -> tuple[str, ...]:
         return (self._keys.channel,)
-
-    def _released_last(self, hold: Hold | None) -> None:
-        # The server published only if a waiter was refused by this incarnation of the lock;
-        # this client's own parked waiters may have been refused by an earlier one.  A try of
-        # this client refused after the grant was read was refused by this incarnation: the
-        # release published, and this client hears it like any other (no second wake-up).
-        counters = self._counters
-        if counters.waiters and (hold is None or counters.refused_sent_at <= hold.granted_at):
-            self._services.pubsub.wake(self._keys.channel)
 
     def _waiting(self, owner: str) -> Waiting:
         reentering = self._services.holds.get(self._hold_key, owner) is not None

@@ -20,9 +20,10 @@ lock and the write lock are two kinds over one lock hash (scripts in ``scripts/r
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from redis.exceptions import ResponseError
 
@@ -217,15 +218,26 @@ class AsyncWriteLock(_Mode):
             release_args(owner, request, undo),
         )
 
-    def _refusal(self, error: ResponseError) -> Exception | None:
-        if "upgrade refused" in str(error):
-            return LockError(
-                f"the read lock of {self.name!r} is held by this owner: taking the write lock "
-                "too could deadlock (release the read holds first)"
-            )
-        return None
+    async def _try_acquire(
+        self, owner: str, task: asyncio.Task[Any] | None, lease: float | None, started: float
+    ) -> Hold | float:
+        # The script refuses an owner that reads (an upgrade).  Read holds the client did not
+        # know of are dropped and the write tried again; known ones make it a LockError.
+        while True:
+            try:
+                return await super()._try_acquire(owner, task, lease, started)
+            except ResponseError as error:
+                if "upgrade refused" not in str(error):
+                    raise
+                if task is None or not await self._dropped_unknown_reads(owner):
+                    raise LockError(
+                        f"the read lock of {self.name!r} is held by this owner: taking the "
+                        "write lock too could deadlock (release the read holds first)"
+                    ) from None
 
-    async def _refused_for_unknown_holds(self, owner: str) -> bool:
+    async def _dropped_unknown_reads(self, owner: str) -> bool:
+        """Whether the read holds that made the script refuse the owner (a task) were ones
+        the client did not know of, now released: the write is then tried again."""
         services = self._services
         reader = Seam(AsyncReadLock(services, self.name, self._explicit_owner))
         if reader.hold(owner) is not None:
@@ -264,9 +276,9 @@ class AsyncWriteLock(_Mode):
             self._services, self._keys.channel, self._counters, reentering=reentering
         )
 
-    def _leave_call(self, owner: str) -> Call:
+    def _withdraw_call(self, owner: str) -> Call:
         # A writer that stops waiting stops holding readers back at once.
-        return _scripts.RW_LEAVE, self._rw_keys.script_keys(), (owner,)
+        return _scripts.RW_WITHDRAW, self._rw_keys.script_keys(), (owner,)
 
     async def is_locked(self) -> bool:
         """``True`` while anyone holds the write lock."""

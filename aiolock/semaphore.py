@@ -19,7 +19,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, ClassVar
 
 from . import _scripts
-from ._core.base import Call, LockKind, LockStatistics, Seam, release_args
+from ._core.base import Call, HoldKind, LockStatistics, Seam, release_args
 from ._core.guard import LockGuard
 from ._core.holds import Hold
 from ._core.keys import hash_tag
@@ -35,8 +35,8 @@ if TYPE_CHECKING:
 __all__ = ["AsyncSemaphore", "Permit", "seam_of"]
 
 
-class _Permits(LockKind):
-    """The semaphore's machinery: a lock kind whose every owner is one permit."""
+class _Permits(HoldKind):
+    """The semaphore's machinery: a kind whose every owner is one permit (it has no force)."""
 
     __slots__ = ("limit",)
 
@@ -62,17 +62,14 @@ class _Permits(LockKind):
             release_args(owner, request, undo),
         )
 
-    def _force_call(self) -> Call:
-        raise NotImplementedError("a semaphore has no force_unlock")
-
     def _transact_call(self, hold: Hold) -> Call:
         # The permit id is unique per acquisition: it tells this permit from any later one.
         return _scripts.SEMAPHORE_TRANSACT, (self._keys.lock,), (hold.owner, 0)
 
-    def _fence_call(self, owner: str, requests: list[int]) -> Call:
+    def _void_call(self, owner: str, requests: list[int]) -> Call:
         # The marks live with the permits (the meta key is unused).
         window = self._services.resend_window_ms
-        return (_scripts.SEMAPHORE_FENCE, (self._keys.lock,), (owner, window, *requests))
+        return (_scripts.SEMAPHORE_VOID, (self._keys.lock,), (owner, window, *requests))
 
     def _channels(self) -> tuple[str, ...]:
         return (self._keys.channel,)

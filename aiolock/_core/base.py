@@ -1,66 +1,58 @@
-"""The lock-kind base: what every lock kind shares, so that a kind is its scripts and little else.
+"""The kind base: what every kind shares, so that a kind is its scripts and little else.
 
-:class:`LockKind` owns the wait loop, the settlement of calls whose outcome is unknown, guards
-and ``async with``, loss reporting, statistics and the repr.  A kind supplies:
+:class:`HoldKind` owns the public calls, the wait loop, guards and ``async with``, loss
+reporting, statistics and the repr; :class:`LockKind` adds ``force_unlock``, which every lock
+kind has and the semaphore's permits have not.  A kind supplies:
 
-- its keys (:meth:`LockKind._build_keys`) and its scripts, as ready calls: an attempt
+- its keys (:meth:`HoldKind._build_keys`) and its scripts, as ready calls: an attempt
   (:meth:`_attempt`: a grant ``{token, count, pttl}`` or the seconds to wait before trying
-  again, in ms), a release with an undo mode (:meth:`_release_call`), a force
+  again, in ms), a release with an undo mode (:meth:`_release_call`), a force for a lock
   (:meth:`_force_call`), and the renew script the watchdog runs for its holds (``_renew``);
 - how its waiters wait and wake (:meth:`_waiting`, see :mod:`aiolock._core.waiting`);
-- optionally what a waiter that gives up must leave behind (:meth:`_gave_up`).
+- optionally how a waiter that gives up withdraws from the server (:meth:`_withdraw_call`).
 
 **The wait loop**, as in Redisson's ``RedissonLock.tryLock``: try; on failure park until a
 wake-up or the pause the try returned (the lock's remaining lease, say) runs out; repeat until
 the deadline.
 
-**One rule for every state-changing call** (acquire, release): when its outcome is unknown to
-its caller (the caller was cancelled, the connection was lost, the reply timed out), it is
-settled in the background with the same request id (a grant is undone exactly, a release is
-completed), and the owner's next acquire or release on that name waits for the settlement.
-The invariant, per (name, owner): once settlements are done, the holds the client believes in
-are holds the server has, or are marked lost; the server has no hold of that owner that the
-client does not know about.
+Calls whose outcome their caller never saw are settled by :mod:`aiolock._core.settlement`
+(one rule for every state-changing call, and the invariant it keeps), which asks the lock
+through its :class:`Seam`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import math
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
-from typing import Any, ClassVar, Final, TypeVar
-
-from redis.exceptions import RedisError, ResponseError
+from typing import Any, ClassVar, TypeVar
 
 from .. import _scripts
-from .._redis.calls import NotSent, not_sent
-from .._scripts import Script
-from ..errors import LockNotOwnedError, LockSyncError, LockTimeoutError
+from .._redis.calls import not_sent
+from .._scripts import Call, Script
+from ..errors import LockNotOwnedError, LockTimeoutError
 from .guard import Guarded, Holding
 from .holds import Hold, NameCounters
 from .keys import LockKeys, hash_tag
-from .metrics import lock_extra
 from .services import Services
+from .settlement import Attempt, Settlement, holds_left
 from .transaction import TransactionContext
 from .validate import check_lease, check_wait
 from .waiting import Waiting
 
-__all__ = ["Call", "LockKind", "LockStatistics", "NameState", "Seam", "Who", "release_args"]
-
-logger = logging.getLogger("aiolock.lock")
-
-_FAILURES: Final = (RedisError, OSError)
-
-# How long past the lease end the client knows of a background release keeps trying: the
-# server counts a lease from when it applied the call, which a stall may have delayed.
-_SETTLE_MARGIN: Final = 1.0
+__all__ = [
+    "Call",
+    "HoldKind",
+    "LockKind",
+    "LockStatistics",
+    "NameState",
+    "Seam",
+    "Who",
+    "release_args",
+]
 
 _T = TypeVar("_T")
-
-Call = tuple[Script, tuple[str, ...], tuple[Any, ...]]
-"""A script call, ready to run: the script, its KEYS and its ARGV."""
 
 Who = tuple[str, "asyncio.Task[Any] | None"]
 """An owner id and the task whose end stops the watchdog renewing its holds."""
@@ -96,8 +88,9 @@ class NameState:
     counters: NameCounters
 
 
-class LockKind(Guarded[int]):
-    """The base of every single-name lock kind (see the module docstring)."""
+class HoldKind(Guarded[int]):
+    """The base of every single-name kind (see the module docstring): the locks
+    (:class:`LockKind`) and the semaphore's permits."""
 
     __slots__ = (
         "_counters",
@@ -112,6 +105,9 @@ class LockKind(Guarded[int]):
     kind: ClassVar[str]
     """The kind's name: part of its keys (so kinds never share keys) and of its registries."""
     _renew: ClassVar[Script]
+    _publishes_if_refused: ClassVar[bool] = False
+    """Whether the kind's release publishes only when the server refused a waiter since the
+    grant (``lock/release.lua``), rather than always: see :meth:`_released_last`."""
 
     def __init__(self, services: Services, name: str, owner: str | None) -> None:
         self._services = services
@@ -145,13 +141,11 @@ class LockKind(Guarded[int]):
         return (self._keys.lock,)
 
     def _attempt(self, owner: str, request: int, lease_ms: int) -> Call:
+        """One try: its script answers a grant ``[token, count, pttl]`` or the PTTL to wait."""
         raise NotImplementedError
 
     def _release_call(self, owner: str, request: int, undo: int | None) -> Call:
         """Release one hold; with ``undo``, only if that acquire request was applied."""
-        raise NotImplementedError
-
-    def _force_call(self) -> Call:
         raise NotImplementedError
 
     def _transact_call(self, hold: Hold) -> Call:
@@ -160,55 +154,40 @@ class LockKind(Guarded[int]):
         the reentrant lock hash's, which the plain, spin and fair locks share."""
         return _scripts.LOCK_TRANSACT, (self._keys.lock,), (hold.owner, hold.token)
 
-    def _fence_call(self, owner: str, requests: list[int]) -> Call:
-        """Mark the owner's acquire ``requests`` as ones that must never grant, for the client's
-        resend window: by default in the meta hash (``common/fence.lua``), which the acquire
-        scripts read."""
+    def _void_call(self, owner: str, requests: list[int]) -> Call:
+        """Void the owner's acquire ``requests`` (mark them as ones that must never grant) for
+        the client's resend window: by default in the meta hash (``common/void.lua``), which
+        the acquire scripts read."""
         window = self._services.resend_window_ms
-        return (_scripts.FENCE, (self._keys.meta,), (owner, window, *requests))
+        return (_scripts.VOID, (self._keys.meta,), (owner, window, *requests))
 
     def _waiting(self, owner: str) -> Waiting:
+        """How one waiting call of ``owner`` parks and is woken (:mod:`aiolock._core.waiting`)."""
         raise NotImplementedError
 
     def _channels(self) -> tuple[str, ...]:
         """Where the client wakes one of its own waiters when a hold ends unpublished."""
         return ()
 
-    def _released_last(self, hold: Hold | None) -> None:
-        """A release of this client deleted the lock (``hold``: the client's record of it, if
-        it had one).  A kind whose release publishes only when the server saw a waiter refused
-        wakes its own parked waiters here: they may have been refused by an earlier
-        incarnation of the lock (see ``lock/release.lua``)."""
-
-    def _leave_call(self, owner: str) -> Call | None:
+    def _withdraw_call(self, owner: str) -> Call | None:
         """What a waiter that gives up sends, if its kind keeps waiters on the server."""
         return None
 
     def _gave_up(self, owner: str) -> None:
         """A waiting call left without the lock (timeout, cancellation, error).
 
-        A kind that keeps its waiters on the server (a queue) has them leave at once.  Leaving
+        A kind that keeps its waiters on the server (a queue) has them withdraw at once.  That
         is idempotent, so it is sent for every call that leaves without the lock, also one
         cancelled while its try (which may have queued it) was in flight: settled after that
         try, like the rest of the owner's pending work.
         """
-        call = self._leave_call(owner)
+        call = self._withdraw_call(owner)
         if call is not None:
-            self._services.holds.defer(self._keys.lock, owner, self._leave(call))
+            self._services.holds.defer(self._keys.lock, owner, self._withdraw(call))
 
-    async def _leave(self, call: Call) -> None:
+    async def _withdraw(self, call: Call) -> None:
         # Sent also while the client closes: closing waits for it (see Client.aclose).
         await self._services.calls.run(*call)
-
-    def _refusal(self, error: ResponseError) -> Exception | None:
-        """The exception to raise for an attempt the script refused, if the kind has one."""
-        return None
-
-    async def _refused_for_unknown_holds(self, owner: str) -> bool:
-        """Whether a refusal was caused by holds of the owner (a task) that the client did not
-        know of, which are now released: the attempt is then made again.  Kinds whose scripts
-        refuse because of the owner's own holds override it."""
-        return False
 
     # -- acquiring ---------------------------------------------------------------------------
 
@@ -320,14 +299,6 @@ class LockKind(Guarded[int]):
         owner, _ = self._owner()
         if await self._release(owner) is None:
             raise LockNotOwnedError(f"lock {self.name!r} is not held by this owner")
-
-    async def force_unlock(self) -> bool:
-        """Delete the lock whoever holds it and wake a waiter; ``True`` if it existed."""
-        services = self._services.check_open()
-        deleted = await services.calls.run(*self._force_call())
-        if deleted:
-            services.holds.lose_all(self._hold_key, "it was force-unlocked")
-        return bool(deleted)
 
     # -- inspecting --------------------------------------------------------------------------
 
@@ -474,6 +445,8 @@ class LockKind(Guarded[int]):
             if not granted:
                 self._gave_up(owner)
 
+    # -- one attempt: send, reconcile, record ------------------------------------------------
+
     async def _try_acquire(
         self, owner: str, task: asyncio.Task[Any] | None, lease: float | None, started: float
     ) -> Hold | float:
@@ -489,119 +462,82 @@ class LockKind(Guarded[int]):
     async def _attempt_once(
         self, owner: str, task: asyncio.Task[Any] | None, lease: float | None, started: float
     ) -> Hold | float | None:
-        """:meth:`_try_acquire`'s one call; ``None``: it re-entered a stale hold, try again."""
+        """:meth:`_try_acquire`'s one call: send it, reconcile a grant with what the client
+        knows (:meth:`Settlement.reconcile`), record it.  ``None``: it re-entered a stale
+        hold, try again."""
         services = self._services
+        loop = asyncio.get_running_loop()
         lease_s = services.watchdog_timeout if lease is None else lease
-        request = services.owners.next_request()
-        sent_at = asyncio.get_running_loop().time()
-
-        def unknown(work: asyncio.Future[Any]) -> None:
-            # A grant that the caller will never see is undone, exactly that one.
-            self._settle_later(
-                owner,
-                work,
-                lambda: self._undo_if_granted(work, owner, request, lease_s, resent=resent),
-            )
-
-        resent = False
-
-        def sending(resend: bool) -> None:
-            # The reply's lease runs from when the server ran the copy that answered (a resend
-            # too: the scripts restart its lease), which was written now: a reconnect or a
-            # retry's backoff before it must not eat into the lease the client counts.
-            nonlocal resent, sent_at
-            resent = resent or resend
-            sent_at = asyncio.get_running_loop().time()
-
-        call = self._attempt(owner, request, round(lease_s * 1000))
-        try:
-            if services.sync is None:
-                reply = await services.calls.run(
-                    *call,
-                    orphan=unknown,
-                    on_send=sending,
-                    mark_resends=services.resend_window_ms,
-                )
-            else:
-                reply, synced = await services.calls.run_synced(
-                    *call,
-                    sync=services.sync,
-                    orphan=unknown,
-                    on_send=sending,
-                    mark_resends=services.resend_window_ms,
-                )
-        except ResponseError as error:
-            refusal = self._refusal(error)
-            if refusal is None:
-                raise
-            if task is not None and await self._refused_for_unknown_holds(owner):
-                return None
-            raise refusal from None
+        attempt = Attempt(owner, services.owners.next_request(), lease_s, loop.time())
+        reply, synced = await self._send(attempt)
         if not isinstance(reply, list):
-            # A resend that was refused fenced its request off itself: its first copy may still
-            # arrive, and must not grant once the lock is free.
-            pttl = int(reply)
-            counters = self._counters
-            counters.refused_sent_at = max(counters.refused_sent_at, sent_at)
-            return math.inf if pttl < 0 else pttl / 1000
-        holds = services.holds
-        if services.sync is not None and synced < services.sync[0]:
-            # Not on enough replicas in time: a failover could forget it.  Undo exactly this
-            # grant (a settlement: the caller may be cancelled meanwhile), then say so.
-            undo = services.owners.next_request()
-            until = asyncio.get_running_loop().time() + lease_s
-            holds.defer(self._keys.lock, owner, self._retry_release(owner, undo, request, until))
-            await holds.settle(self._keys.lock, owner)
-            raise LockSyncError(
-                f"{synced} of the {services.sync[0]} replica(s) asked for confirmed the grant of "
-                f"{self.name!r} within {services.sync[1]}s; it was undone"
-            )
-        count = int(reply[1])
-        if count > 1 and holds.get(self._hold_key, owner) is None:
-            # The server has more holds of this owner than the client knows of: a grant the
-            # client never saw (a late copy of an earlier request, applied after its resend was
-            # answered), or the very hold the client already took for lost (its deadlines run
-            # a little ahead of the server's).  The unknown holds are dropped as a settlement
-            # (a cancelled caller leaves none behind).
-            if holds.lost_token(self._hold_key, owner) == int(reply[0]):
-                # Its token was handed out before: not a fresh grant.  Drop them all, retry.
-                holds.defer(self._keys.lock, owner, self._drop_holds(owner, count))
-                await holds.settle(self._keys.lock, owner)
-                return None
-            logger.warning(
-                "%s %r: the server had %d hold(s) of this owner the client never saw (a late "
-                "copy of an earlier request); releasing them",
-                self.kind,
-                self.name,
-                count - 1,
-                extra=lock_extra(self.kind, self.name, owner),
-            )
-            holds.defer(self._keys.lock, owner, self._drop_holds(owner, count - 1))
-            reply = [reply[0], 1, reply[2]]  # this grant is the owner's one hold
+            return self._busy(attempt, reply)
+        reconciled = await self._settlement().reconcile(attempt, reply, synced)
+        if reconciled is None:
+            return None
+        return self._record(attempt, reconciled, task, started, watchdog=lease is None)
+
+    async def _send(self, attempt: Attempt) -> tuple[Any, int]:
+        """Send one acquire call: its reply, and how many replicas confirmed it (with
+        ``sync_replicas``).  A grant its caller never sees is undone in the background."""
+        services = self._services
+        call = self._attempt(attempt.owner, attempt.request, round(attempt.lease * 1000))
+        return await services.calls.run_synced(
+            *call,
+            sync=services.sync,
+            orphan=lambda work: self._settlement().acquire_unknown(attempt, work),
+            on_send=attempt.sending,
+            mark_resends=services.resend_window_ms,
+        )
+
+    def _busy(self, attempt: Attempt, reply: Any) -> float:
+        """A refused attempt: the seconds to wait before the next (``inf``: no bound).
+
+        A resend that was refused voided its request itself: its first copy may still arrive,
+        and must not grant once the lock is free.
+        """
+        pttl = int(reply)
+        counters = self._counters
+        counters.refused_sent_at = max(counters.refused_sent_at, attempt.sent_at)
+        return math.inf if pttl < 0 else pttl / 1000
+
+    def _record(
+        self,
+        attempt: Attempt,
+        reply: list[Any],
+        task: asyncio.Task[Any] | None,
+        started: float,
+        *,
+        watchdog: bool,
+    ) -> Hold:
+        """Register a grant with the client (and its watchdog, for a ``lease=None`` hold)."""
+        services = self._services
         hold = services.holds.record_grant(
             name=self.name,
             kind=self.kind,
             key=self._hold_key,
-            owner=owner,
+            owner=attempt.owner,
             reply=reply,
-            sent_at=sent_at,
+            sent_at=attempt.sent_at,
             started=started,
-            watchdog=lease is None,
+            watchdog=watchdog,
             counters=self._counters,
             task=task,
             renew=self._renew,
             renew_keys=self._renew_keys(),
             channels=self._channels(),
         )
-        if resent:
+        if attempt.resent:
             if not hold.resent:
-                hold.listeners.append(lambda: self._fence_lost(hold))
-            hold.resent.append(request)  # its first copy may still arrive, after the release
+                hold.listeners.append(lambda: self._settlement().void_lost(hold))
+            hold.resent.append(
+                attempt.request
+            )  # its first copy may still arrive, after the release
         if hold.watchdog:
             services.watchdog.start()
         return hold
 
-    # -- releasing and settling --------------------------------------------------------------
+    # -- one release -------------------------------------------------------------------------
 
     async def _release(self, owner: str) -> int | None:
         """Release one hold: the holds left, or ``None`` if the owner held none.
@@ -611,34 +547,24 @@ class LockKind(Guarded[int]):
         services = self._services
         key = self._hold_key
         request = services.owners.next_request()
+        settlement = self._settlement()
 
         def unknown(work: asyncio.Future[Any]) -> None:
-            # Not kept as held from now on: the watchdog would renew a hold that may be gone,
-            # and the next acquire would silently re-enter it.  How long the hold may live is
-            # read first: untracked, its lease is no longer known.
-            until = self._lease_end(owner)
-            self._untrack_one(owner)
-            self._settle_later(
-                owner, work, lambda: self._release_outcome(work, owner, request, until)
-            )
+            settlement.release_unknown(owner, request, work)
 
         try:
             await services.holds.settle(self._keys.lock, owner)
+            hold = services.holds.get(key, owner)
+            believed = None if hold is None else hold.count - 1
+            if hold is not None and believed == 0 and hold.resent:
+                # In the background, like a settlement: a cancellation of this call must not
+                # lose it (the release is then settled after it).
+                voided, hold.resent = hold.resent, []
+                services.holds.defer(self._keys.lock, owner, settlement.void(owner, voided))
+                await services.holds.settle(self._keys.lock, owner)
         except asyncio.CancelledError:
             unknown(not_sent())
             raise
-        hold = services.holds.get(key, owner)
-        believed = None if hold is None else hold.count - 1
-        if hold is not None and believed == 0 and hold.resent:
-            # In the background, like a settlement: a cancellation of this call must not lose
-            # it (the release is then settled after it).
-            fenced, hold.resent = hold.resent, []
-            services.holds.defer(self._keys.lock, owner, self._fence(owner, fenced))
-            try:
-                await services.holds.settle(self._keys.lock, owner)
-            except asyncio.CancelledError:
-                unknown(not_sent())
-                raise
         resent = False
 
         def sending(resend: bool) -> None:
@@ -652,7 +578,7 @@ class LockKind(Guarded[int]):
             reply = await services.calls.run(
                 *self._release_call(owner, request, None), orphan=unknown, on_send=sending
             )
-        remaining = _remaining(reply)
+        remaining = holds_left(reply)
         if remaining is None and resent and believed == 0 and hold and sent < hold.expires_at:
             # No marker outlives the lock, so a resend of the release that deleted it finds it
             # gone.  The owner's critical section ended before it sent the release, and its
@@ -660,213 +586,76 @@ class LockKind(Guarded[int]):
             # between would have made it a loss, and either reports itself to its own caller.
             remaining = 0
         services.holds.released(key, owner, remaining)
-        self._check_count(owner, believed, remaining)
+        settlement.check_count(owner, believed, remaining)
         if remaining == 0:
             self._released_last(hold)
         return remaining
 
-    async def _fence(self, owner: str, requests: list[int]) -> None:
-        """Make sure that late copies of the owner's resent acquire ``requests`` grant nothing
-        once the owner does not hold the lock (:meth:`_fence_call`).  A resend fences itself
-        off in its own script (``mark_resends`` in ``Calls.run``), for the resend window; a hold may
-        outlive that, so this runs again before the release that ends a hold whose acquires
-        were resent, when such a hold is lost, and in the settlement of a resent call whose
-        caller left.
+    def _released_last(self, hold: Hold | None) -> None:
+        """A release of this client deleted the lock (``hold``: the client's record of it, if
+        it had one).
 
-        Without it, a copy arriving after another owner's release replaced the marker of the
-        owner's own last release would grant a hold nobody knows of.  A failure is logged and
-        the caller goes on: the lease still bounds such a hold.
+        A kind whose release publishes only if the server refused a waiter since the grant
+        wakes this client's own parked waiters here: they may have been refused by an earlier
+        incarnation of the lock.  A try of this client refused after the grant was read was
+        refused by this incarnation: the release published, and this client hears it like any
+        other (no second wake-up).
         """
-        try:
-            await self._services.calls.run(*self._fence_call(owner, requests))
-        except _FAILURES as exc:
-            logger.warning(
-                "could not fence off %d resent acquire(s) of %r: %r",
-                len(requests),
-                self.name,
-                exc,
-                extra=lock_extra(self.kind, self.name, owner),
-            )
+        counters = self._counters
+        if (
+            self._publishes_if_refused
+            and counters.waiters
+            and (hold is None or counters.refused_sent_at <= hold.granted_at)
+        ):
+            self._services.pubsub.wake(self._keys.channel)
 
-    def _fence_lost(self, hold: Hold) -> None:
-        """A hold whose acquires were resent was lost (its lease ran out, it was forced): no
-        release will fence them off, so it is done now, in the background."""
-        if hold.resent:
-            fenced, hold.resent = hold.resent, []
-            fence = self._fence(hold.owner, fenced)
-            self._services.holds.defer(self._keys.lock, hold.owner, fence)
+    def _settlement(self) -> Settlement:
+        """The settlement of this lock's calls whose outcome is unknown (made when needed: it
+        is two small objects, and most calls have nothing to settle)."""
+        return Seam(self).settlement
 
-    def _check_count(self, owner: str, believed: int | None, remaining: int | None) -> None:
-        """A release left more holds on the server than the client knew of: drop the extra.
 
-        Left by a background release that gave up (logged as a warning), else a bug signal
-        (logged as an error).  Either way the holds nobody knows of
-        are released in the background, so that neither the watchdog nor a later acquire ever
-        treats them as the owner's.
-        """
-        if remaining is None or remaining <= (believed or 0):
-            return
-        extra = remaining - (believed or 0)
-        abandoned = self._services.holds.was_abandoned(self._keys.lock, owner)
-        logger.log(
-            logging.WARNING if abandoned else logging.ERROR,
-            "lock %r: the server has %d hold(s) of this owner that the client did not know "
-            "of%s; releasing them",
-            self.name,
-            extra,
-            " (left by a release that gave up)" if abandoned else "",
-            extra=lock_extra(self.kind, self.name, owner),
-        )
-        self._services.holds.defer(self._keys.lock, owner, self._drop_holds(owner, extra))
+class LockKind(HoldKind):
+    """A kind whose holds can be ended whoever holds them: every lock kind (a semaphore has
+    no ``force_unlock``, so its permits are a plain :class:`HoldKind`)."""
 
-    async def _drop_all(self, owner: str) -> bool:
-        """Release every hold of ``owner`` on the server (holds its client did not know of);
-        ``True`` once none is left, ``False`` if a release failed."""
-        services = self._services
-        while True:
-            request = services.owners.next_request()
-            try:
-                reply = await services.calls.run(*self._release_call(owner, request, None))
-            except _FAILURES as exc:
-                logger.warning(
-                    "could not release %r in the background: %r",
-                    self.name,
-                    exc,
-                    extra=lock_extra(self.kind, self.name, owner),
-                )
-                return False
-            if not _remaining(reply):
-                return True
+    __slots__ = ()
 
-    async def _drop_holds(self, owner: str, count: int) -> None:
-        for _ in range(count):
-            request = self._services.owners.next_request()
-            until = asyncio.get_running_loop().time() + self._services.watchdog_timeout
-            await self._retry_release(owner, request, None, until)
+    def _force_call(self) -> Call:
+        """Delete the lock whoever holds it, and wake who may now get in."""
+        raise NotImplementedError
 
-    def _settle_later(
-        self,
-        owner: str,
-        work: asyncio.Future[Any],
-        settle: Callable[[], Coroutine[Any, Any, None]],
-    ) -> None:
-        """Once the call ``work`` whose outcome its caller never saw is over, ``settle()`` it.
-
-        Registered at once, so the owner's next acquire or release on this name waits for it
-        (in any mode: settlements are keyed by the lock, not by the registry key).
-        """
-
-        async def when_done() -> None:
-            await asyncio.wait([work])
-            if not work.cancelled():  # cancelled: the client is closing
-                await settle()
-
-        self._services.holds.defer(self._keys.lock, owner, when_done())
-
-    async def _release_outcome(
-        self, work: asyncio.Future[Any], owner: str, request: int, until: float
-    ) -> None:
-        """Settle a release with an unknown outcome: record it, or resend it until it lands
-        (or the hold surely ended: ``until``, loop time)."""
-        if work.exception() is None:
-            self._services.holds.released(self._hold_key, owner, _remaining(work.result()))
-            return
-        await self._retry_release(owner, request, None, until)
-
-    async def _undo_if_granted(
-        self,
-        work: asyncio.Future[Any],
-        owner: str,
-        acquire_request: int,
-        lease: float,
-        *,
-        resent: bool = False,
-    ) -> None:
-        failure = work.exception()
-        if isinstance(failure, NotSent):
-            return
-        if resent:
-            await self._fence(owner, [acquire_request])  # a first copy may still arrive
-        if failure is None and not isinstance(work.result(), list):
-            return  # the lock was busy: nothing was granted
-        # Granted, or failed with an unknown outcome: undo exactly that request, if it landed.
-        request = self._services.owners.next_request()
-        until = max(asyncio.get_running_loop().time() + lease, self._lease_end(owner))
-        await self._retry_release(owner, request, acquire_request, until)
-
-    def _untrack_one(self, owner: str) -> None:
-        """Stop counting one hold whose release has an unknown outcome."""
-        holds = self._services.holds
-        hold = holds.get(self._hold_key, owner)
-        if hold is not None:
-            if hold.count > 1:
-                hold.count -= 1
-            else:
-                holds.forget(hold)
-
-    def _lease_end(self, owner: str) -> float:
-        """Until when (loop time) a settlement keeps resending: the owner's hold's lease end as
-        the client knows it, and no earlier than a watchdog lease from now."""
-        hold = self._services.holds.get(self._hold_key, owner)
-        until = asyncio.get_running_loop().time() + self._services.watchdog_timeout
-        return until if hold is None else max(until, hold.expires_at)
-
-    async def _retry_release(
-        self, owner: str, request: int, undo: int | None, until: float
-    ) -> None:
-        """Send one (idempotent) release until it lands, the lease surely ran out, or close.
-
-        Giving up is safe only because every hold it may concern has a lease: the server ends
-        it by itself, by ``until`` (loop time) as the client counts.  The server may count from
-        later (a call it applied late, after a stall), hence the margin; a hold that outlives
-        even that is recorded as abandoned, so that meeting it later is not taken for a bug.
-        """
-        services = self._services
-        loop = asyncio.get_running_loop()
-        give_up = until + _SETTLE_MARGIN
-        delay = 0.02
-        script, keys, args = self._release_call(owner, request, undo)
-        if undo is not None:
-            # An undo that finds its acquire unapplied writes a marker: for the resend window.
-            args = (*args, services.resend_window_ms)
-        while True:
-            try:
-                reply = await services.calls.run(script, keys, args)
-            except _FAILURES as exc:
-                # The last try is at the horizon, not a backoff step before it: a settlement
-                # that ends early would let the owner's next call meet the hold it was undoing.
-                now = loop.time()
-                if services.closed or now >= give_up:
-                    logger.warning(
-                        "gave up releasing %r in the background: %r",
-                        self.name,
-                        exc,
-                        extra=lock_extra(self.kind, self.name, owner),
-                    )
-                    services.holds.abandoned(self._keys.lock, owner)
-                    return
-                await asyncio.sleep(min(delay, give_up - now))
-                delay = min(delay * 2, 1.0)
-                continue
-            services.holds.released(self._hold_key, owner, _remaining(reply))
-            if reply == 0:
-                self._released_last(None)
-            return
+    async def force_unlock(self) -> bool:
+        """Delete the lock whoever holds it and wake a waiter; ``True`` if it existed."""
+        services = self._services.check_open()
+        deleted = await services.calls.run(*self._force_call())
+        if deleted:
+            services.holds.lose_all(self._hold_key, "it was force-unlocked")
+        return bool(deleted)
 
 
 class Seam:
     """All that code outside a lock kind may ask of one lock object: the declared interface.
 
     The composites (``MultiLock``, ``RedLock``), the semaphore's permits, the read-write lock's
-    modes, the command line and the tests go through it, never through the kind's underscore
-    names, so a kind can change inside without reading all of them.  It is internal: the
+    modes, the settlement of unknown outcomes, the command line and the tests go through it,
+    never through the kind's underscore names, so a kind can change inside without reading
+    all of them.  It is internal: the
     public calls are the lock's own.
     """
 
     __slots__ = ("lock",)
 
-    def __init__(self, lock: LockKind) -> None:
+    def __init__(self, lock: HoldKind) -> None:
         self.lock = lock
+
+    @property
+    def name(self) -> str:
+        return self.lock.name
+
+    @property
+    def kind(self) -> str:
+        return self.lock.kind
 
     @property
     def keys(self) -> LockKeys:
@@ -926,18 +715,32 @@ class Seam:
 
     def drop_all(self, owner: str) -> Coroutine[Any, Any, bool]:
         """Release every hold of ``owner`` on the server; ``True`` once none is left."""
-        return self.lock._drop_all(owner)
+        return self.settlement.drop_all(owner)
 
     def read(self, what: str, *args: str) -> Coroutine[Any, Any, Any]:
         """One read of the lock's key (``common/read.lua``: exists, hget, pttl...)."""
         return self.lock._read(what, *args)
 
+    # What settlement asks (see :class:`aiolock._core.settlement.Settled`).
+
+    @property
+    def settlement(self) -> Settlement:
+        """The settlement of the lock's calls whose outcome is unknown."""
+        return Settlement(self)
+
+    def release_call(self, owner: str, request: int, undo: int | None) -> Call:
+        """The kind's release of one hold; with ``undo``, only if that acquire was applied."""
+        return self.lock._release_call(owner, request, undo)
+
+    def void_call(self, owner: str, requests: list[int]) -> Call:
+        """The kind's call that voids the owner's acquire ``requests``."""
+        return self.lock._void_call(owner, requests)
+
+    def released_last(self, hold: Hold | None) -> None:
+        """A release of this client deleted the lock (``hold``: its record, if it had one)."""
+        self.lock._released_last(hold)
+
 
 def release_args(owner: str, request: int, undo: int | None) -> tuple[Any, ...]:
     """ARGV of every kind's release script: owner, request, and the acquire to undo, if any."""
     return (owner, request) if undo is None else (owner, request, undo)
-
-
-def _remaining(reply: Any) -> int | None:
-    """A release script reply: holds left, or ``None`` when the owner did not hold the lock."""
-    return None if reply is None else int(reply)

@@ -90,7 +90,7 @@ class Hold:
     timer: asyncio.TimerHandle | None = None
     listeners: list[Callable[[], object]] = field(default_factory=list)
     # Acquire requests of this hold that were resent (an earlier copy went out on a connection
-    # that failed, and may still arrive): fenced off before the release that ends the hold.
+    # that failed, and may still arrive): voided before the release that ends the hold.
     resent: list[int] = field(default_factory=list)
     # The trace span current when the hold was granted (the holder's operation), if traced.
     span: Any = None
@@ -129,7 +129,7 @@ class Holds:
         self._holds: dict[tuple[str, str], Hold] = {}
         self._pending: dict[tuple[str, str], asyncio.Task[None]] = {}
         # The token of each (key, owner)'s last hold lost, until its next grant: a grant that
-        # re-enters that very hold is stale (see LockKind._attempt_once).
+        # re-enters that very hold is stale (see Settlement.reconcile).
         self._lost_tokens: dict[tuple[str, str], int] = {}
         # When a background release of each (lock, owner) last gave up (loop time, oldest
         # first): a hold it left may still be met for a while, and that is no bug.

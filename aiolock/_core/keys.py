@@ -82,7 +82,7 @@ class LockKeys:
     ``lock``: a hash holding ``<owner> -> hold count`` plus the fields ``:fence`` (the current
     hold's fencing token) and ``:req`` (the last request applied, for resend safety).
     ``meta``: a hash written only after a fault, for the client's resend window
-    (``<owner>/<n>``: an acquire undone before it arrived, or resent and fenced off by its
+    (``<owner>/<n>``: an acquire undone before it arrived, or resent and voided by its
     client), so that late copies of those calls are recognised; a fault-free use leaves none.
     ``channel``: where releases are published.
     ``fence``: the fencing token counter, one for every name under the key prefix: a lock

@@ -1,7 +1,7 @@
 """How a task waits between two tries of a lock: one strategy object per waiting call.
 
-The wait loop (:class:`aiolock._core.base.LockKind`) asks its strategy when to try first, parks on
-the future it gets for a pause, and tells it when it leaves.  Every method is synchronous, so a
+The wait loop (:class:`aiolock._core.base.HoldKind`) asks its strategy when to try first, parks
+on the future it gets for a pause, and tells it when it leaves.  Every method is synchronous, so a
 parked task carries no extra coroutine frame.
 
 - :class:`ChannelWait`: park on the lock's pub/sub channel, one wake-up per release, FIFO among
@@ -135,11 +135,11 @@ class Keeper(Protocol):
     """What keeps the server-side places of a client's parked waiters (the fair lock's
     keep-alive): one call for all of them, instead of a try per waiter."""
 
-    def enter(self, owner: str, wait: NamedWait) -> None:
-        """``owner`` parks: keep its place until :meth:`leave`."""
+    def add(self, owner: str, wait: NamedWait) -> None:
+        """``owner`` parks: keep its place until :meth:`discard`."""
         ...
 
-    def leave(self, owner: str) -> None:
+    def discard(self, owner: str) -> None:
         """``owner`` stopped waiting."""
         ...
 
@@ -178,7 +178,7 @@ class NamedWait:
 
     def _enter(self, entry: Entry) -> None:
         assert isinstance(entry, NamedEntry)
-        entry.enter(self._owner)
+        entry.add(self._owner)
         self._counters.waiters += 1
 
     def first_pause(self) -> float | None:
@@ -193,7 +193,7 @@ class NamedWait:
             self._enter(entry)
         assert isinstance(entry, NamedEntry)
         if self._keeper is not None:
-            self._keeper.enter(self._owner, self)
+            self._keeper.add(self._owner, self)
         return entry.park_named(self._owner, asyncio.get_running_loop().time() + pause)
 
     def wake(self) -> None:
@@ -214,11 +214,11 @@ class NamedWait:
 
     def leave(self, granted: bool) -> None:
         if self._keeper is not None:
-            self._keeper.leave(self._owner)
+            self._keeper.discard(self._owner)
         entry = self._entry
         if entry is not None:
             assert isinstance(entry, NamedEntry)
-            entry.leave(self._owner)
+            entry.discard(self._owner)
             self._services.pubsub.unreference(entry)
             self._counters.waiters -= 1
         self._counters.contenders -= 1

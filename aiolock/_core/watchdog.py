@@ -146,17 +146,14 @@ class Watchdog:
         keys = tuple(key for hold in holds for key in hold.renew_keys)
         args = (round(self.lease * 1000), *(hold.owner for hold in holds))
         sync, unconfirmed = self._sync, ""
-        if sync is None:
-            replies = await self._calls.run(holds[0].renew, keys, args, on_send=sending)
-        else:
-            replies, replicas = await self._calls.run_synced(
-                holds[0].renew, keys, args, sync=sync, on_send=sending
+        replies, replicas = await self._calls.run_synced(
+            holds[0].renew, keys, args, sync=sync, on_send=sending
+        )
+        if sync is not None and replicas < sync[0]:
+            unconfirmed = (
+                f"{replicas} of the {sync[0]} replica(s) asked for confirmed the renewal of "
+                f"{len(holds)} hold(s) within {sync[1]}s"
             )
-            if replicas < sync[0]:
-                unconfirmed = (
-                    f"{replicas} of the {sync[0]} replica(s) asked for confirmed the renewal of "
-                    f"{len(holds)} hold(s) within {sync[1]}s"
-                )
         for hold, reply in zip(holds, replies, strict=True):
             if hold.lost or self._holds.get(hold.key, hold.owner) is not hold:
                 continue  # released or replaced while the call was in flight

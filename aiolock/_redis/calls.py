@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Final, Protocol, TypeVar
 
 from redis.asyncio.connection import AbstractConnection
@@ -33,6 +33,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .._scripts import Script
 from .redispy import has_data, stream_writer
+from .tasks import Background
 
 __all__ = [
     "Calls",
@@ -110,7 +111,7 @@ class Calls:
         self._idle: list[AbstractConnection] = []
         self._queue: deque[asyncio.Future[AbstractConnection]] = deque()
         self._closed = False
-        self._background: set[asyncio.Task[Any]] = set()
+        self._background = Background()  # replies read for callers that left, discards
 
     async def run(
         self,
@@ -134,17 +135,17 @@ class Calls:
         failed: that first copy may still reach the server, later.
         ``mark_resends`` (a positive number, the client's resend window in ms): such an attempt
         carries it as one more argument, so that the script knows it (an acquire script then
-        fences that request off for that long, granted or refused: see
+        voids that request for that long, granted or refused: see
         ``common/_requests.lua``).
         ``once``: never sent again once some attempt was written (a script that is not
         idempotent, such as a transaction's queued commands): the caller gets the error.
         """
-        reply, _ = await self._run(
+        reply, _ = await self.run_synced(
             script,
             keys,
             args,
-            orphan,
-            None,
+            sync=None,
+            orphan=orphan,
             on_send=on_send,
             mark_resends=mark_resends,
             once=once,
@@ -157,30 +158,15 @@ class Calls:
         keys: tuple[str, ...],
         args: tuple[Any, ...],
         *,
-        sync: tuple[int, float],
-        orphan: Orphan | None = None,
-        on_send: Callable[[bool], object] | None = None,
-        mark_resends: int = 0,
-    ) -> tuple[Any, int]:
-        """:meth:`run`, then ``WAIT`` on the same connection (WAIT covers the writes of its own
-        connection) for ``sync = (replicas, seconds)``: the reply, and how many replicas have
-        the script's writes."""
-        return await self._run(
-            script, keys, args, orphan, sync, on_send=on_send, mark_resends=mark_resends
-        )
-
-    async def _run(
-        self,
-        script: Script,
-        keys: tuple[str, ...],
-        args: tuple[Any, ...],
-        orphan: Orphan | None,
         sync: tuple[int, float] | None,
-        *,
+        orphan: Orphan | None = None,
         on_send: Callable[[bool], object] | None = None,
         mark_resends: int = 0,
         once: bool = False,
     ) -> tuple[Any, int]:
+        """:meth:`run`, then, with ``sync = (replicas, seconds)``, ``WAIT`` on the same
+        connection (WAIT covers the writes of its own connection): the reply, and how many
+        replicas have the script's writes (0 for ``sync=None``, which waits for none)."""
         evalsha = ("EVALSHA", script.sha, len(keys), *keys, *args)
         resent = (*evalsha, int(mark_resends)) if mark_resends else evalsha
         return await self._call((evalsha, resent), script, orphan, sync, on_send, once=once)
@@ -338,10 +324,8 @@ class Calls:
                 return
         self._idle.append(conn)
 
-    def _spawn(self, work: Any, orphan: Orphan | None) -> None:
-        task: asyncio.Task[Any] = asyncio.get_running_loop().create_task(work)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+    def _spawn(self, work: Coroutine[Any, Any, Any], orphan: Orphan | None) -> None:
+        task = self._background.spawn(work)
         if orphan is not None:
             orphan(task)
         else:
@@ -350,16 +334,13 @@ class Calls:
     async def aclose(self, grace: float) -> None:
         """Close every connection; background reads get ``grace`` seconds to finish first."""
         self._closed = True
-        if self._background:
-            _, late = await asyncio.wait(set(self._background), timeout=grace)
-            for task in late:
-                task.cancel()
+        for task in await self._background.wait(within=grace):
+            task.cancel()
         # Connections given back from now on are closed as they come (calls still in flight).
         idle, self._idle = self._idle, []
         for conn in idle:
             await conn.disconnect()
-        if self._background:
-            await asyncio.wait(set(self._background))
+        await self._background.wait()
 
 
 async def write(conn: AbstractConnection, *commands: tuple[Any, ...]) -> None:

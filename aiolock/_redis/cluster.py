@@ -17,10 +17,10 @@ timeout) answers nothing: connecting fails, or a call in flight fails or times o
 failure refreshes the topology, so that once the replica is promoted the next call goes there.
 A call that never reached the node (every connect failed) is resent, to the slot's owner as
 then known, until the same deadline as a redirection: an acquire waits out a failover.  A call
-that did reach it has an unknown outcome, which :mod:`aiolock._core.base` settles with the same
-request id (a grant undone, a release completed); so it is not resent here but raised, as on one
-server.  Resending it would be worse than useless: the settlement of the failed attempt would
-undo the grant its resend returned, since both carry the same request id.
+that did reach it has an unknown outcome, which :mod:`aiolock._core.settlement` settles with
+the same request id (a grant undone, a release completed); so it is not resent here but
+raised, as on one server.  Resending it would be worse than useless: the settlement of the
+failed attempt would undo the grant its resend returned, since both carry the same request id.
 
 Every script touches the keys of one lock, which share a hash tag, so the first key names the
 slot; the watchdog groups its batches by slot (one call may not span slots: CROSSSLOT).
@@ -107,19 +107,17 @@ class ClusterCalls:
     ) -> Any:
         """:meth:`Calls.run` on the node of ``keys[0]``'s slot, following redirections (a
         redirected call did not run: sending it on is not a resend)."""
-        return await self._routed(
-            keys[0],
-            lambda calls, orphan: calls.run(
-                self._variant(script),
-                keys,
-                args,
-                orphan=orphan,
-                on_send=on_send,
-                mark_resends=mark_resends,
-                once=once,
-            ),
-            orphan,
+        reply, _ = await self.run_synced(
+            script,
+            keys,
+            args,
+            sync=None,
+            orphan=orphan,
+            on_send=on_send,
+            mark_resends=mark_resends,
+            once=once,
         )
+        return reply
 
     async def run_synced(
         self,
@@ -127,10 +125,11 @@ class ClusterCalls:
         keys: tuple[str, ...],
         args: tuple[Any, ...],
         *,
-        sync: tuple[int, float],
+        sync: tuple[int, float] | None,
         orphan: Orphan | None = None,
         on_send: Callable[[bool], object] | None = None,
         mark_resends: int = 0,
+        once: bool = False,
     ) -> tuple[Any, int]:
         """:meth:`Calls.run_synced` on the node of ``keys[0]``'s slot (WAIT counts that
         primary's replicas), following redirections."""
@@ -144,6 +143,7 @@ class ClusterCalls:
                 orphan=orphan,
                 on_send=on_send,
                 mark_resends=mark_resends,
+                once=once,
             ),
             orphan,
         )

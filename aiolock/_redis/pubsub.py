@@ -30,13 +30,14 @@ import logging
 import math
 import zlib
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol
 
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
-from .subscriber import Subscriber, SubscriberSource, cancel
+from .subscriber import Subscriber, SubscriberSource
+from .tasks import Background
 
 __all__ = [
     "BroadcastEntry",
@@ -268,8 +269,8 @@ class BroadcastEntry(Entry):
 class NamedEntry(Entry):
     """A channel whose messages name the one waiter to wake (the fair lock's hand-off).
 
-    Each waiting owner registers its name for the whole of its wait (:meth:`enter` ..
-    :meth:`leave`), so that a message naming it while it is between two tries is kept for its
+    Each waiting owner registers its name for the whole of its wait (:meth:`add` ..
+    :meth:`discard`), so that a message naming it while it is between two tries is kept for its
     next park instead of lost.  A bound message (``+<ms> <owner>``) shortens that owner's park
     instead of waking it.  Anything else that is not a named hand-off (the confirmation of the
     SUBSCRIBE, a reconnect, a loss) wakes every waiter: each tries, and only the next in the
@@ -286,10 +287,10 @@ class NamedEntry(Entry):
         # owner -> the loop time its next park ends by at the latest (see bound_named).
         self._bounds: dict[str, float] = {}
 
-    def enter(self, name: str) -> None:
+    def add(self, name: str) -> None:
         self._named.setdefault(name, None)
 
-    def leave(self, name: str) -> None:
+    def discard(self, name: str) -> None:
         self._named.pop(name, None)
         self._bounds.pop(name, None)
 
@@ -442,7 +443,7 @@ class PubSub:
         # here, or a ``_subscribe`` of it is scheduled (it moved, or no node was found yet).
         self._homes: dict[bytes, Subscriber] = {}
         self._moves: dict[bytes, int] = {}  # moves of a channel since its last confirmation
-        self._background: set[asyncio.Task[None]] = set()
+        self._background = Background()  # SUBSCRIBE / UNSUBSCRIBE work, moves
         self._closed = False
         self._rehoming: set[Subscriber] = set()  # subscribers whose channels are being moved
 
@@ -459,7 +460,7 @@ class PubSub:
         published before the subscription existed).  If the connection fails first, the entry
         stays: the reader subscribes every channel it carries when it reconnects.  If the server
         refuses the SUBSCRIBE, the entry's waiters are woken to raise its error
-        (:meth:`Entry.raise_refusal`).  Every call must be balanced by :meth:`release`.
+        (:meth:`Entry.raise_refusal`).  Every call must be balanced by :meth:`unreference`.
         """
         if self._closed:
             raise RuntimeError("the aiolock client is closed")
@@ -520,8 +521,7 @@ class PubSub:
 
     async def drain(self) -> None:
         """Wait until the scheduled SUBSCRIBE/UNSUBSCRIBE work is done (for tests and shutdown)."""
-        while self._background:
-            await asyncio.gather(*self._background, return_exceptions=True)
+        await self._background.drain()
 
     async def aclose(self) -> None:
         """Stop the readers, close the connections, and wake every waiter so it can leave."""
@@ -532,8 +532,7 @@ class PubSub:
         for subscriber in self._subscribers.values():
             subscriber.fail_confirmations(closed)
         # A task that swallowed its cancellation may have spawned more before it saw we closed.
-        while self._background:
-            await cancel(set(self._background))
+        await self._background.cancel_all()
         await asyncio.gather(*(subscriber.aclose() for subscriber in self._subscribers.values()))
 
     # -- the Listener of every subscriber ----------------------------------------------------
@@ -659,13 +658,11 @@ class PubSub:
             if home is not None:
                 await home.unsubscribe(entry)
 
-    def _spawn(self, coro: Any) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         if self._closed:
             coro.close()  # nothing starts once closing began
             return
-        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
+        self._background.spawn(coro)
 
     def __repr__(self) -> str:
         stats = self.statistics()

@@ -44,11 +44,12 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .calls import write
+from .tasks import Background, cancel
 
 if TYPE_CHECKING:
     from .pubsub import Entry
 
-__all__ = ["Listener", "Subscriber", "SubscriberSource", "cancel"]
+__all__ = ["Listener", "Subscriber", "SubscriberSource"]
 
 logger = logging.getLogger("aiolock.pubsub")
 
@@ -143,7 +144,7 @@ class Subscriber:
         self._due: deque[tuple[bytes, bytes | None, Entry | None]] = deque()
         self._reader: asyncio.Task[None] | None = None
         self._demand = asyncio.Event()
-        self._background: set[asyncio.Task[None]] = set()
+        self._background = Background()  # connects whose caller has gone
         self._closed = False
         self.reconnects = 0
         self.messages = 0
@@ -218,10 +219,10 @@ class Subscriber:
         """Stop the reader and close the connection."""
         self._closed = True
         self.fail_confirmations(RuntimeError("the aiolock client is closed"))
-        await cancel(self._background | ({self._reader} if self._reader else set()))
+        await cancel(self._background.tasks() | ({self._reader} if self._reader else set()))
         if self._background:  # a connect the reader left: its connection is dropped when done
-            await asyncio.wait(set(self._background), timeout=1.0)
-            await cancel(set(self._background))
+            await self._background.wait(within=1.0)
+            await cancel(self._background.tasks())
         if self._connection is not None:
             await self._connection.disconnect()
             self._connection = None
@@ -294,7 +295,7 @@ class Subscriber:
             try:
                 await asyncio.shield(connecting)
             except asyncio.CancelledError:
-                self._spawn(_drop_when_connected(connection, connecting))
+                self._background.spawn(_drop_when_connected(connection, connecting))
                 raise
             except (*_CONNECTION_ERRORS, RedisError) as exc:
                 await connection.disconnect()
@@ -451,11 +452,6 @@ class Subscriber:
             if not confirmation.done():
                 confirmation.set_exception(error)
 
-    def _spawn(self, coro: Any) -> None:
-        task: asyncio.Task[None] = asyncio.get_running_loop().create_task(coro)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
     def __repr__(self) -> str:
         state = "connected" if self.connected else "disconnected"
         kind = "sharded" if self._sharded else "classic"
@@ -472,19 +468,3 @@ async def _drop_when_connected(
         if connecting.done() and not connecting.cancelled():
             connecting.exception()  # retrieved: nobody else will
         await connection.disconnect(nowait=True)
-
-
-async def cancel(tasks: set[asyncio.Task[None]]) -> None:
-    """Cancel ``tasks`` and wait for them to end.
-
-    The request is repeated every second for a task that is still running: code beneath us
-    (``asyncio.wait_for`` on Python 3.11) may have swallowed one, and closing must not hang.
-    """
-    pending = {task for task in tasks if not task.done()}
-    while pending:
-        for task in pending:
-            task.cancel()
-        _, pending = await asyncio.wait(pending, timeout=1.0)
-    for task in tasks:
-        if task.done() and not task.cancelled():
-            task.exception()  # retrieved: a failure here is of no use to anybody now

@@ -338,7 +338,7 @@ async def leftovers_on(
     seconds for in-flight expiries.  Only markers written after a fault, for a resend window,
     may stay: a meta hash of per-request marks alone (``<owner>/<n>`` -> the server time until
     which it is kept, at most ``MARKER_WINDOW_MS`` from now, the hash living no longer than its
-    last mark), a sorted set holding no live lease (fence marks, with negative scores, keep it
+    last mark), a sorted set holding no live lease (void marks, with negative scores, keep it
     alive for the window; the next call drops them and the leases that ended); and the fencing
     counters (one per key prefix: the RedLocks' servers have their own; on a Cluster one per
     slot and prefix).  Anything else is left behind: a lock hash of any kind, a meta hash with
@@ -403,7 +403,7 @@ async def leftovers_on(
                     seconds, micros = await redis.time()
                     now = seconds * 1000 + micros // 1000
                     if not await redis.zcount(key, f"({now}", "+inf"):
-                        # Fence marks (negative scores) and leases that ended, which the next
+                        # Void marks (negative scores) and leases that ended, which the next
                         # call drops: nothing is held, and the key expires with its marks.
                         continue
                     members = await redis.zrangebyscore(key, "(0", "+inf", 0, 5, withscores=True)

@@ -266,12 +266,12 @@ async def test_d_a_block_exit_with_a_lost_release_reply_leaves_the_lock_free(
 async def resending(proxied: Callable[..., aiolock.Client], redis: Redis) -> aiolock.Client:
     """A client behind the proxy whose calls redis-py resends once after a lost reply."""
     # Cached up front: a cut EVALSHA must be answered by the script, not by NOSCRIPT.
-    for script in (_scripts.FENCE, _scripts.LOCK_ACQUIRE, _scripts.LOCK_RELEASE):
+    for script in (_scripts.VOID, _scripts.LOCK_ACQUIRE, _scripts.LOCK_RELEASE):
         await redis.script_load(script.source)
     return proxied(retry=Retry(NoBackoff(), 1))
 
 
-async def test_e_a_resent_grant_is_fenced_off_before_its_release(
+async def test_e_a_resent_grant_is_voided_before_its_release(
     resending: aiolock.Client,
     proxy: FreezableProxy,
     redis: Redis,
@@ -280,7 +280,7 @@ async def test_e_a_resent_grant_is_fenced_off_before_its_release(
 ) -> None:
     """The acquire's first copy ran, its connection was cut before the reply, and redis-py
     resent it on a new connection, whose answer granted the lock.  A copy of that request may
-    still be on its way (a slow path delivers it late): the client fences it off before the
+    still be on its way (a slow path delivers it late): the client voids it before the
     release that ends the hold, so that the copy grants nothing afterwards, even once another
     owner's release has replaced the marker of the owner's own."""
     client = resending
@@ -298,7 +298,7 @@ async def test_e_a_resent_grant_is_fenced_off_before_its_release(
     # The resend's own mark lives a minute: as if this hold had outlived it.
     assert await redis.hdel(lock._keys.meta, f"{owner}/{request}") == 1
     await lock.unlock()
-    assert await redis.hget(lock._keys.meta, f"{owner}/{request}") is not None  # fenced off
+    assert await redis.hget(lock._keys.meta, f"{owner}/{request}") is not None  # voided
     await assert_free(redis, lock)
 
     async def another_owner() -> None:
@@ -312,7 +312,7 @@ async def test_e_a_resent_grant_is_fenced_off_before_its_release(
     no_unknown_holds()
 
 
-async def test_e_a_resent_try_that_was_refused_is_fenced_off_at_once(
+async def test_e_a_resent_try_that_was_refused_is_voided_at_once(
     resending: aiolock.Client,
     proxy: FreezableProxy,
     redis: Redis,
@@ -320,7 +320,7 @@ async def test_e_a_resent_try_that_was_refused_is_fenced_off_at_once(
 ) -> None:
     """A try found the lock held; its connection was cut before the reply, and the resend
     was refused as well.  Its first copy may still arrive once the lock is free: the resend
-    carried the mark of one, so its script fenced the request off as it refused it, and the
+    carried the mark of one, so its script voided the request as it refused it, and the
     first copy then grants nothing."""
     client = resending
     lock = client.lock("resent-try")
@@ -328,19 +328,19 @@ async def test_e_a_resent_try_that_was_refused_is_fenced_off_at_once(
         reply = proxy.cut_next_request(ACQUIRE)
         assert not await lock.try_lock(wait=0)  # the resend's answer: busy
         assert not (await dropped(reply)).startswith(b"*")  # the first copy: busy too
-        assert client.statistics().pending == 0  # no fence call of the client's: the script's
+        assert client.statistics().pending == 0  # no void call of the client's: the script's
     owner, _ = lock._owner()
-    fenced = [
+    voided = [
         field for field in await redis.hkeys(lock._keys.meta) if str(field).startswith(f"{owner}/")
     ]
-    assert len(fenced) == 1
-    request = int(str(fenced[0]).rsplit("/", 1)[1])
+    assert len(voided) == 1
+    request = int(str(voided[0]).rsplit("/", 1)[1])
     late = lock._attempt(owner, request, 30_000)  # the first copy, arriving once it is free
     assert not isinstance(await aiolock_client._services.calls.run(*late), list)
     await assert_free(redis, lock)
 
 
-async def test_e_a_resent_grant_whose_lease_ran_out_is_fenced_off_when_lost(
+async def test_e_a_resent_grant_whose_lease_ran_out_is_voided_when_lost(
     resending: aiolock.Client,
     proxy: FreezableProxy,
     redis: Redis,
@@ -348,7 +348,7 @@ async def test_e_a_resent_grant_whose_lease_ran_out_is_fenced_off_when_lost(
 ) -> None:
     """A resent grant with a fixed lease was never released: its lease ran out, and the
     client took it for lost.  The resend's own mark had run out too (a hold may outlive its
-    minute), and no release will fence the first copy off, so the loss does: that copy,
+    minute), and no release will void the first copy, so the loss does: that copy,
     arriving once the lock is gone, grants nothing."""
     client = resending
     lock = client.lock("resent-lost")
@@ -363,7 +363,7 @@ async def test_e_a_resent_grant_whose_lease_ran_out_is_fenced_off_when_lost(
     assert await redis.hdel(lock._keys.meta, f"{owner}/{request}") == 1
     await eventually(lambda: hold.lost, what="the lease to run out")
     await settled(client)
-    assert await redis.hget(lock._keys.meta, f"{owner}/{request}") is not None  # fenced off
+    assert await redis.hget(lock._keys.meta, f"{owner}/{request}") is not None  # voided
     await eventually(lambda: _gone(redis, lock), what="the lock to expire on the server")
     late = lock._attempt(owner, request, 30_000)  # the first copy, arriving now
     assert not isinstance(await aiolock_client._services.calls.run(*late), list)

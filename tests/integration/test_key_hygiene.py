@@ -22,6 +22,7 @@ from redis.backoff import ConstantBackoff
 from redis.exceptions import ResponseError
 
 import aiolock
+from aiolock._core.base import Seam
 from aiolock.testing.embedded import EmbeddedServer
 from aiolock.testing.pytest_plugin import ServerInfo
 from tests.helpers import evalsha_calls, eventually, stall_server, use_once
@@ -84,7 +85,7 @@ async def test_a_long_hold_released_after_a_resend_leaves_nothing_after_the_wind
     aiolock_server: ServerInfo, aiolock_client: aiolock.Client, redis: Redis
 ) -> None:
     """A ``lease=600`` acquire that redis-py resent (the server stalled past a short socket
-    timeout) fences its request off, and the client fences it again before the release: the
+    timeout) voids its request, and the client voids it again before the release: the
     marker lives for the client's resend window (from its retry policy: here the two-second
     floor), not for the ten minutes of the lease, and then nothing is left."""
     address = urlsplit(aiolock_server.url)
@@ -118,7 +119,7 @@ async def test_a_long_hold_released_after_a_resend_leaves_nothing_after_the_wind
         assert 0 < await redis.pttl(meta) <= window  # the resend's own mark: for the window
         await lock.unlock()
         assert not await redis.exists(lock._keys.lock)
-        assert 0 < await redis.pttl(meta) <= window  # fenced again at the release
+        assert 0 < await redis.pttl(meta) <= window  # voided again at the release
         assert await redis.hlen(meta) == 1  # the one resent request, nothing else
 
         async def only_the_counter() -> bool:
@@ -201,7 +202,8 @@ async def test_an_undo_marks_for_the_resend_window_only(
         services = client._services
         late = services.owners.next_request()
         loop = asyncio.get_running_loop()
-        await lock._retry_release(owner, services.owners.next_request(), late, loop.time() + 5)
+        settlement = Seam(lock).settlement
+        await settlement.retry_release(owner, services.owners.next_request(), late, loop.time() + 5)
         assert 0 < await redis.pttl(marked) <= window
         reply = await services.calls.run(*lock._attempt(owner, late, 600_000))  # the late copy
         assert not isinstance(reply, list)  # refused

@@ -21,6 +21,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 import aiolock
 from aiolock import _scripts
+from aiolock._core.base import Seam
 from aiolock.testing.pytest_plugin import ServerInfo
 from tests.helpers import evalsha_calls, eventually, held_by_another_task, stall_server
 
@@ -210,8 +211,8 @@ async def test_a_late_copy_of_an_answered_acquire_grants_nothing_once_the_owner_
     """An acquire (fresh, or nested in a hold) was resent and applied, and the owner then
     released every hold, which deleted the lock.  The first copy, delayed on a slow path,
     arrives: it must not grant a fresh hold that nobody knows of.  The resend carries its
-    mark (the client's resend window), as every resend does: its script fenced the request
-    off, and no release wrote anything."""
+    mark (the client's resend window), as every resend does: its script voided the request,
+    and no release wrote anything."""
     lock = _lock(aiolock_client, kind, "late-after")
     owner, _ = lock._owner()
     services = aiolock_client._services
@@ -272,38 +273,38 @@ async def _another_owner_takes_and_releases(client: aiolock.Client, kind: str, n
 
 
 @pytest.mark.parametrize("kind", LATE_KINDS)
-async def test_a_fenced_acquire_grants_nothing_after_another_owner_released(
+async def test_a_voided_acquire_grants_nothing_after_another_owner_released(
     aiolock_client: aiolock.Client, kind: str
 ) -> None:
-    """An acquire was resent and its resend answered; the client fenced it off before the
+    """An acquire was resent and its resend answered; the client voided it before the
     release that ended the hold.  Another owner then takes and releases the lock, replacing
     the marker of that release.  The first copy, arriving now, must still grant nothing."""
-    lock = _lock(aiolock_client, kind, "fenced")
+    lock = _lock(aiolock_client, kind, "voided")
     owner, _ = lock._owner()
     services = aiolock_client._services
     acquire = lock._attempt(owner, services.owners.next_request(), 30_000)
     assert (await services.calls.run(*acquire))[1] == 1  # the resend lands
-    await lock._fence(owner, [acquire[2][2]])
+    await Seam(lock).settlement.void(owner, [acquire[2][2]])
     release = lock._release_call(owner, services.owners.next_request(), None)
     assert await services.calls.run(*release) == 0
-    await _another_owner_takes_and_releases(aiolock_client, kind, "fenced")
+    await _another_owner_takes_and_releases(aiolock_client, kind, "voided")
     await _late_copy_refused(aiolock_client, lock, acquire)
 
 
-async def test_a_fenced_read_grants_nothing_while_other_readers_keep_the_lock(
+async def test_a_voided_read_grants_nothing_while_other_readers_keep_the_lock(
     aiolock_client: aiolock.Client, redis: Redis
 ) -> None:
     """A read hold whose acquire was resent ends while another reader keeps the lock alive
     (the lock hash then forgets the owner's last request).  The first copy of that acquire,
     arriving now, must not grant a read hold nobody knows of."""
-    rw = aiolock_client.rw_lock("fenced-read")
+    rw = aiolock_client.rw_lock("voided-read")
     lock = rw.read_lock()
     owner, _ = lock._owner()
     services = aiolock_client._services
     async with held_by_another_task(rw.read_lock()):  # another reader keeps the lock alive
         acquire = lock._attempt(owner, services.owners.next_request(), 30_000)
         assert (await services.calls.run(*acquire))[1] == 1  # the resend lands
-        await lock._fence(owner, [acquire[2][2]])
+        await Seam(lock).settlement.void(owner, [acquire[2][2]])
         release = lock._release_call(owner, services.owners.next_request(), None)
         assert await services.calls.run(*release) == 0
         reply = await services.calls.run(*acquire)  # the first copy, late
@@ -338,29 +339,29 @@ async def test_a_late_copy_of_an_undone_acquire_stays_refused_after_other_undos(
     await _late_copy_refused(aiolock_client, lock, acquire)
 
 
-async def test_a_fenced_fair_try_does_not_queue_its_owner_again_after_it_left(
+async def test_a_voided_fair_try_does_not_queue_its_owner_again_after_it_left(
     aiolock_client: aiolock.Client, redis: Redis
 ) -> None:
     """A fair lock's try queued its owner (the lock was held); the try had been resent, so
-    the client fenced it off.  The owner gave up and left the queue.  The first copy of that
+    the client voided it.  The owner gave up and left the queue.  The first copy of that
     try, arriving now, must not queue the owner again: a place nobody waits in, which would
     hold up the queue behind it."""
-    lock = aiolock_client.fair_lock("fenced-queue")
-    async with held_by_another_task(aiolock_client.fair_lock("fenced-queue")):
+    lock = aiolock_client.fair_lock("voided-queue")
+    async with held_by_another_task(aiolock_client.fair_lock("voided-queue")):
         owner, _ = lock._owner()
         services = aiolock_client._services
         queue = lock._script_keys()[2]
         try_call = lock._attempt(owner, services.owners.next_request(), 30_000)
         assert not isinstance(await services.calls.run(*try_call), list)  # queued
         assert await redis.zscore(queue, owner) is not None
-        await lock._fence(owner, [try_call[2][2]])
-        assert await services.calls.run(*lock._leave_call(owner)) == 1  # it gave up
+        await Seam(lock).settlement.void(owner, [try_call[2][2]])
+        assert await services.calls.run(*lock._withdraw_call(owner)) == 1  # it gave up
         assert not isinstance(await services.calls.run(*try_call), list)  # the late copy
         assert await redis.zscore(queue, owner) is None  # not queued again
     assert not await lock.is_locked()
 
 
-async def test_marks_past_their_time_are_pruned_when_a_fence_is_added(
+async def test_marks_past_their_time_are_pruned_when_a_void_mark_is_added(
     aiolock_client: aiolock.Client, redis: Redis
 ) -> None:
     """The meta hash of a lock in steady use never expires as a whole (each release keeps it
@@ -372,7 +373,7 @@ async def test_marks_past_their_time_are_pruned_when_a_fence_is_added(
     await redis.hset(meta, mapping={f"{owner}/{n}": 1 for n in range(40)})  # long past
     await redis.hset(meta, "released", f"{owner}/99")
     await redis.pexpire(meta, 60_000)
-    await lock._fence(owner, [1000])
+    await Seam(lock).settlement.void(owner, [1000])
     assert sorted(await redis.hkeys(meta)) == sorted(["released", f"{owner}/1000"])
     assert 0 < await redis.pttl(meta) <= 60_000
 
@@ -385,14 +386,14 @@ async def _cycle_permits(semaphore: aiolock.AsyncSemaphore, times: int) -> None:
             pass
 
 
-@pytest.mark.parametrize("how", ["released", "undone", "fenced", "refused"])
+@pytest.mark.parametrize("how", ["released", "undone", "voided", "refused"])
 async def test_a_late_copy_of_a_permit_acquire_grants_nothing(
     aiolock_client: aiolock.Client, redis: Redis, how: str
 ) -> None:
     """A permit's acquire whose acquisition has ended arrives late: it must not take a permit
-    nobody holds.  A copy exists only after a fault, and is fenced off with a mark in the
+    nobody holds.  A copy exists only after a fault, and is voided with a mark in the
     permits set itself, which holds however many releases came in between: resent (the
-    resend's own script marks it), answered, and the permit released since; the same, fenced
+    resend's own script marks it), answered, and the permit released since; the same, voided
     again by the client; undone before it arrived; resent and refused (no permit was free),
     its take given up."""
     semaphore = aiolock_client.semaphore("late-permits", 1)
@@ -407,13 +408,13 @@ async def test_a_late_copy_of_a_permit_acquire_grants_nothing(
     elif how == "refused":
         async with semaphore.acquire(wait=1):  # another task holds the only permit
             assert not isinstance(await services.calls.run(*acquire), list)  # refused
-        await permits._fence(permit, [late])
+        await Seam(permits).settlement.void(permit, [late])
     else:
         script, keys, args = acquire
         resend = (script, keys, (*args, services.resend_window_ms))  # marked, as every resend
         assert isinstance(await services.calls.run(*resend), list)  # granted
-        if how == "fenced":
-            await permits._fence(permit, [late])
+        if how == "voided":
+            await Seam(permits).settlement.void(permit, [late])
         release = permits._release_call(permit, services.owners.next_request(), None)
         assert await services.calls.run(*release) == 0
     await _cycle_permits(semaphore, 0 if how == "released" else 40)
@@ -428,7 +429,7 @@ async def test_a_late_copy_of_a_permit_acquire_grants_nothing(
 async def test_permit_marks_past_their_time_are_dropped(
     aiolock_client: aiolock.Client, redis: Redis
 ) -> None:
-    """A fence mark lives a minute: past its time the next call that looks drops it, and the
+    """A void mark lives a minute: past its time the next call that looks drops it, and the
     permits set goes with its last mark (no key outlives its semaphore for long)."""
     semaphore = aiolock_client.semaphore("old-marks", 2)
     key = semaphore._permits._keys.lock
@@ -446,10 +447,10 @@ async def test_permit_marks_past_their_time_are_dropped(
 
 @pytest.mark.parametrize("outcome", ["refused", "granted"])
 @pytest.mark.parametrize("kind", [*LATE_KINDS, "semaphore"])
-async def test_a_resent_acquire_fences_itself_off(
+async def test_a_resent_acquire_voids_itself(
     aiolock_client: aiolock.Client, kind: str, outcome: str
 ) -> None:
-    """A resend carries a mark (one more argument), and its script fences the request off in
+    """A resend carries a mark (one more argument), and its script voids the request in
     the same call, granted or refused: the first copy, arriving once the lock is free (or
     once the hold the resend got has ended, and another owner's release has replaced the
     marker of the owner's own), grants nothing, with no round trip of the client's in
@@ -474,13 +475,13 @@ async def test_a_resent_acquire_fences_itself_off(
         resend = await services.calls.run(script, keys, (*args, services.resend_window_ms))
         assert isinstance(resend, list)
         release = lock._release_call(owner, services.owners.next_request(), None)
-        assert await services.calls.run(*release) == 0  # no fence call of the client's
+        assert await services.calls.run(*release) == 0  # no void call of the client's
         async with held_by_another_task(blocker):  # another owner's release comes after
             pass
         if kind == "semaphore":
             await _cycle_permits(semaphore, 40)
     late = await services.calls.run(script, keys, args)  # the first copy, arriving now
-    assert not isinstance(late, list)  # fenced off
+    assert not isinstance(late, list)  # voided
     if kind == "semaphore":
         assert await semaphore.available() == 1
     else:

@@ -216,7 +216,7 @@ async def test_a_bound_message_ends_the_named_park_by_then_and_nothing_else() ->
     entry = NamedEntry(b"channel")
     entry.refs = 3
     for name in ("a", "b", "c"):
-        entry.enter(name)
+        entry.add(name)
     parked = entry.park_named("a", float("inf"))
     sent = loop.time()
     entry.deliver(b"+30 a")
@@ -243,4 +243,4 @@ async def test_a_bound_message_ends_the_named_park_by_then_and_nothing_else() ->
     assert await asyncio.wait_for(witness, 5) is False  # past a's old bound
     assert not again.done()
     assert entry.parked == 1
-    entry.leave("a")
+    entry.discard("a")

@@ -60,7 +60,7 @@ local function release_one(lock, meta, owner, request, undo)
     local held = redis.call('HMGET', lock, owner, ':req', ':w')
     if not held[1] then
         if undo then
-            fence_off(meta, undo, resend_ms(ARGV[4]))  -- a late copy of it must not grant
+            void_request(meta, undo, resend_ms(ARGV[4]))  -- a late copy of it must not grant
         end
         return nil, false
     end
@@ -72,7 +72,7 @@ local function release_one(lock, meta, owner, request, undo)
         -- That acquire was not applied: nothing to undo, and a late copy of it must not apply
         -- either, while the lock lives (the field goes with it) and after.
         redis.call('HSET', lock, 'x:' .. owner, undo)
-        fence_off(meta, undo, resend_ms(ARGV[4]))
+        void_request(meta, undo, resend_ms(ARGV[4]))
         return count, false
     end
     count = count - 1

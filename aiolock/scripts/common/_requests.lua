@@ -14,7 +14,7 @@
 --
 -- The window is the client's own (derived from its retry policy: how long after a call a copy
 -- of it may still be on its way), passed by every call that may write a marker: an acquire's
--- resend mark, a release's ARGV after its undo, a fence call's ARGV[2].  MARK_MS is for a
+-- resend mark, a release's ARGV after its undo, a void call's ARGV[2].  MARK_MS is for a
 -- caller that passes none.
 local MARK_MS = 60000
 
@@ -35,7 +35,7 @@ local PRUNE_ABOVE = 32
 -- The field's value is the server time until which it is kept.  A hash that keeps getting
 -- marks never expires as a whole, so marks past their time are pruned here, where they are
 -- added (after faults only).
-local function fence_off(meta, request, ms)
+local function void_request(meta, request, ms)
     ms = ms or resend_ms(ARGV[#ARGV])
     local now = now_ms()
     redis.call('HSET', meta, request, now + ms)
@@ -61,8 +61,8 @@ local function older(owner, request, last)
 end
 
 -- Whether request is a late copy that must not apply to a lock that is gone (or that its
--- owner no longer holds): an acquire undone before it arrived, or one its client fenced off
--- (it was resent: the resend fenced it off in its own script, and the client again before
+-- owner no longer holds): an acquire undone before it arrived, or one its client voided
+-- (it was resent: the resend voided it in its own script, and the client again before
 -- the release that ends the hold the resend got, or when that hold is lost).  One read, of a
 -- key that exists only while faults are recent.
 local function stale(meta, owner, request)
@@ -72,8 +72,8 @@ end
 
 -- A resent acquire (the client sent it again after its first copy went out on a connection
 -- that failed) carries one more ARGV, the resend window in ms.  The acquire scripts then
--- fence its request off at the end of the same call, granted or refused: the first copy may
+-- void its request at the end of the same call, granted or refused: the first copy may
 -- still arrive, and must grant nothing once the owner does not hold the lock (after a refusal,
 -- once the lock is free; after a grant, once that hold has ended, by a release or by its
--- lease).  The client fences a hold's resent requests again when it ends (a hold may outlive
+-- lease).  The client voids a hold's resent requests again when it ends (a hold may outlive
 -- the window).

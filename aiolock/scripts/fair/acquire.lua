@@ -1,7 +1,7 @@
 -- Acquire or re-enter a fair lock, or take (and keep) a place in its queue.
 --
 -- KEYS[1]  the lock hash: <owner> -> hold count, ':fence' -> token, ':req' -> last request
--- KEYS[2]  the meta hash: '<owner>/<n>' -> an acquire undone before it arrived or fenced off
+-- KEYS[2]  the meta hash: '<owner>/<n>' -> an acquire undone before it arrived or voided
 --          (see common/_requests.lua); it exists only for a resend window after a fault
 -- KEYS[3]  the queue: owner -> ticket (sorted set)
 -- KEYS[4]  the queue deadlines: owner -> server time in ms after which it is dropped
@@ -11,7 +11,7 @@
 -- ARGV[2]  owner id (<client id>:<task or explicit owner>)
 -- ARGV[3]  request id, unique per call of this owner; a resent call carries the same id
 -- ARGV[4]  the fair wait timeout in milliseconds: how long a silent waiter keeps its place
--- ARGV[5]  optional: set on a resend, whose request is then fenced off (common/_requests)
+-- ARGV[5]  optional: set on a resend, whose request is then voided (common/_requests)
 --
 -- Returns {fencing token, hold count, PTTL} when granted, else how many ms to wait before the
 -- next try: the lock's lease, or the wait timeout (the client keeps the place of a waiting
@@ -54,7 +54,7 @@ local function attempt()
         if again then
             return again
         elseif again == false or stale(KEYS[2], owner, request) then
-            -- A late copy of an undone or fenced-off call: its caller is gone (it queues nothing).
+            -- A late copy of an undone or voided call: its caller is gone (it queues nothing).
             return math.max(redis.call('PTTL', KEYS[1]), 1)
         end
     elseif stale(KEYS[2], owner, request) then
@@ -109,6 +109,6 @@ end
 
 local reply = attempt()
 if ARGV[5] then  -- a resend: its first copy may still arrive
-    fence_off(KEYS[2], request)
+    void_request(KEYS[2], request)
 end
 return reply

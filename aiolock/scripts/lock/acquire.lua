@@ -1,7 +1,7 @@
 -- Acquire or re-enter a reentrant lock.
 --
 -- KEYS[1]  the lock hash: <owner> -> hold count, ':fence' -> token, ':req' -> last request
--- KEYS[2]  the meta hash: '<owner>/<n>' -> an acquire undone before it arrived or fenced off
+-- KEYS[2]  the meta hash: '<owner>/<n>' -> an acquire undone before it arrived or voided
 --          (see common/_requests.lua); it exists only for a resend window after a fault
 -- KEYS[3]  the fencing token counter, shared by every lock name (never expires)
 -- ARGV[1]  lease in milliseconds
@@ -10,7 +10,7 @@
 -- ARGV[4]  '1' if a refused caller parks on the lock's channel: the refusal then marks this
 --          incarnation of the lock as waited for (':w'), so that its last release publishes
 -- ARGV[5]  optional: set on a resend, to the client's resend window in ms; the request is then
---          fenced off for that long (common/_requests)
+--          voided for that long (common/_requests)
 --
 -- Returns {fencing token, hold count, PTTL} when granted, else the lock's PTTL (an integer;
 -- -1 if it has no expiry; 1 for a late copy refused on a free lock).
@@ -61,6 +61,6 @@ end
 
 local reply = attempt()
 if ARGV[5] then  -- a resend: its first copy may still arrive
-    fence_off(KEYS[2], request, resend_ms(ARGV[5]))
+    void_request(KEYS[2], request, resend_ms(ARGV[5]))
 end
 return reply

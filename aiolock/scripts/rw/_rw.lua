@@ -6,7 +6,7 @@
 --          't:<owner>' -> its read token; 'q:<owner>' -> the last request applied for that
 --          owner, 'x:<owner>' -> its last acquire undone before it arrived (both there while
 --          the owner holds the lock); ':fence' -> the write hold's fencing token
--- KEYS[2]  the meta hash: '<owner>/<n>' -> an acquire undone before it arrived or fenced off
+-- KEYS[2]  the meta hash: '<owner>/<n>' -> an acquire undone before it arrived or voided
 --          by its client, for the client's resend window (see common/_requests); written on
 --          those fault paths only
 -- KEYS[3]  the readers: owner -> its read lease end (server ms); negative scores are marks of
@@ -37,7 +37,7 @@ local function burn(owner, undo, holding)
     if holding then
         redis.call('HSET', KEYS[1], 'x:' .. owner, undo)
     end
-    fence_off(KEYS[2], undo, resend_ms(ARGV[4]))
+    void_request(KEYS[2], undo, resend_ms(ARGV[4]))
 end
 
 -- The owner holds nothing any more: drop what the lock kept for it.

@@ -7,7 +7,7 @@
 -- ARGV[3]  request id, unique per call of this owner; a resent call carries the same id
 -- ARGV[4]  unused (the writers' wait timeout, taken by the write script)
 -- ARGV[5]  optional: set on a resend, to the client's resend window in ms; the request is then
---          fenced off for that long (common/_requests)
+--          voided for that long (common/_requests)
 --
 -- Returns {token, read count, ms until this owner's read holds end} when granted (a fresh
 -- read hold gets a new token; a reentrant one shares it), else the ms to wait before trying
@@ -61,6 +61,6 @@ end
 
 local reply = attempt()
 if ARGV[5] then  -- a resend: its first copy may still arrive
-    fence_off(KEYS[2], request, resend_ms(ARGV[5]))
+    void_request(KEYS[2], request, resend_ms(ARGV[5]))
 end
 return reply

@@ -11,7 +11,7 @@
 -- ms to wait before trying again (the writer then holds back new readers of other owners until
 -- ARGV[4] has passed since its last try).  An owner that reads and does not write gets an
 -- ARGV[5]  optional: set on a resend, to the client's resend window in ms; the request is then
---          fenced off for that long (common/_requests)
+--          voided for that long (common/_requests)
 -- error: an upgrade could deadlock.
 --@include common/_time
 --@include common/_requests
@@ -67,6 +67,6 @@ end
 
 local reply = attempt()
 if ARGV[5] then  -- a resend: its first copy may still arrive
-    fence_off(KEYS[2], request, resend_ms(ARGV[5]))
+    void_request(KEYS[2], request, resend_ms(ARGV[5]))
 end
 return reply

@@ -3,7 +3,7 @@
 --
 -- KEYS[1] is a sorted set: permit id -> the server time in ms at which its lease ends.  A
 -- permit past its lease is no longer held: it is dropped by the next call that looks.  It
--- also keeps fence marks, '<permit id>/<request>' -> minus the server time until which that
+-- also keeps void marks, '<permit id>/<request>' -> minus the server time until which that
 -- acquire request must grant nothing (a late copy of it may still arrive: it was resent, or
 -- undone before it was applied); a negative score, so that marks never count as permits.
 -- Marks are written on those fault paths only, for the client's resend window; the set goes
@@ -22,7 +22,7 @@ local function held()
 end
 
 -- Mark acquire request (permit id/request id) as one that must never grant, for ms.
-local function fence(request, now, ms)
+local function void_permit_request(request, now, ms)
     redis.call('ZADD', KEYS[1], -(now + ms), request)
     keep(KEYS[1], ms)
 end

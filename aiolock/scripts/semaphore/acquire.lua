@@ -1,18 +1,18 @@
 -- Take a permit of a semaphore, if fewer than the caller's limit are held.
 --
--- KEYS[1]  the permits: permit id -> lease end (server time, ms); fence marks (see _permits)
+-- KEYS[1]  the permits: permit id -> lease end (server time, ms); void marks (see _permits)
 -- KEYS[2]  unused (the list of the last releases of earlier versions)
 -- ARGV[1]  lease in milliseconds
 -- ARGV[2]  the permit id (unique per acquisition; the owner of the permit)
--- ARGV[3]  request id (the permit id makes the call idempotent; a fence mark names both)
+-- ARGV[3]  request id (the permit id makes the call idempotent; a void mark names both)
 -- ARGV[4]  the most permits that may be held at once (the caller's limit)
 -- ARGV[5]  optional: set on a resend, to the client's resend window in ms; the request is then
---          fenced off for that long (common/_requests)
+--          voided for that long (common/_requests)
 --
 -- Returns {0, 1, lease left} when granted (a resend returns the same grant), else the ms until
 -- the earliest permit's lease ends (a permit may come back without a release).  A late copy
 -- of the call (there is one only after a fault: it was resent, or undone before it arrived)
--- grants nothing: that request is fenced off.
+-- grants nothing: that request is voided.
 --@include common/_time
 --@include common/_requests
 --@include semaphore/_permits
@@ -36,7 +36,7 @@ local function attempt()
         return {0, 1, ends - now}
     end
     if redis.call('ZSCORE', KEYS[1], ARGV[2] .. '/' .. ARGV[3]) then
-        return 1  -- a late copy of an acquisition that was undone or fenced off
+        return 1  -- a late copy of an acquisition that was undone or voided
     end
     if held() < limit then
         redis.call('ZADD', KEYS[1], now + lease, ARGV[2])
@@ -49,6 +49,6 @@ end
 
 local reply = attempt()
 if ARGV[5] then  -- a resend: its first copy may still arrive
-    fence(ARGV[2] .. '/' .. ARGV[3], now, resend_ms(ARGV[5]))
+    void_permit_request(ARGV[2] .. '/' .. ARGV[3], now, resend_ms(ARGV[5]))
 end
 return reply

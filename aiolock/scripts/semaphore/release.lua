@@ -1,13 +1,13 @@
 -- Give a permit back, and wake one waiter.
 --
--- KEYS[1]  the permits: permit id -> lease end (server time, ms); fence marks (see _permits)
+-- KEYS[1]  the permits: permit id -> lease end (server time, ms); void marks (see _permits)
 -- KEYS[2]  unused (the list of the last releases of earlier versions)
 -- KEYS[3]  the semaphore's channel
 -- ARGV[1]  the permit id
 -- ARGV[2]  request id, unique per call; a resent call carries the same id
 -- ARGV[3]  optional: undo mode, the id of an acquire request whose outcome its caller never
 --          saw; the permit id names that acquisition alone, so it is released the same way,
---          and if it is not held, that request is fenced off (a late copy of it grants nothing)
+--          and if it is not held, that request is voided (a late copy of it grants nothing)
 -- ARGV[4]  with ARGV[3]: the client's resend window in ms, how long that mark lives
 --
 -- Returns 0 when released, nil when the permit was not held (its lease had ended, or this is a
@@ -25,6 +25,6 @@ if ends then
 end
 if ARGV[3] then
     -- That acquire was not applied (or its lease ended): a late copy of it must not grant.
-    fence(ARGV[1] .. '/' .. ARGV[3], now, resend_ms(ARGV[4]))
+    void_permit_request(ARGV[1] .. '/' .. ARGV[3], now, resend_ms(ARGV[4]))
 end
 return nil

@@ -1,4 +1,4 @@
--- A waiter gives up (timeout, cancellation): it leaves the fair lock's queue at once.
+-- A waiter gives up (timeout, cancellation): it withdraws from the fair lock's queue at once.
 --
 -- KEYS[1]  the lock hash
 -- KEYS[2]  the meta hash (unused here: every fair script takes the same keys)
@@ -9,7 +9,7 @@
 -- ARGV[1]  owner id
 --
 -- Returns 1 if the owner was queued, else 0.  If it was next and the lock is free, the waiter
--- after it is woken.  Idempotent: leaving twice changes nothing.
+-- after it is woken.  Idempotent: withdrawing twice changes nothing.
 --@include common/_time
 --@include fair/_queue
 local was_next = redis.call('ZRANGE', KEYS[3], 0, 0)[1] == ARGV[1]

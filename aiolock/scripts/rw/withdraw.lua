@@ -1,4 +1,5 @@
--- A waiting writer gives up (timeout, cancellation): it stops holding readers back at once.
+-- A waiting writer gives up (timeout, cancellation): it withdraws from the waiting writers,
+-- and stops holding readers back at once.
 --
 -- KEYS[1..7]  the lock, meta, readers, waiting writers, readers' and writers' channels,
 --              the fencing counter

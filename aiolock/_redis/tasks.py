@@ -1,0 +1,76 @@
+"""Background tasks of the transport: kept referenced while they run, and ended on close.
+
+The event loop keeps only weak references to tasks, so work started in the background (a
+reply read for a cancelled caller, a SUBSCRIBE, a connect whose caller has gone) is held in a
+:class:`Background` set of its owner until it ends; closing the owner waits for it or cancels
+it (:func:`cancel`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Coroutine
+from typing import Any, TypeVar
+
+__all__ = ["Background", "cancel"]
+
+_T = TypeVar("_T")
+
+
+class Background:
+    """The tasks one component runs in the background; true while any is running."""
+
+    __slots__ = ("_tasks",)
+
+    def __init__(self) -> None:
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    def spawn(self, work: Coroutine[Any, Any, _T]) -> asyncio.Task[_T]:
+        """Run ``work`` in a task that stays referenced here until it ends."""
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def tasks(self) -> set[asyncio.Task[Any]]:
+        """The tasks running now (a copy: they leave the set as they end)."""
+        return set(self._tasks)
+
+    async def wait(self, within: float | None = None) -> set[asyncio.Task[Any]]:
+        """Wait for the tasks running now, at most ``within`` seconds; those still running."""
+        if not self._tasks:
+            return set()
+        _, pending = await asyncio.wait(set(self._tasks), timeout=within)
+        return pending
+
+    async def drain(self) -> None:
+        """Wait until no task runs, also those that the running ones start meanwhile."""
+        while self._tasks:
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def cancel_all(self) -> None:
+        """Cancel every task, also those started while the earlier ones were ending."""
+        while self._tasks:
+            await cancel(set(self._tasks))
+
+    def __bool__(self) -> bool:
+        return bool(self._tasks)
+
+    def __len__(self) -> int:
+        return len(self._tasks)
+
+
+async def cancel(tasks: set[asyncio.Task[Any]]) -> None:
+    """Cancel ``tasks`` and wait for them to end.
+
+    The request is repeated every second for a task that is still running: code beneath us
+    (``asyncio.wait_for`` on Python 3.11) may have swallowed one, and closing must not hang.
+    """
+    pending = {task for task in tasks if not task.done()}
+    while pending:
+        for task in pending:
+            task.cancel()
+        _, pending = await asyncio.wait(pending, timeout=1.0)
+    for task in tasks:
+        if task.done() and not task.cancelled():
+            task.exception()  # retrieved: a failure here is of no use to anybody now
