@@ -47,17 +47,29 @@ class Background:
         """Wait until no task runs, also those that the running ones start meanwhile."""
         while self._tasks:
             await asyncio.gather(*self._tasks, return_exceptions=True)
+            await _ended()
 
     async def cancel_all(self) -> None:
         """Cancel every task, also those started while the earlier ones were ending."""
         while self._tasks:
             await cancel(set(self._tasks))
+            await _ended()
 
     def __bool__(self) -> bool:
         return bool(self._tasks)
 
     def __len__(self) -> int:
         return len(self._tasks)
+
+
+async def _ended() -> None:
+    """One step of the loop, in which tasks that have ended leave the set.
+
+    A task leaves in its done callback, which runs a step after it ends; and awaiting ended
+    tasks does not yield (Python 3.12's ``gather`` returns at once when all are done), so a
+    loop that waits for the set to empty would spin forever without this step.
+    """
+    await asyncio.sleep(0)
 
 
 async def cancel(tasks: set[asyncio.Task[Any]]) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import random
-import sys
 
 import pytest
 from redis.asyncio import ConnectionPool, Redis
@@ -59,15 +58,9 @@ async def spin(iterations: int) -> None:
         await asyncio.sleep(0)
 
 
-# A known bug, found by the matrix (noxfile.py): on Python 3.12 and 3.13, with every redis-py,
-# some round leaves a pub/sub task that never ends, so the check that nothing is left behind
-# waits forever.  Strict: the test fails again (XPASS) once that is fixed.  The timeout keeps
-# the hang to a minute, where the test takes seconds on Python 3.11.
-@pytest.mark.xfail(
-    sys.version_info >= (3, 12),
-    reason="Python 3.12+: a cancelled round strands a pub/sub task (known bug, open)",
-    strict=True,
-)
+# The matrix (noxfile.py) found this hanging on Python 3.12 and 3.13: waiting for the pub/sub
+# work to end spun forever once a task had ended but not yet left its set (tasks.py).  The
+# timeout keeps such a hang to a minute, where the test takes seconds.
 @pytest.mark.timeout(60)
 async def test_random_cancellations_leave_nothing_behind(
     aiolock_client: aiolock.Client, redis: Redis
