@@ -174,7 +174,8 @@ class AsyncFairLock(LockKind):
 
     def _attempt(self, owner: str, request: int, lease_ms: int) -> Call:
         wait_ms = round(self._services.fair_wait_timeout * 1000)
-        return _scripts.FAIR_ACQUIRE, self._script_keys(), (lease_ms, owner, request, wait_ms)
+        args = (lease_ms, owner, request, wait_ms, *self._late_args(owner))
+        return _scripts.FAIR_ACQUIRE, self._script_keys(), args
 
     def _release_call(self, owner: str, request: int, undo: int | None) -> Call:
         args = release_args(owner, request, undo)

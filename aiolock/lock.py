@@ -38,7 +38,7 @@ class ReentrantKind(LockKind):
         return (
             _scripts.LOCK_ACQUIRE,
             (keys.lock, keys.meta, keys.fence),
-            (lease_ms, owner, request, parks),
+            (lease_ms, owner, request, parks, *self._late_args(owner)),
         )
 
     def _release_call(self, owner: str, request: int, undo: int | None) -> Call:

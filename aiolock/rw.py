@@ -148,7 +148,8 @@ class AsyncReadLock(_Mode):
     _renew = _scripts.RW_RENEW_READ
 
     def _attempt(self, owner: str, request: int, lease_ms: int) -> Call:
-        return _scripts.RW_READ, self._rw_keys.script_keys(), (lease_ms, owner, request, 0)
+        args = (lease_ms, owner, request, 0, *self._late_args(owner))
+        return _scripts.RW_READ, self._rw_keys.script_keys(), args
 
     def _transact_call(self, hold: Hold) -> Call:
         keys = self._rw_keys
@@ -205,7 +206,7 @@ class AsyncWriteLock(_Mode):
 
     def _attempt(self, owner: str, request: int, lease_ms: int) -> Call:
         wait_ms = round(self._services.fair_wait_timeout * 1000)
-        args = (lease_ms, owner, request, wait_ms)
+        args = (lease_ms, owner, request, wait_ms, *self._late_args(owner))
         return _scripts.RW_WRITE, self._rw_keys.script_keys(), args
 
     def _transact_call(self, hold: Hold) -> Call:

@@ -305,7 +305,8 @@ def _pairs(reply: Any) -> list[tuple[Any, int]]:
 
 def _hash_holders(raw: dict[Any, Any], pttl: int) -> list[Holder]:
     """The holder of a lock hash (see scripts/common/_hold.lua): fields ``<owner> -> count``
-    beside ``:fence``, ``:req`` and ``x:<owner>``; the whole hash expires with the lease."""
+    beside ``:fence``, ``:req``, ``:late:<owner>`` and ``x:<owner>``; the whole hash expires
+    with the lease."""
     fields = {_str(key): _str(value) for key, value in raw.items()}
     lease = pttl / 1000 if pttl >= 0 else None
     token = _int(fields.get(":fence"))

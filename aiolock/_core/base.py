@@ -36,7 +36,7 @@ from .guard import Guarded, Holding
 from .holds import Hold, NameCounters
 from .keys import LockKeys, hash_tag
 from .services import Services
-from .settlement import Attempt, Settlement, holds_left
+from .settlement import Attempt, Copies, Settlement, holds_left
 from .transaction import TransactionContext
 from .validate import check_lease, check_wait
 from .waiting import Waiting
@@ -164,6 +164,15 @@ class HoldKind(Guarded[int]):
     def _waiting(self, owner: str) -> Waiting:
         """How one waiting call of ``owner`` parks and is woken (:mod:`aiolock._core.waiting`)."""
         raise NotImplementedError
+
+    def _late_args(self, owner: str) -> tuple[str, ...]:
+        """The optional ARGV of an acquire of a kind whose hold counts per owner (every lock
+        kind): the owner's releases of this lock that its client resent lately, whose late
+        copies the hold must refuse (``late:<ids>``, see ``common/_requests.lua``); none on
+        the fault-free path.  A semaphore's permit id is an owner of one acquisition, which
+        no later acquire re-enters: its attempts carry none."""
+        late = self._services.holds.late_releases(self._keys.lock, owner)
+        return (f"late:{','.join(map(str, late))}",) if late else ()
 
     def _channels(self) -> tuple[str, ...]:
         """Where the client wakes one of its own waiters when a hold ends unpublished."""
@@ -548,9 +557,10 @@ class HoldKind(Guarded[int]):
         key = self._hold_key
         request = services.owners.next_request()
         settlement = self._settlement()
+        copies = Copies()  # on_send of the call: whether it was resent
 
         def unknown(work: asyncio.Future[Any]) -> None:
-            settlement.release_unknown(owner, request, work)
+            settlement.release_unknown(owner, request, work, copies)
 
         try:
             await services.holds.settle(self._keys.lock, owner)
@@ -565,20 +575,15 @@ class HoldKind(Guarded[int]):
         except asyncio.CancelledError:
             unknown(not_sent())
             raise
-        resent = False
-
-        def sending(resend: bool) -> None:
-            nonlocal resent
-            resent = resent or resend
-
         # While it is in flight, a renewal of this hold may be answered "not held" because of
         # it: the watchdog leaves the verdict to this reply (Holds.in_release).
         sent = asyncio.get_running_loop().time()
         with services.holds.releasing(key, owner):
             reply = await services.calls.run(
-                *self._release_call(owner, request, None), orphan=unknown, on_send=sending
+                *self._release_call(owner, request, None), orphan=unknown, on_send=copies.sending
             )
-        remaining = holds_left(reply)
+        settlement.released_copies(owner, request, copies)
+        remaining, resent = holds_left(reply), copies.resent
         if remaining is None and resent and believed == 0 and hold and sent < hold.expires_at:
             # No marker outlives the lock, so a resend of the release that deleted it finds it
             # gone.  The owner's critical section ended before it sent the release, and its

@@ -137,6 +137,9 @@ class Holds:
         # Releases in flight per (key, owner): a renewal answered meanwhile may find the hold
         # gone because of one of them, which is no loss (see in_release).
         self._releasing: dict[tuple[str, str], int] = {}
+        # The releases of each (key, owner) that were resent lately, and the timer that drops
+        # them at the end of the resend window (see resent_release): faults only.
+        self._late: dict[tuple[str, str], tuple[list[int], asyncio.TimerHandle]] = {}
         self.changed = asyncio.Event()  # set when a watchdog hold is added
 
     def __len__(self) -> int:
@@ -365,6 +368,35 @@ class Holds:
         when = self._abandoned.pop((key, owner), None)
         return when is not None and when > asyncio.get_running_loop().time() - ABANDONED_FOR
 
+    # -- resent releases ---------------------------------------------------------------------
+
+    def resent_release(self, key: str, owner: str, request: int, window: float) -> None:
+        """The owner's release ``request`` on ``key`` was resent (a copy went out on a
+        connection that failed) and is answered now (or given up on): that copy may still
+        arrive, after the owner acquired again, and must not release the newer hold.
+
+        Kept for ``window`` seconds (the client's resend window; from the last such release of
+        the owner): meanwhile the owner's acquires of the lock carry it (:meth:`late_releases`),
+        and the hold they make or re-enter refuses that copy (``release_one`` in
+        ``scripts/common/_hold.lua``).  Nothing is kept without a fault.
+        """
+        at = (key, owner)
+        entry = self._late.get(at)
+        requests: list[int] = []
+        if entry is not None:
+            requests = entry[0]
+            entry[1].cancel()
+        if request not in requests:
+            requests.append(request)
+        timer = asyncio.get_running_loop().call_later(window, self._late.pop, at, None)
+        self._late[at] = (requests, timer)
+
+    def late_releases(self, key: str, owner: str) -> list[int]:
+        """The owner's releases on ``key`` resent within the resend window (see
+        :meth:`resent_release`); none, without a fault."""
+        entry = self._late.get((key, owner))
+        return [] if entry is None else entry[0]
+
     def pending(self) -> list[asyncio.Task[None]]:
         return list(self._pending.values())
 
@@ -373,3 +405,6 @@ class Holds:
             self.forget(hold)
         self._lost_tokens.clear()
         self._abandoned.clear()
+        for _, timer in self._late.values():
+            timer.cancel()
+        self._late.clear()

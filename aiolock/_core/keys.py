@@ -80,7 +80,8 @@ class LockKeys:
     """The Redis names used by one lock.
 
     ``lock``: a hash holding ``<owner> -> hold count`` plus the fields ``:fence`` (the current
-    hold's fencing token) and ``:req`` (the last request applied, for resend safety).
+    hold's fencing token) and ``:req`` (the last request applied, for resend safety); after a
+    fault only, ``:late:<owner>`` (releases its client resent, whose late copies it refuses).
     ``meta``: a hash written only after a fault, for the client's resend window
     (``<owner>/<n>``: an acquire undone before it arrived, or resent and voided by its
     client), so that late copies of those calls are recognised; a fault-free use leaves none.

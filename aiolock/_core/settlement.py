@@ -32,7 +32,7 @@ from .keys import LockKeys
 from .metrics import lock_extra
 from .services import Services
 
-__all__ = ["Attempt", "Settled", "Settlement", "holds_left"]
+__all__ = ["Attempt", "Copies", "Settled", "Settlement", "holds_left"]
 
 logger = logging.getLogger("aiolock.lock")
 
@@ -96,6 +96,25 @@ class Attempt:
         counts."""
         self.resent = self.resent or resend
         self.sent_at = asyncio.get_running_loop().time()
+
+
+class Copies:
+    """The copies of one release request sent so far (``sending`` is the ``on_send`` of every
+    call that sends it).
+
+    :ivar sent: a copy went out (may have reached the server).
+    :ivar resent: a copy went out after another: the earlier one may still arrive, late.
+    """
+
+    __slots__ = ("resent", "sent")
+
+    def __init__(self) -> None:
+        self.sent = False
+        self.resent = False
+
+    def sending(self, resend: bool) -> None:
+        self.resent = self.resent or resend or self.sent
+        self.sent = True
 
 
 class Settlement:
@@ -211,8 +230,11 @@ class Settlement:
 
     # -- releases ----------------------------------------------------------------------------
 
-    def release_unknown(self, owner: str, request: int, work: asyncio.Future[Any]) -> None:
-        """The caller of a release will never see its outcome (``work``).
+    def release_unknown(
+        self, owner: str, request: int, work: asyncio.Future[Any], copies: Copies
+    ) -> None:
+        """The caller of a release will never see its outcome (``work``; ``copies``: what the
+        call sent of it).
 
         Not kept as held from now on: the watchdog would renew a hold that may be gone, and
         the next acquire would silently re-enter it.  How long the hold may live is read
@@ -220,18 +242,31 @@ class Settlement:
         """
         until = self.lease_end(owner)
         self.untrack_one(owner)
-        self.later(owner, work, lambda: self.release_outcome(work, owner, request, until))
+        self.later(owner, work, lambda: self.release_outcome(work, owner, request, until, copies))
 
     async def release_outcome(
-        self, work: asyncio.Future[Any], owner: str, request: int, until: float
+        self, work: asyncio.Future[Any], owner: str, request: int, until: float, copies: Copies
     ) -> None:
         """Settle a release with an unknown outcome: record it, or resend it until it lands
         (or the hold surely ended: ``until``, loop time)."""
         if work.exception() is None:
             lock = self.lock
+            self.released_copies(owner, request, copies)
             lock.services.holds.released(lock.registry_key, owner, holds_left(work.result()))
             return
-        await self.retry_release(owner, request, None, until)
+        await self.retry_release(owner, request, None, until, copies)
+
+    def released_copies(self, owner: str, request: int, copies: Copies) -> None:
+        """The owner's release ``request`` was answered (or given up on).  If it was resent, an
+        earlier copy may still arrive, after the owner acquired again, and must not release
+        that newer hold: the client keeps its id for the resend window, and the owner's
+        acquires of the lock carry it meanwhile (``Holds.resent_release``).  Only once it was
+        answered: a concurrent acquire of the same owner (an explicit owner shared by two
+        tasks) that carried it before the release applied would have it refused."""
+        if copies.resent:
+            services = self.lock.services
+            window = services.resend_window_ms / 1000
+            services.holds.resent_release(self.lock.keys.lock, owner, request, window)
 
     def check_count(self, owner: str, believed: int | None, remaining: int | None) -> None:
         """A release left more holds on the server than the client knew of: drop the extra.
@@ -265,8 +300,10 @@ class Settlement:
         services = lock.services
         while True:
             request = services.owners.next_request()
+            copies = Copies()
             try:
-                reply = await services.calls.run(*lock.release_call(owner, request, None))
+                call = lock.release_call(owner, request, None)
+                reply = await services.calls.run(*call, on_send=copies.sending)
             except _FAILURES as exc:
                 logger.warning(
                     "could not release %r in the background: %r",
@@ -274,7 +311,9 @@ class Settlement:
                     exc,
                     extra=lock_extra(lock.kind, lock.name, owner),
                 )
+                self.released_copies(owner, request, copies)
                 return False
+            self.released_copies(owner, request, copies)
             if not holds_left(reply):
                 return True
 
@@ -285,8 +324,16 @@ class Settlement:
             until = asyncio.get_running_loop().time() + services.watchdog_timeout
             await self.retry_release(owner, request, None, until)
 
-    async def retry_release(self, owner: str, request: int, undo: int | None, until: float) -> None:
-        """Send one (idempotent) release until it lands, the lease surely ran out, or close.
+    async def retry_release(
+        self,
+        owner: str,
+        request: int,
+        undo: int | None,
+        until: float,
+        copies: Copies | None = None,
+    ) -> None:
+        """Send one (idempotent) release until it lands, the lease surely ran out, or close
+        (``copies``: what was sent of it before; see :meth:`released_copies`).
 
         Giving up is safe only because every hold it may concern has a lease: the server ends
         it by itself, by ``until`` (loop time) as the client counts.  The server may count from
@@ -298,13 +345,14 @@ class Settlement:
         loop = asyncio.get_running_loop()
         give_up = until + _SETTLE_MARGIN
         delay = 0.02
+        copies = Copies() if copies is None else copies
         script, keys, args = lock.release_call(owner, request, undo)
         if undo is not None:
             # An undo that finds its acquire unapplied writes a marker: for the resend window.
             args = (*args, services.resend_window_ms)
         while True:
             try:
-                reply = await services.calls.run(script, keys, args)
+                reply = await services.calls.run(script, keys, args, on_send=copies.sending)
             except _FAILURES as exc:
                 # The last try is at the horizon, not a backoff step before it: a settlement
                 # that ends early would let the owner's next call meet the hold it was undoing.
@@ -317,10 +365,12 @@ class Settlement:
                         extra=lock_extra(lock.kind, lock.name, owner),
                     )
                     services.holds.abandoned(lock.keys.lock, owner)
+                    self.released_copies(owner, request, copies)  # copies may still land
                     return
                 await asyncio.sleep(min(delay, give_up - now))
                 delay = min(delay * 2, 1.0)
                 continue
+            self.released_copies(owner, request, copies)
             services.holds.released(lock.registry_key, owner, holds_left(reply))
             if reply == 0:
                 lock.released_last(None)

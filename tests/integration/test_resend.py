@@ -22,6 +22,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 import aiolock
 from aiolock import _scripts
 from aiolock._core.base import Seam
+from aiolock._core.settlement import Copies
 from aiolock.testing.pytest_plugin import ServerInfo
 from tests.helpers import evalsha_calls, eventually, held_by_another_task, stall_server
 
@@ -488,3 +489,193 @@ async def test_a_resent_acquire_voids_itself(
         assert not await lock.is_locked()
         assert await lock.try_lock()  # the owner's own next try is granted as usual
         await lock.unlock()
+
+
+# Every kind whose hold counts per owner, so that a late copy of a release could end a newer
+# hold of the same owner: the reentrant locks and both read-write modes (a semaphore's permit
+# id is an owner of one acquisition, which no later acquire re-enters).
+RELEASE_KINDS = ["lock", "spin_lock", "fair_lock", "read", "write"]
+
+
+async def _server_token(redis: Redis, lock: Any, owner: str) -> int:
+    """The fencing token of the owner's hold as the lock hash has it."""
+    field = f"t:{owner}" if isinstance(lock, aiolock.AsyncReadLock) else ":fence"
+    return int(await redis.hget(lock._keys.lock, field))
+
+
+async def _resent_release(lock: Any, owner: str, left: int) -> Any:
+    """Release one of the owner's holds as a resent release does: its first copy went out on
+    a connection that failed, and the resend lands (the client keeps the id of a release it
+    resent once it is answered).  Returns the release call, for its late first copy."""
+    services = lock._services
+    request = services.owners.next_request()
+    release = lock._release_call(owner, request, None)
+    copies = Copies()  # what Calls.run's on_send tells the release: a copy, then a resend
+    copies.sending(False)
+    copies.sending(True)
+    assert await services.calls.run(*release) == left  # the resend lands
+    Seam(lock).settlement.released_copies(owner, request, copies)  # as the client does then
+    services.holds.released(Seam(lock).registry_key, owner, left)
+    return release
+
+
+@pytest.mark.parametrize("kind", RELEASE_KINDS)
+async def test_a_late_copy_of_a_resent_last_release_leaves_the_next_hold_alone(
+    aiolock_client: aiolock.Client, redis: Redis, kind: str
+) -> None:
+    """The owner's last release was resent, and its resend deleted the lock; the owner then
+    acquired the lock again (a fresh grant).  The release's first copy, delayed on a frozen
+    path, arrives now: it must not release that newer hold, which its owner believes it has
+    (another owner could be granted the lock alongside)."""
+    lock = _lock(aiolock_client, kind, "late-release")
+    owner, _ = lock._owner()
+    services = aiolock_client._services
+    await lock.lock()
+    release = await _resent_release(lock, owner, 0)
+    assert not await redis.exists(lock._keys.lock)
+    await lock.lock()  # the owner's next acquire: it carries the resent release's id
+    token = Seam(lock).hold(owner).token
+    assert await services.calls.run(*release) == 1  # the late copy: changes nothing
+    assert await lock.is_locked()
+    assert await lock.hold_count() == 1
+    assert await _server_token(redis, lock, owner) == token
+    await lock.unlock()  # the owner releases it as usual
+    assert not await lock.is_locked()
+    assert not await redis.exists(lock._keys.lock)  # the late ids went with the lock
+
+
+@pytest.mark.parametrize("kind", RELEASE_KINDS)
+async def test_a_late_copy_of_a_resent_nested_release_leaves_the_next_hold_alone(
+    aiolock_client: aiolock.Client, redis: Redis, kind: str
+) -> None:
+    """The same for a nested hold: a release of 2 holds to 1 was resent and landed; the owner
+    re-entered (1 to 2).  The first copy, arriving now, must not take the count back to 1."""
+    lock = _lock(aiolock_client, kind, "late-nested-release")
+    owner, _ = lock._owner()
+    services = aiolock_client._services
+    await lock.lock()
+    await lock.lock()
+    release = await _resent_release(lock, owner, 1)
+    await lock.lock()  # re-entered: two holds again
+    token = Seam(lock).hold(owner).token
+    assert await services.calls.run(*release) == 2  # the late copy: changes nothing
+    assert await lock.hold_count() == 2
+    assert await _server_token(redis, lock, owner) == token
+    await lock.unlock()
+    assert await lock.hold_count() == 1
+    await lock.unlock()
+    assert not await lock.is_locked()
+
+
+@pytest.mark.parametrize("after_fault", [False, True], ids=["clean", "after-a-resend"])
+@pytest.mark.parametrize("kind", RELEASE_KINDS)
+async def test_a_release_and_a_reentry_of_one_explicit_owner_may_arrive_in_either_order(
+    aiolock_client: aiolock.Client, kind: str, after_fault: bool
+) -> None:
+    """Two tasks share an explicit owner: one releases a hold while the other re-enters, on
+    two connections, with no fault.  The release (the older request) may arrive after the
+    re-entry: it is no late copy, and applies (a release refused for being older would leave
+    the owner a hold its client does not count).  Also while the client keeps the id of an
+    earlier resent release of that owner: only that id is refused."""
+    name = f"racing-{after_fault}"
+    if kind == "read":
+        lock: Any = aiolock_client.rw_lock(name).read_lock(owner="job")
+    elif kind == "write":
+        lock = aiolock_client.rw_lock(name).write_lock(owner="job")
+    else:
+        lock = getattr(aiolock_client, kind)(name, owner="job")
+    owner, _ = lock._owner()
+    services = aiolock_client._services
+    await lock.lock()
+    if after_fault:
+        await lock.lock()
+        await _resent_release(lock, owner, 1)
+        assert services.holds.late_releases(lock._keys.lock, owner)
+    release = lock._release_call(owner, services.owners.next_request(), None)
+    reentry = lock._attempt(owner, services.owners.next_request(), 30_000)
+    assert (await services.calls.run(*reentry))[1] == 2  # the re-entry arrives first
+    assert await services.calls.run(*release) == 1  # then the release: it applies
+    assert await lock.hold_count() == 1
+    await lock.unlock()  # the client's one hold (the pair cancelled out)
+    assert not await lock.is_locked()
+
+
+async def test_the_client_keeps_the_id_of_a_resent_release_for_the_resend_window(
+    aiolock_server: ServerInfo, aiolock_client: aiolock.Client, redis: Redis
+) -> None:
+    """redis-py itself resends a release (the server stalls past a short socket timeout): the
+    client keeps its id, its owner's next acquire carries it, and a late copy of the release
+    then leaves the new hold alone."""
+    address = urlsplit(aiolock_server.url)
+    flaky = Redis(
+        host=address.hostname or "127.0.0.1",
+        port=address.port or 6379,
+        socket_timeout=0.05,
+        retry=Retry(NoBackoff(), 10),
+        retry_on_error=[RedisTimeoutError],
+    )
+    client = aiolock.Client(flaky, key_prefix=aiolock_client.key_prefix)
+    lock = client.lock("resent-release")
+    try:
+        await redis.execute_command("DEBUG", "SLEEP", 0)
+    except ResponseError:
+        pytest.skip("this server does not allow DEBUG (enable-debug-command)")
+    try:
+        await lock.lock()
+        owner, _ = lock._owner()
+        services = client._services
+        assert services.holds.late_releases(lock._keys.lock, owner) == []  # no fault, no id
+        started = asyncio.Event()
+        stall = asyncio.create_task(stall_server(aiolock_server.url, 0.3, started))
+        await started.wait()
+        await lock.unlock()  # resent by redis-py
+        await stall
+        late = services.holds.late_releases(lock._keys.lock, owner)
+        assert len(late) == 1
+        assert lock._attempt(owner, 1, 1000)[2][-1] == f"late:{late[0]}"
+        await lock.lock()
+        copy = lock._release_call(owner, late[0], None)
+        assert await services.calls.run(*copy) == 1  # a late copy: the hold is intact
+        assert await lock.hold_count() == 1
+        await lock.unlock()
+        assert not await lock.is_locked()
+    finally:
+        await client.aclose()
+        await flaky.aclose()
+
+
+@pytest.mark.parametrize("kind", RELEASE_KINDS)
+async def test_an_acquire_sent_while_a_release_is_resent_does_not_refuse_that_release(
+    aiolock_client: aiolock.Client, kind: str
+) -> None:
+    """Two tasks share an explicit owner.  One's release is being resent (its first copy went
+    out on a connection that failed) when the other re-enters, and the re-entry lands before
+    the resend.  The re-entry must not name that release as a late copy: the client keeps
+    its id only once it is answered, so the resend, arriving now, applies."""
+    name = f"resending-{kind}"
+    if kind in ("read", "write"):
+        rw = aiolock_client.rw_lock(name)
+        lock: Any = rw.read_lock(owner="job") if kind == "read" else rw.write_lock(owner="job")
+    else:
+        lock = getattr(aiolock_client, kind)(name, owner="job")
+    owner, _ = lock._owner()
+    services = aiolock_client._services
+    settlement = Seam(lock).settlement
+    await lock.lock()
+    await lock.lock()
+    request = services.owners.next_request()
+    release = lock._release_call(owner, request, None)
+    copies = Copies()
+    copies.sending(False)  # the first copy, on a connection that then fails
+    copies.sending(True)  # the resend, not answered yet
+    reentry = lock._attempt(owner, services.owners.next_request(), 30_000)
+    assert not any(str(arg).startswith("late:") for arg in reentry[2])
+    assert (await services.calls.run(*reentry))[1] == 3  # the re-entry lands first
+    assert await services.calls.run(*release) == 2  # then the resend: it applies
+    settlement.released_copies(owner, request, copies)  # answered: kept from now on
+    assert services.holds.late_releases(lock._keys.lock, owner) == [request]
+    assert await services.calls.run(*release) == 2  # a late copy now: nothing changes
+    assert await lock.hold_count() == 2
+    await lock.unlock()
+    await lock.unlock()
+    assert not await lock.is_locked()

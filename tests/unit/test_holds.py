@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from aiolock._core import holds as _holds
@@ -29,3 +31,22 @@ async def test_old_give_ups_are_forgotten(monkeypatch: pytest.MonkeyPatch) -> No
     holds.abandoned("lock", "last")
     assert len(holds._abandoned) == 1
     assert not holds.was_abandoned("lock", "last")
+
+
+async def test_a_resent_release_is_kept_for_the_resend_window() -> None:
+    """The id of a release that was resent is kept for the window (the owner's acquires carry
+    it), then dropped: nothing is kept for long, and nothing without a fault."""
+    holds = Holds()
+    assert holds.late_releases("lock", "owner") == []
+    holds.resent_release("lock", "owner", 7, 0.05)
+    holds.resent_release("lock", "owner", 9, 0.05)
+    holds.resent_release("lock", "owner", 9, 0.05)
+    assert holds.late_releases("lock", "owner") == [7, 9]
+    assert holds.late_releases("lock", "other") == []
+    assert holds.late_releases("other", "owner") == []
+    await asyncio.sleep(0.1)
+    assert holds.late_releases("lock", "owner") == []
+    assert holds._late == {}
+    holds.resent_release("lock", "owner", 11, 60)
+    holds.clear()
+    assert holds._late == {}

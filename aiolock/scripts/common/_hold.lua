@@ -5,16 +5,24 @@
 -- The lock hash: <owner> -> hold count, ':fence' -> the current hold's fencing token, ':req'
 -- -> the last request applied (owner/request id), for resend safety; 'x:<owner>' -> an acquire
 -- request of that owner undone before it was applied, which a late copy must not apply;
+-- ':late:<owner>' -> ids of releases of that owner its client resent, whose late copies must
+-- not apply (written by the grant or re-entry that carries them, after such a fault only);
 -- ':w' -> set by a refusal of a waiter that parks on the lock's channel (the plain lock's), so
 -- that the release that deletes this incarnation of the lock publishes only if one may wait.
 -- Fencing tokens come from one counter shared by every lock name (a string key that never
 -- expires), so no key per name outlives its lock.  A release writes nothing else: the meta
 -- hash (see common/_requests) gets markers only on a fault path (a resend, an undo).
 
--- A fresh hold for owner: a new fencing token.  Returns the grant {token, 1, lease}.
-local function grant(lock, fence, owner, request, lease)
+-- A fresh hold for owner: a new fencing token.  Returns the grant {token, 1, lease}.  late:
+-- the ids of the owner's resent releases the hold must refuse (see optional_args), or nil.
+local function grant(lock, fence, owner, request, lease, late)
     local token = redis.call('INCR', fence)
-    redis.call('HSET', lock, owner, 1, ':fence', token, ':req', request)
+    if late then
+        redis.call('HSET', lock, owner, 1, ':fence', token, ':req', request,
+            ':late:' .. owner, late)
+    else
+        redis.call('HSET', lock, owner, 1, ':fence', token, ':req', request)
+    end
     redis.call('PEXPIRE', lock, lease)
     return {token, 1, lease}
 end
@@ -23,8 +31,8 @@ end
 -- last request, token, undone marker} (read by the caller with what else it needs), and the
 -- lock's PTTL if read: {token, count, pttl}, nil if it does not hold it, or false for a late
 -- copy of a request that was undone before it arrived.  A resend of the applied request
--- counts nothing; the lease is never shortened.
-local function reenter_read(lock, held, owner, request, lease, pttl)
+-- counts nothing; the lease is never shortened.  late: as for grant.
+local function reenter_read(lock, held, owner, request, lease, pttl, late)
     if not held[1] then
         return nil
     end
@@ -37,7 +45,11 @@ local function reenter_read(lock, held, owner, request, lease, pttl)
     local count = tonumber(held[1])
     if held[2] ~= request then
         count = count + 1
-        redis.call('HSET', lock, owner, count, ':req', request)
+        if late then
+            redis.call('HSET', lock, owner, count, ':req', request, ':late:' .. owner, late)
+        else
+            redis.call('HSET', lock, owner, count, ':req', request)
+        end
     end
     pttl = pttl or redis.call('PTTL', lock)
     if pttl < lease then
@@ -56,8 +68,13 @@ end
 -- resend of the release that deleted the lock finds it gone and answers nil, like any release
 -- of a hold that is gone: its client knows it resent, and reads that as released (the
 -- caller's critical section ended before it sent the release).
+--
+-- A late copy of a resent release (its resend was applied, and the owner has acquired since:
+-- ':req' no longer names it) would release the newer hold: the acquire that made or re-entered
+-- that hold wrote the release's id to ':late:<owner>', and the copy changes nothing.  It
+-- answers the holds left, as a resend does; its caller is gone.
 local function release_one(lock, meta, owner, request, undo)
-    local held = redis.call('HMGET', lock, owner, ':req', ':w')
+    local held = redis.call('HMGET', lock, owner, ':req', ':w', ':late:' .. owner)
     if not held[1] then
         if undo then
             void_request(meta, undo, resend_ms(ARGV[4]))  -- a late copy of it must not grant
@@ -65,7 +82,7 @@ local function release_one(lock, meta, owner, request, undo)
         return nil, false
     end
     local count = tonumber(held[1])
-    if held[2] == request then
+    if held[2] == request or late_release(owner, request, held[4]) then
         return count, false
     end
     if undo and held[2] ~= undo then

@@ -12,6 +12,14 @@
 -- client's resend window (a field per request, so that no marker replaces another; 'undone',
 -- the single field of earlier versions, is still read).
 --
+-- Releases are refused by id, not by order (see late_release): an explicit owner may be used
+-- by two tasks at once, whose calls can arrive out of order on two connections with no fault,
+-- so a release older than the owner's last request is no late copy by itself.  The client
+-- knows when a release may have a late copy (it resent it): once it is answered, and for the
+-- resend window, the owner's acquires of that lock carry the release's id ('late:<ids>', one
+-- more ARGV), and the hold they make or re-enter keeps it in the lock hash (':late:<owner>'),
+-- where the release scripts read it with the fields they read anyway.
+--
 -- The window is the client's own (derived from its retry policy: how long after a call a copy
 -- of it may still be on its way), passed by every call that may write a marker: an acquire's
 -- resend mark, a release's ARGV after its undo, a void call's ARGV[2].  MARK_MS is for a
@@ -31,12 +39,11 @@ end
 local PRUNE_ABOVE = 32
 
 -- Mark acquire request (owner/n) as one that must never apply (see stale), for ms (the
--- client's resend window; nil: an acquire script's resend mark, its last ARGV, carries it).
+-- client's resend window, from the call's ARGV: see resend_ms).
 -- The field's value is the server time until which it is kept.  A hash that keeps getting
 -- marks never expires as a whole, so marks past their time are pruned here, where they are
 -- added (after faults only).
 local function void_request(meta, request, ms)
-    ms = ms or resend_ms(ARGV[#ARGV])
     local now = now_ms()
     redis.call('HSET', meta, request, now + ms)
     keep(meta, ms)
@@ -77,3 +84,31 @@ end
 -- once the lock is free; after a grant, once that hold has ended, by a release or by its
 -- lease).  The client voids a hold's resent requests again when it ends (a hold may outlive
 -- the window).
+
+-- The optional ARGV after a script's own, from index first on: the resent releases whose late
+-- copies the hold must refuse ('late:' .. their request ids, comma-separated), and, last, a
+-- resend's mark (the resend window in ms: Calls.run's mark_resends appends it).  Returns the
+-- ids (or nil) and the mark (or nil).  Neither is there on the fault-free path.
+local function optional_args(first)
+    local late, resent
+    for i = first, #ARGV do
+        if string.sub(ARGV[i], 1, 5) == 'late:' then
+            late = string.sub(ARGV[i], 6)
+        else
+            resent = ARGV[i]
+        end
+    end
+    return late, resent
+end
+
+-- Whether request (owner/n) is a late copy of a release its client resent: n is one of the
+-- ids in late (the ':late:<owner>' field of the lock hash, false or nil when there is none).
+-- Its resend was applied, and the owner has acquired since (that acquire wrote the field), so
+-- this copy must change nothing.
+local function late_release(owner, request, late)
+    if not late then
+        return false
+    end
+    local n = string.sub(request, #owner + 2)
+    return string.find(',' .. late .. ',', ',' .. n .. ',', 1, true) ~= nil
+end

@@ -11,7 +11,9 @@
 -- ARGV[2]  owner id (<client id>:<task or explicit owner>)
 -- ARGV[3]  request id, unique per call of this owner; a resent call carries the same id
 -- ARGV[4]  the fair wait timeout in milliseconds: how long a silent waiter keeps its place
--- ARGV[5]  optional: set on a resend, whose request is then voided (common/_requests)
+-- ARGV[5..] optional, as for lock/acquire.lua: 'late:<ids>', releases of this owner its client
+--          resent lately, whose late copies the hold must refuse; and last, set on a resend,
+--          the client's resend window in ms, for which the request is then voided
 --
 -- Returns {fencing token, hold count, PTTL} when granted, else how many ms to wait before the
 -- next try: the lock's lease, or the wait timeout (the client keeps the place of a waiting
@@ -29,6 +31,7 @@
 --@include fair/_queue
 local owner = ARGV[2]
 local request = owner .. '/' .. ARGV[3]
+local late, resent = optional_args(5)
 local lease = tonumber(ARGV[1])
 local wait = tonumber(ARGV[4])
 if not lease or lease < 1 or lease > 1e12 then
@@ -50,7 +53,7 @@ local function attempt()
     local held = {map[owner], map[':req'], map[':fence'], map['x:' .. owner]}
     local first
     if locked then
-        local again = reenter_read(KEYS[1], held, owner, request, lease)
+        local again = reenter_read(KEYS[1], held, owner, request, lease, nil, late)
         if again then
             return again
         elseif again == false or stale(KEYS[2], owner, request) then
@@ -63,11 +66,11 @@ local function attempt()
         first = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
         if not first or first == owner then
             if not first then
-                return grant(KEYS[1], KEYS[6], owner, request, lease)
+                return grant(KEYS[1], KEYS[6], owner, request, lease, late)
             end
             redis.call('ZREM', KEYS[3], owner)
             redis.call('ZREM', KEYS[4], owner)
-            local reply = grant(KEYS[1], KEYS[6], owner, request, lease)
+            local reply = grant(KEYS[1], KEYS[6], owner, request, lease, late)
             -- A lease that runs out publishes nothing, and the next in line may be parked past
             -- this one's end (until the end of a longer hold it first met, released early).
             -- Its client's keep-alive, which calls every third of the wait timeout, calls
@@ -108,7 +111,7 @@ local function attempt()
 end
 
 local reply = attempt()
-if ARGV[5] then  -- a resend: its first copy may still arrive
-    void_request(KEYS[2], request)
+if resent then  -- a resend: its first copy may still arrive
+    void_request(KEYS[2], request, resend_ms(resent))
 end
 return reply

@@ -13,7 +13,8 @@
 --          saw; release only if that acquire was the owner's last request
 --
 -- Returns the holds the owner has left (0: the lock was deleted and the next waiter woken),
--- or nil when the owner does not hold the lock.  Idempotent per request, as the plain lock's.
+-- or nil when the owner does not hold the lock.  Idempotent per request, and a late copy of a
+-- resent release changes nothing, as the plain lock's.
 --@include common/_time
 --@include common/_requests
 --@include common/_hold

@@ -9,8 +9,11 @@
 -- ARGV[3]  request id, unique per call of this owner; a resent call carries the same id
 -- ARGV[4]  '1' if a refused caller parks on the lock's channel: the refusal then marks this
 --          incarnation of the lock as waited for (':w'), so that its last release publishes
--- ARGV[5]  optional: set on a resend, to the client's resend window in ms; the request is then
---          voided for that long (common/_requests)
+-- ARGV[5..] optional, neither there on the fault-free path: 'late:<ids>', the request ids of
+--          releases of this owner that its client resent lately (comma-separated; the hold
+--          this call makes or re-enters keeps them as ':late:<owner>', and their late copies
+--          change nothing: common/_hold's release_one); and last, set on a resend, the
+--          client's resend window in ms, for which the request is then voided (common/_requests)
 --
 -- Returns {fencing token, hold count, PTTL} when granted, else the lock's PTTL (an integer;
 -- -1 if it has no expiry; 1 for a late copy refused on a free lock).
@@ -28,6 +31,7 @@
 --@include common/_requests
 --@include common/_hold
 local request = ARGV[2] .. '/' .. ARGV[3]
+local late, resent = optional_args(5)
 local lease = tonumber(ARGV[1])
 -- Checked before any write: a PEXPIRE that fails after HSET would leave a lock that never expires.
 if not lease or lease < 1 or lease > 1e12 then
@@ -39,17 +43,17 @@ local function attempt()
     -- One command for the common case: the lock is free and no marker of a recent fault exists
     -- (a late copy can exist only after a fault, which writes one: common/_requests).
     if redis.call('EXISTS', KEYS[1], KEYS[2]) == 0 then
-        return grant(KEYS[1], KEYS[3], owner, request, lease)
+        return grant(KEYS[1], KEYS[3], owner, request, lease, late)
     end
     local pttl = redis.call('PTTL', KEYS[1])
     if pttl == -2 then  -- free: only markers of a recent fault exist
         if stale(KEYS[2], owner, request) then
             return 1  -- a late copy of an undone or answered call: its caller is gone
         end
-        return grant(KEYS[1], KEYS[3], owner, request, lease)
+        return grant(KEYS[1], KEYS[3], owner, request, lease, late)
     end
     local held = redis.call('HMGET', KEYS[1], owner, ':req', ':fence', 'x:' .. owner, ':w')
-    local again = reenter_read(KEYS[1], held, owner, request, lease, pttl)
+    local again = reenter_read(KEYS[1], held, owner, request, lease, pttl, late)
     if again then
         return again
     end
@@ -60,7 +64,7 @@ local function attempt()
 end
 
 local reply = attempt()
-if ARGV[5] then  -- a resend: its first copy may still arrive
-    void_request(KEYS[2], request, resend_ms(ARGV[5]))
+if resent then  -- a resend: its first copy may still arrive
+    void_request(KEYS[2], request, resend_ms(resent))
 end
 return reply

@@ -20,8 +20,10 @@
 --
 -- Idempotent: a resend of an applied request never releases twice.  A resend of the release
 -- that deleted the lock answers nil (no marker outlives the lock); its client knows it
--- resent and takes that for released.  Commands: HMGET, then DEL (and the publish if a waiter
--- was refused) for the last hold, HSET for an inner one.
+-- resent and takes that for released.  A late copy of a resent release, arriving once the
+-- owner acquired again (':late:<owner>' names it, see common/_hold), changes nothing and
+-- answers the holds left.  Commands: HMGET, then DEL (and the publish if a waiter was
+-- refused) for the last hold, HSET for an inner one.
 --@include common/_time
 --@include common/_requests
 --@include common/_hold

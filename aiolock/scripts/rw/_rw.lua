@@ -4,8 +4,10 @@
 -- KEYS[1]  the lock hash: 'w' -> the writer's owner id, 'wc' -> its hold count, 'we' -> the
 --          server ms at which its lease ends; 'r:<owner>' -> a reader's hold count,
 --          't:<owner>' -> its read token; 'q:<owner>' -> the last request applied for that
---          owner, 'x:<owner>' -> its last acquire undone before it arrived (both there while
---          the owner holds the lock); ':fence' -> the write hold's fencing token
+--          owner, 'x:<owner>' -> its last acquire undone before it arrived, ':late:<owner>'
+--          -> ids of its releases that its client resent, whose late copies must not apply
+--          (written by an acquire that carries them, after such a fault only; all three there
+--          while the owner holds the lock); ':fence' -> the write hold's fencing token
 -- KEYS[2]  the meta hash: '<owner>/<n>' -> an acquire undone before it arrived or voided
 --          by its client, for the client's resend window (see common/_requests); written on
 --          those fault paths only
@@ -18,7 +20,9 @@
 --
 -- Every hold has its own lease; the hash lives exactly as long as its longest live hold, and
 -- the last release deletes it with the readers set, leaving nothing behind.  A release script
--- takes owner, request, and on an undo the acquire request and the client's resend window.
+-- takes owner, request, and on an undo the acquire request and the client's resend window;
+-- an acquire script takes lease, owner, request, one more of its own, and the optional
+-- ARGV of common/_requests' optional_args (a late copy's ids, a resend's mark).
 
 -- Whether request is a late copy the owner must not get (see common/_requests): an acquire
 -- its client undid before it arrived ('x:<owner>' while the owner holds the lock, the meta
@@ -42,7 +46,18 @@ end
 
 -- The owner holds nothing any more: drop what the lock kept for it.
 local function forget(owner)
-    redis.call('HDEL', KEYS[1], 'q:' .. owner, 'x:' .. owner)
+    redis.call('HDEL', KEYS[1], 'q:' .. owner, 'x:' .. owner, ':late:' .. owner)
+end
+
+-- Record request as the owner's last one applied, with the ids of its resent releases whose
+-- late copies must not apply (late: see optional_args; nil on the fault-free path), and
+-- more field/value pairs to set in the same HSET.
+local function applied(owner, request, late, ...)
+    if late then
+        redis.call('HSET', KEYS[1], 'q:' .. owner, request, ':late:' .. owner, late, ...)
+    else
+        redis.call('HSET', KEYS[1], 'q:' .. owner, request, ...)
+    end
 end
 
 -- Drop the holds whose lease ended, old resend marks, and writers that stopped waiting.

@@ -6,8 +6,10 @@
 -- ARGV[2]  owner id
 -- ARGV[3]  request id, unique per call of this owner; a resent call carries the same id
 -- ARGV[4]  unused (the writers' wait timeout, taken by the write script)
--- ARGV[5]  optional: set on a resend, to the client's resend window in ms; the request is then
---          voided for that long (common/_requests)
+-- ARGV[5..] optional, neither there on the fault-free path: 'late:<ids>', releases of this
+--          owner its client resent lately, whose late copies its holds must refuse (kept as
+--          ':late:<owner>', see _rw.lua); and last, set on a resend, the client's resend window
+--          in ms, for which the request is then voided (common/_requests)
 --
 -- Returns {token, read count, ms until this owner's read holds end} when granted (a fresh
 -- read hold gets a new token; a reentrant one shares it), else the ms to wait before trying
@@ -22,6 +24,7 @@ if not lease or lease < 1 or lease > 1e12 then
 end
 local owner = ARGV[2]
 local request = owner .. '/' .. ARGV[3]
+local late, resent = optional_args(5)
 local function attempt()
     local now = now_ms()
     expire(now)
@@ -53,14 +56,14 @@ local function attempt()
         redis.call('HSET', KEYS[1], 't:' .. owner, token)
     end
     local count = redis.call('HINCRBY', KEYS[1], 'r:' .. owner, 1)
-    redis.call('HSET', KEYS[1], 'q:' .. owner, request)
+    applied(owner, request, late)
     local ends = lengthen(owner, now, lease)
     retime(now)
     return {token, count, ends - now}
 end
 
 local reply = attempt()
-if ARGV[5] then  -- a resend: its first copy may still arrive
-    void_request(KEYS[2], request, resend_ms(ARGV[5]))
+if resent then  -- a resend: its first copy may still arrive
+    void_request(KEYS[2], request, resend_ms(resent))
 end
 return reply

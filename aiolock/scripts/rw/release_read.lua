@@ -10,7 +10,9 @@
 --
 -- Returns the owner's read holds left, or nil when it held none (also for a resend of the
 -- owner's last read release: its client knows it resent).  The release that frees the lock
--- deletes it and wakes a writer; no release writes a marker.
+-- deletes it and wakes a writer; no release writes a marker.  A late copy of a release its
+-- client resent, arriving once the owner acquired again (':late:<owner>' names it, see
+-- _rw.lua), changes nothing and answers the holds left, as a resend does.
 --@include common/_time
 --@include common/_requests
 --@include rw/_rw
@@ -20,7 +22,7 @@ local now = now_ms()
 expire(now)
 
 local undo = ARGV[3] and owner .. '/' .. ARGV[3]
-local held = redis.call('HMGET', KEYS[1], 'r:' .. owner, 'q:' .. owner, 'w')
+local held = redis.call('HMGET', KEYS[1], 'r:' .. owner, 'q:' .. owner, 'w', ':late:' .. owner)
 if not held[1] then
     if undo then
         burn(owner, undo, held[3] == owner)  -- that acquire was not applied
@@ -28,7 +30,7 @@ if not held[1] then
     return nil
 end
 local count = tonumber(held[1])
-if held[2] == request then
+if held[2] == request or late_release(owner, request, held[4]) then
     return count
 end
 if undo and held[2] ~= undo then

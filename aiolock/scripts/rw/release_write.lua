@@ -10,7 +10,9 @@
 -- Returns the owner's write holds left, or nil when it held none (also for a resend of the
 -- release that deleted the lock: its client knows it resent).  The last write release
 -- keeps the owner's read holds (a downgrade); if nobody reads, the lock is deleted.  Either
--- way a waiting writer is woken, and every waiting reader unless a writer is registered.
+-- way a waiting writer is woken, and every waiting reader unless a writer is registered.  A
+-- late copy of a release its client resent, arriving once the owner acquired again
+-- (':late:<owner>' names it, see _rw.lua), changes nothing and answers the holds left.
 --@include common/_time
 --@include common/_requests
 --@include rw/_rw
@@ -20,7 +22,8 @@ local now = now_ms()
 expire(now)
 
 local undo = ARGV[3] and owner .. '/' .. ARGV[3]
-local held = redis.call('HMGET', KEYS[1], 'w', 'wc', 'q:' .. owner, 'r:' .. owner)
+local held = redis.call('HMGET', KEYS[1], 'w', 'wc', 'q:' .. owner, 'r:' .. owner,
+    ':late:' .. owner)
 if held[1] ~= owner then
     if held[3] == request then
         return 0  -- a resend of a release that landed (the owner still reads)
@@ -31,7 +34,7 @@ if held[1] ~= owner then
     return nil
 end
 local count = tonumber(held[2])
-if held[3] == request then
+if held[3] == request or late_release(owner, request, held[5]) then
     return count
 end
 if undo and held[3] ~= undo then

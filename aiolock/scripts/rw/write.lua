@@ -6,12 +6,13 @@
 -- ARGV[2]  owner id
 -- ARGV[3]  request id, unique per call of this owner; a resent call carries the same id
 -- ARGV[4]  how long (ms) a waiting writer holds readers back without trying again
+-- ARGV[5..] optional, as for read.lua: 'late:<ids>', releases of this owner its client resent
+--          lately, whose late copies its holds must refuse; and last, set on a resend, the
+--          client's resend window in ms, for which the request is then voided
 --
 -- Returns {fencing token, write count, ms until the write hold ends} when granted, else the
 -- ms to wait before trying again (the writer then holds back new readers of other owners until
 -- ARGV[4] has passed since its last try).  An owner that reads and does not write gets an
--- ARGV[5]  optional: set on a resend, to the client's resend window in ms; the request is then
---          voided for that long (common/_requests)
 -- error: an upgrade could deadlock.
 --@include common/_time
 --@include common/_requests
@@ -23,6 +24,7 @@ if not lease or lease < 1 or lease > 1e12 then
 end
 local owner = ARGV[2]
 local request = owner .. '/' .. ARGV[3]
+local late, resent = optional_args(5)
 local function attempt()
     local now = now_ms()
     expire(now)
@@ -36,7 +38,7 @@ local function attempt()
         local count, ends = tonumber(held[2]), tonumber(held[6])
         if held[4] ~= request then  -- else a resend: it counts nothing
             count = count + 1
-            redis.call('HSET', KEYS[1], 'wc', count, 'q:' .. owner, request)
+            applied(owner, request, late, 'wc', count)
         end
         -- The lease runs from now, never shortened (also for a resend that comes after a stall:
         -- it must not answer with a hold about to end).
@@ -59,14 +61,13 @@ local function attempt()
 
     redis.call('ZREM', KEYS[4], owner)
     local token = redis.call('INCR', KEYS[7])
-    redis.call('HSET', KEYS[1], 'w', owner, 'wc', 1, 'we', now + lease, ':fence', token,
-        'q:' .. owner, request)
+    applied(owner, request, late, 'w', owner, 'wc', 1, 'we', now + lease, ':fence', token)
     retime(now)
     return {token, 1, lease}
 end
 
 local reply = attempt()
-if ARGV[5] then  -- a resend: its first copy may still arrive
-    void_request(KEYS[2], request, resend_ms(ARGV[5]))
+if resent then  -- a resend: its first copy may still arrive
+    void_request(KEYS[2], request, resend_ms(resent))
 end
 return reply
