@@ -209,6 +209,6 @@ def redis_version(url: str) -> tuple[int, int]:
 
 def needs_sharded_pubsub(url: str) -> None:
     """Skip a test of sharded pub/sub on a server without it (Redis 6; the classic pub/sub
-    that aiolock uses there instead is tested in test_server_versions.py)."""
+    that aiolock uses there instead is tested in versions/test_server_versions.py)."""
     if redis_version(url) < (7, 0):
         pytest.skip("no sharded pub/sub before Redis 7.0 (classic pub/sub is used instead)")

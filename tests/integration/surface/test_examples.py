@@ -11,7 +11,7 @@ import pytest
 
 from aiolock.testing.pytest_plugin import ServerInfo
 
-EXAMPLES = sorted((Path(__file__).parents[2] / "examples").glob("*.py"))
+EXAMPLES = sorted((Path(__file__).parents[3] / "examples").glob("*.py"))
 # The framework glue modules are public too (behind the fastapi and aiohttp extras).
 PUBLIC_MODULES = ("aiolock", "aiolock.testing.embedded", "aiolock.fastapi", "aiolock.aiohttp")
 

@@ -38,7 +38,7 @@ from tests.helpers import (
     settled,
     take_and_release_across_failover,
 )
-from tests.integration.test_cluster import migrate_slot
+from tests.integration.topology.test_cluster import migrate_slot
 
 pytestmark = pytest.mark.anyio
 

@@ -22,7 +22,7 @@ from tests.helpers import assert_clean, channels, eventually
 
 pytestmark = pytest.mark.anyio
 
-ROOT = Path(__file__).parents[2]
+ROOT = Path(__file__).parents[3]
 
 
 def fair_keys(lock: aiolock.AsyncFairLock) -> FairKeys:

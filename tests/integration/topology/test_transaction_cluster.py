@@ -20,7 +20,7 @@ from redis.crc import key_slot
 import aiolock
 from aiolock.testing.pytest_plugin import ServerInfo
 from tests.helpers import cluster_clients
-from tests.integration.test_transaction import KINDS, RIVAL, held, lock_of
+from tests.integration.concerns.test_transaction import KINDS, RIVAL, held, lock_of
 
 pytestmark = pytest.mark.anyio
 
@@ -130,8 +130,8 @@ async def test_a_holder_paused_past_its_lease_has_its_write_refused_on_a_cluster
     kind: str,
     lease: float | None,
 ) -> None:
-    """As on one server (see test_transaction.py): the paused holder's event loop stands still
-    while a client in another thread takes the lock on the lock's node."""
+    """As on one server (see concerns/test_transaction.py): the paused holder's event loop
+    stands still while a client in another thread takes the lock on the lock's node."""
     holder = clients(watchdog_timeout=0.4)
     tag = lock_of(holder, kind, "group").hash_tag
     members = f"{holder.key_prefix}-m:{tag}"

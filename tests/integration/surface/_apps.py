@@ -16,7 +16,7 @@ from types import ModuleType
 
 import httpx
 
-EXAMPLES = Path(__file__).parents[2] / "examples"
+EXAMPLES = Path(__file__).parents[3] / "examples"
 LIMIT = 5
 
 
