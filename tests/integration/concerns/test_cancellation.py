@@ -20,7 +20,13 @@ from redis.asyncio.connection import Connection as RedisConnection
 
 import aiolock
 from aiolock.testing.pytest_plugin import ServerInfo
-from tests.helpers import assert_clean, eventually, hold_as_stranger
+from tests.helpers import (
+    assert_clean,
+    entries_of,
+    eventually,
+    hold_as_stranger,
+    keys_of,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -125,8 +131,8 @@ async def test_cancelled_waiter_passes_its_wake_up_on(
     """
     lock = aiolock_client.lock("pass-it-on")
     await hold_as_stranger(redis, lock, 30_000)
-    key = lock._keys.channel.encode()
-    entries = aiolock_client._services.pubsub._entries
+    key = keys_of(lock).channel.encode()
+    entries = entries_of(aiolock_client)
     first = asyncio.create_task(lock.try_lock(wait=30))
     await eventually(lambda: key in entries and entries[key].parked == 1)
 
@@ -137,7 +143,7 @@ async def test_cancelled_waiter_passes_its_wake_up_on(
 
     second = asyncio.create_task(second_waiter())
     await eventually(lambda: entries[key].parked == 2)
-    await redis.delete(lock._keys.lock)  # freed, and no message published
+    await redis.delete(keys_of(lock).lock)  # freed, and no message published
     entries[key].wake_one()  # as if a message arrived: it goes to `first`...
     first.cancel()  # ...which is cancelled before it can use it
     with pytest.raises(asyncio.CancelledError):

@@ -29,7 +29,7 @@ from redis.exceptions import ResponseError
 import aiolock
 from aiolock._core.validate import MAX_SECONDS
 from aiolock.testing.embedded import free_port
-from tests.helpers import lock_keys
+from tests.helpers import keys_of, lock_keys
 
 pytestmark = pytest.mark.anyio
 
@@ -108,14 +108,14 @@ def offline() -> aiolock.Client:
 
 async def fence(redis: Redis, lock: aiolock.AsyncRLock) -> int:
     """The fencing token stored in ``lock``'s hash."""
-    token = await redis.hget(lock._keys.lock, ":fence")
+    token = await redis.hget(keys_of(lock).lock, ":fence")
     assert token is not None
     return int(token)
 
 
 def lookalikes(client: aiolock.Client, name: str) -> set[str]:
     """Names spelled like the keys, channel or hash tag of lock ``name``."""
-    keys = client.lock(name)._keys
+    keys = keys_of(client.lock(name))
     tag = keys.lock.removeprefix(f"{client.key_prefix}:")
     return {
         keys.lock,
@@ -139,7 +139,7 @@ def lookalikes(client: aiolock.Client, name: str) -> set[str]:
 def test_distinct_names_never_share_keys_and_each_stays_in_one_slot(
     offline: aiolock.Client, a: str, b: str
 ) -> None:
-    ka, kb = offline.lock(a)._keys, offline.lock(b)._keys
+    ka, kb = keys_of(offline.lock(a)), keys_of(offline.lock(b))
     for keys in (ka, kb):
         assert key_slot(keys.lock.encode()) == key_slot(keys.meta.encode())
         assert key_slot(keys.lock.encode()) == key_slot(keys.channel.encode())
@@ -163,7 +163,7 @@ async def test_any_name_locks_and_unlocks(
     async with lock.acquire(wait=1, lease=5) as guard:
         assert await lock.hold_count() == 1
         raw = aiolock_client.redis
-        assert await raw.exists(lock._keys.lock) == 1
+        assert await raw.exists(keys_of(lock).lock) == 1
         assert await fence(raw, lock) == guard.fencing_token
         assert repr(lock).startswith("<AsyncRLock ")
     assert not await lock.is_locked()
@@ -276,8 +276,8 @@ async def test_a_huge_lease_never_leaves_a_lock_without_expiry(
         outcome = await lock.try_lock(lease=lease)
     except (ValueError, ResponseError) as exc:
         outcome = exc
-    pttl = await raw.pttl(lock._keys.lock)
-    await raw.delete(lock._keys.lock)  # never leave an immortal lock to the next example
+    pttl = await raw.pttl(keys_of(lock).lock)
+    await raw.delete(keys_of(lock).lock)  # never leave an immortal lock to the next example
     assert pttl != -1, f"lease={lease!r} ({outcome!r}) left a lock that never expires"
     assert not isinstance(outcome, ResponseError), f"lease={lease!r} failed after I/O: {outcome}"
     if isinstance(outcome, ValueError):

@@ -22,9 +22,10 @@ from redis.backoff import ConstantBackoff
 from redis.exceptions import ResponseError
 
 import aiolock
+from aiolock._core.base import Seam
 from aiolock.testing.embedded import EmbeddedServer
 from aiolock.testing.pytest_plugin import ServerInfo
-from tests.helpers import evalsha_calls, eventually, stall_server, use_once
+from tests.helpers import evalsha_calls, eventually, keys_of, services_of, stall_server, use_once
 
 pytestmark = pytest.mark.anyio
 
@@ -96,10 +97,10 @@ async def test_a_long_hold_released_after_a_resend_leaves_nothing_after_the_wind
         retry=Retry(ConstantBackoff(0.01), 20),
     )
     client = aiolock.Client(flaky, key_prefix=aiolock_client.key_prefix)
-    window = client._services.resend_window_ms
+    window = services_of(client).resend_window_ms
     assert window == 2_300  # 21 attempts x (0.05 + 0.05) s + 20 pauses of 0.01 s
     lock = client.lock("long-hold")
-    meta = lock._keys.meta
+    meta = keys_of(lock).meta
     try:
         await redis.execute_command("DEBUG", "SLEEP", 0)
     except ResponseError:
@@ -117,7 +118,7 @@ async def test_a_long_hold_released_after_a_resend_leaves_nothing_after_the_wind
         assert await evalsha_calls(redis) - before >= 2, "redis-py did not resend"
         assert 0 < await redis.pttl(meta) <= window  # the resend's own mark: for the window
         await lock.unlock()
-        assert not await redis.exists(lock._keys.lock)
+        assert not await redis.exists(keys_of(lock).lock)
         assert 0 < await redis.pttl(meta) <= window  # fenced again at the release
         assert await redis.hlen(meta) == 1  # the one resent request, nothing else
 
@@ -182,13 +183,13 @@ async def test_an_undo_marks_for_the_resend_window_only(
         socket_connect_timeout=0.05,
         retry=Retry(ConstantBackoff(0.01), 1),
     )
-    window = client._services.resend_window_ms
+    window = services_of(client).resend_window_ms
     assert window == 2_000  # the floor: 2 x (0.05 + 0.05) s + 0.01 s is less
     try:
         if kind == "semaphore":
             lock: Any = client.semaphore("undone", 1)._permits
             owner = "undone-permit"
-            marked = lock._keys.lock  # the marks live with the permits
+            marked = keys_of(lock).lock  # the marks live with the permits
         else:
             lock = {
                 "lock": client.lock,
@@ -196,9 +197,9 @@ async def test_an_undo_marks_for_the_resend_window_only(
                 "read": lambda n: client.rw_lock(n).read_lock(),
                 "write": lambda n: client.rw_lock(n).write_lock(),
             }[kind]("undone")
-            owner, _ = lock._owner()
-            marked = lock._keys.meta
-        services = client._services
+            owner, _ = Seam(lock).owner()
+            marked = keys_of(lock).meta
+        services = services_of(client)
         late = services.owners.next_request()
         loop = asyncio.get_running_loop()
         await lock._retry_release(owner, services.owners.next_request(), late, loop.time() + 5)

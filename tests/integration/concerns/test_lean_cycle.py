@@ -14,7 +14,7 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
-from tests.helpers import eventually
+from tests.helpers import eventually, keys_of, services_of
 
 pytestmark = pytest.mark.anyio
 
@@ -71,10 +71,12 @@ async def test_a_release_publishes_for_a_waiter_it_refused(
     await holder.lock(lease=60)
     other = make_client().lock("handed", owner="waiter")  # released from this task
     waiting = asyncio.create_task(other.try_lock(wait=30))
-    stats = other._services.pubsub
+    stats = services_of(other).pubsub
 
     async def parked() -> bool:
-        return stats.statistics().waiters == 1 and await redis.hget(holder._keys.lock, ":w") == "1"
+        return (
+            stats.statistics().waiters == 1 and await redis.hget(keys_of(holder).lock, ":w") == "1"
+        )
 
     await eventually(parked, what="the waiter refused and parked")
     ran = await counted(redis, holder.unlock)

@@ -22,7 +22,8 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
-from tests.helpers import eventually
+from aiolock._core.base import Seam
+from tests.helpers import eventually, keys_of, rw_keys_of
 
 pytestmark = pytest.mark.anyio
 
@@ -66,7 +67,7 @@ async def _lock_hold(lock: Any, lease: float, wait: float | None) -> Any:
 
 def _single(make: Callable[[aiolock.Client], Any]) -> Case:
     async def end(redis: Redis, lock: Any) -> int:
-        return await pttl_end(redis, lock._keys.lock)
+        return await pttl_end(redis, keys_of(lock).lock)
 
     return Case(
         holder=lambda client: _lock_hold(make(client), HOLDER_LEASE, None),
@@ -76,11 +77,11 @@ def _single(make: Callable[[aiolock.Client], Any]) -> Case:
 
 
 async def _rw_end(redis: Redis, lock: Any) -> int:
-    keys = lock._rw_keys
+    keys = rw_keys_of(lock)
     if isinstance(lock, aiolock.AsyncWriteLock):
         ends = await redis.hget(keys.lock, "we")
     else:
-        owner, _ = lock._owner()
+        owner, _ = Seam(lock).owner()
         ends = await redis.zscore(keys.readers, owner)
     assert ends is not None, "the hold is gone right after its grant"
     return int(float(ends))
@@ -93,7 +94,7 @@ async def _take_permit(sem: aiolock.AsyncSemaphore, lease: float, wait: float) -
 
 
 async def _permit_end(redis: Redis, permit: Any) -> int:
-    ends = await redis.zscore(permit.semaphore._permits._keys.lock, permit.id)
+    ends = await redis.zscore(keys_of(permit.semaphore).lock, permit.id)
     assert ends is not None, "the permit is gone right after its grant"
     return int(float(ends))
 
@@ -181,7 +182,7 @@ async def test_fair_waiters_behind_a_long_hold_released_early_are_told_of_each_n
     async def waiter(client: aiolock.Client) -> None:
         lock = client.fair_lock("early")
         assert await lock.try_lock(15, lease)
-        end = await pttl_end(redis, lock._keys.lock)
+        end = await pttl_end(redis, keys_of(lock).lock)
         grants.append((end - round(lease * 1000), end))
 
     tasks = []
@@ -189,7 +190,7 @@ async def test_fair_waiters_behind_a_long_hold_released_early_are_told_of_each_n
         tasks.append(asyncio.create_task(waiter(client)))
 
         async def queued(count: int = i + 1) -> bool:  # each parks behind the long hold
-            return int(await redis.zcard(f"{holder._keys.lock}:q")) == count
+            return int(await redis.zcard(f"{keys_of(holder).lock}:q")) == count
 
         await eventually(queued, what=f"{i + 1} queued")
     await holder.unlock()

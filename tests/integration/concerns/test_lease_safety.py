@@ -11,7 +11,7 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
-from tests.helpers import assert_clean, eventually
+from tests.helpers import assert_clean, eventually, services_of
 
 pytestmark = pytest.mark.anyio
 
@@ -57,7 +57,7 @@ async def test_watchdog_keeps_the_lock_alive(make_client: MakeClient, redis: Red
         assert 0 < remaining <= 0.3
     assert not await lock.is_locked()
     # After the last release the watchdog has nothing left to renew.
-    assert client._services.holds.watched() == []
+    assert services_of(client).holds.watched() == []
 
 
 async def test_force_unlock_is_noticed_within_one_period(make_client: MakeClient) -> None:
@@ -74,7 +74,7 @@ async def test_force_unlock_is_noticed_within_one_period(make_client: MakeClient
             await asyncio.wait_for(lost.wait(), timeout=2)
             noticed = loop.time() - forced_at
             assert guard.lost
-    assert noticed <= holder_client._services.watchdog.period + 0.2, noticed
+    assert noticed <= services_of(holder_client).watchdog.period + 0.2, noticed
     assert lock.statistics().losses == 1
     assert lock.statistics().lost
     assert "lost" in repr(lock)
@@ -236,7 +236,7 @@ async def test_owner_that_ends_without_unlocking_loses_the_lock(
 
         await eventually(expired, timeout=3, what="the abandoned lock expired")
     assert any("ended while holding" in r.getMessage() for r in caplog.records)
-    assert client._services.holds.watched() == []
+    assert services_of(client).holds.watched() == []
 
 
 async def test_explicit_owner_spans_tasks(aiolock_client: aiolock.Client, redis: Redis) -> None:

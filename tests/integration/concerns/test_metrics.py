@@ -18,7 +18,7 @@ from redis.asyncio import Redis
 import aiolock
 from aiolock._core.metrics import _WAIT_BUCKETS, KIND, METER
 from aiolock.testing.pytest_plugin import ServerInfo
-from tests.helpers import eventually
+from tests.helpers import eventually, keys_of
 
 pytestmark = pytest.mark.anyio
 
@@ -228,7 +228,7 @@ async def test_a_loss_is_counted_logged_and_no_longer_held(
         with pytest.raises(aiolock.LockLostError):
             async with lock.acquire() as guard:
                 assert held(meter, before) == {"lock": 1}
-                await redis.delete(lock._keys.lock)  # the lease ends under the holder
+                await redis.delete(keys_of(lock).lock)  # the lease ends under the holder
                 await eventually(lambda: guard.lost, what="the watchdog reports the loss")
                 assert held(meter, before) == {}
     changed = meter.since(before)
@@ -288,8 +288,8 @@ def test_without_opentelemetry_nothing_is_imported(aiolock_server: ServerInfo) -
 
         async def main():
             async with aiolock.Client.from_url(sys.argv[1], key_prefix="no-otel") as client:
-                assert client._services.metrics is None
-                assert client._services.tracing is None
+                assert services_of(client).metrics is None
+                assert services_of(client).tracing is None
                 async with client.lock("x") as guard:
                     assert not guard.lost
                 assert client.lock("x").statistics().acquisitions == 1

@@ -17,7 +17,7 @@ from redis.exceptions import NoPermissionError
 
 import aiolock
 from aiolock.testing.pytest_plugin import ServerInfo
-from tests.helpers import assert_clean, eventually, hold_as_stranger, parked
+from tests.helpers import assert_clean, eventually, hold_as_stranger, keys_of, parked
 
 pytestmark = pytest.mark.anyio
 
@@ -49,10 +49,10 @@ async def test_a_refused_channel_fails_its_waiters_and_spares_the_others(
             await asyncio.wait_for(refused.try_lock(wait=30), 5)  # not after the 30 s lease
         assert refused.statistics().waiters == 0
         # The subscriber connection survived the refusal: a release still wakes the other.
-        await redis.delete(allowed._keys.lock)
-        await redis.publish(allowed._keys.channel, "released")
+        await redis.delete(keys_of(allowed).lock)
+        await redis.publish(keys_of(allowed).channel, "released")
         assert await asyncio.wait_for(waiter, 5)
-        await redis.delete(refused._keys.lock)
+        await redis.delete(keys_of(refused).lock)
         await assert_clean(redis, client)
     finally:
         await client.aclose()

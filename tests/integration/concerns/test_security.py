@@ -23,6 +23,7 @@ from redis.exceptions import AuthenticationError, NoPermissionError, RedisError
 
 import aiolock
 from aiolock.testing.embedded import EmbeddedServer, free_port, redis_server_binary
+from tests.helpers import keys_of
 
 pytestmark = pytest.mark.anyio
 
@@ -231,7 +232,7 @@ async def test_owner_ids_are_random_uuid4(aiolock_client: aiolock.Client) -> Non
     assert all(uuid.UUID(client_id).version == 4 for client_id in ids)
     lock = aiolock_client.lock("who")
     async with lock.acquire(wait=1):
-        fields = await aiolock_client.redis.hgetall(lock._keys.lock)
+        fields = await aiolock_client.redis.hgetall(keys_of(lock).lock)
     owners = [str(field.decode() if isinstance(field, bytes) else field) for field in fields]
     owners = [owner for owner in owners if not owner.startswith(":")]
     assert len(owners) == 1

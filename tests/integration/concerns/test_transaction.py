@@ -24,7 +24,7 @@ from redis.exceptions import ResponseError
 
 import aiolock
 from aiolock.testing.pytest_plugin import ServerInfo
-from tests.helpers import assert_clean, evalsha_calls, eventually
+from tests.helpers import assert_clean, evalsha_calls, eventually, keys_of, rw_keys_of
 
 pytestmark = pytest.mark.anyio
 
@@ -197,7 +197,7 @@ async def test_the_owners_hold_with_another_token_refuses_the_guards_write(
     with pytest.raises(aiolock.LockLostError):
         async with lock.acquire(wait=5) as guard:
             fresh = guard.fencing_token + 1000
-            await redis.hset(lock._keys.lock, ":fence", fresh)  # the owner's field stays
+            await redis.hset(keys_of(lock).lock, ":fence", fresh)  # the owner's field stays
             with pytest.raises(aiolock.LockLostError, match="ran none"):
                 async with guard.transaction() as tx:
                     tx.sadd(members, "stale")
@@ -459,13 +459,13 @@ async def server_left(redis: Redis, kind: str, lock: Any, guard: Any) -> float:
     """Seconds the server still gives the hold (its PTTL: for the rw holds and permits, their
     lease end on the server's clock); negative when it has none."""
     if kind in ("lock", "fair", "spin"):
-        ms = await redis.eval(_LEFT, 1, lock._keys.lock, "pttl")
+        ms = await redis.eval(_LEFT, 1, keys_of(lock).lock, "pttl")
     elif kind == "write":
-        ms = await redis.eval(_LEFT, 1, lock._keys.lock, "we")
+        ms = await redis.eval(_LEFT, 1, keys_of(lock).lock, "we")
     elif kind == "read":
-        ms = await redis.eval(_LEFT, 1, lock._rw_keys.readers, "z", guard._holding.owner)
+        ms = await redis.eval(_LEFT, 1, rw_keys_of(lock).readers, "z", guard._holding.owner)
     else:
-        ms = await redis.eval(_LEFT, 1, lock._permits._keys.lock, "z", guard.id)
+        ms = await redis.eval(_LEFT, 1, keys_of(lock).lock, "z", guard.id)
     return int(ms) / 1000
 
 

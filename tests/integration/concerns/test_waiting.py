@@ -12,10 +12,14 @@ import aiolock
 from tests.helpers import (
     assert_clean,
     channels,
+    entries_of,
+    entry_of,
     evalsha_calls,
     eventually,
     hold_as_stranger,
+    keys_of,
     parked,
+    services_of,
 )
 
 pytestmark = pytest.mark.anyio
@@ -65,9 +69,7 @@ async def test_waiter_wakes_promptly_on_release(aiolock_client: aiolock.Client) 
     await eventually(
         lambda: lock.statistics().waiters == 1 and aiolock_client.statistics().subscriptions == 1
     )
-    await eventually(
-        lambda: aiolock_client._services.pubsub._entries[lock._keys.channel.encode()].parked == 1
-    )
+    await eventually(lambda: entry_of(aiolock_client, lock).parked == 1)
     release_now.set()
     granted = await waiter_task
     await holder_task
@@ -89,9 +91,9 @@ async def test_one_subscription_for_many_waiters(
 
     waiters = [asyncio.create_task(waiter(i)) for i in range(50)]
     await eventually(lambda: lock.statistics().waiters == 50)
-    numsub = dict(await redis.pubsub_numsub(lock._keys.channel))
-    assert numsub[lock._keys.channel] == 1
-    assert await channels(redis, aiolock_client) == [lock._keys.channel]
+    numsub = dict(await redis.pubsub_numsub(keys_of(lock).channel))
+    assert numsub[keys_of(lock).channel] == 1
+    assert await channels(redis, aiolock_client) == [keys_of(lock).channel]
     pubsub_clients = [c for c in await redis.client_list() if int(c.get("sub", 0)) > 0]
     assert len(pubsub_clients) == 1
     assert aiolock_client.statistics().subscriptions == 1
@@ -105,9 +107,9 @@ async def test_one_subscription_for_many_waiters(
 async def test_one_release_wakes_one_waiter(aiolock_client: aiolock.Client, redis: Redis) -> None:
     """One message, one wake-up: exactly one acquire attempt follows it, not one per waiter."""
     lock = aiolock_client.lock("wake-one")
-    keys = lock._keys
+    keys = keys_of(lock)
     await hold_as_stranger(redis, lock, 30_000)
-    entries = aiolock_client._services.pubsub._entries
+    entries = entries_of(aiolock_client)
     channel = keys.channel.encode()
     winners: list[int] = []
     done = asyncio.Event()
@@ -152,7 +154,7 @@ async def test_wait_zero_never_subscribes(aiolock_client: aiolock.Client) -> Non
     holder = await hold_in_task(lock)
     assert not await lock.try_lock(wait=0)
     assert aiolock_client.statistics().subscriptions == 0
-    assert not aiolock_client._services.pubsub._subscribers  # no subscriber was even made
+    assert not services_of(aiolock_client).pubsub._subscribers  # no subscriber was even made
     holder.cancel()
     await asyncio.gather(holder, return_exceptions=True)
 
@@ -179,15 +181,15 @@ async def test_waiters_survive_a_killed_pubsub_connection(
     await ready.wait()
     waiter = asyncio.create_task(acquire_and_release())
     await eventually(lambda: aiolock_client.statistics().subscriptions == 1)
-    await eventually(
-        lambda: aiolock_client._services.pubsub._entries[lock._keys.channel.encode()].parked == 1
-    )
-    reconnects = aiolock_client._services.pubsub.statistics().reconnects
+    await eventually(lambda: entry_of(aiolock_client, lock).parked == 1)
+    reconnects = services_of(aiolock_client).pubsub.statistics().reconnects
     assert await redis.client_kill_filter(_type="pubsub") >= 1
-    await eventually(lambda: aiolock_client._services.pubsub.statistics().reconnects > reconnects)
+    await eventually(
+        lambda: services_of(aiolock_client).pubsub.statistics().reconnects > reconnects
+    )
 
     async def resubscribed() -> bool:
-        return await channels(redis, aiolock_client) == [lock._keys.channel]
+        return await channels(redis, aiolock_client) == [keys_of(lock).channel]
 
     await eventually(resubscribed)
     release.set()
@@ -201,7 +203,7 @@ async def test_newcomers_queue_behind_a_task_already_trying(
 ) -> None:
     """Five tasks at once on a busy lock: only the first one asks Redis; the rest queue behind."""
     lock = aiolock_client.lock("queue-behind")
-    keys = lock._keys
+    keys = keys_of(lock)
     await hold_as_stranger(redis, lock, 30_000)
     served: list[int] = []
 
@@ -211,7 +213,7 @@ async def test_newcomers_queue_behind_a_task_already_trying(
 
     before = await evalsha_calls(redis)
     waiters = [asyncio.create_task(waiter(i)) for i in range(5)]
-    entries = aiolock_client._services.pubsub._entries
+    entries = entries_of(aiolock_client)
     key = keys.channel.encode()
     # Confirmed and all parked: the confirmation's wake-up has been used (a woken task is not
     # parked until its try is over).  The first: one try, then one more once subscribed.  The

@@ -22,9 +22,9 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
-from aiolock._core.base import LockKind, LockStatistics
+from aiolock._core.base import LockKind, LockStatistics, Seam
 from aiolock._core.holds import Hold
-from tests.helpers import assert_clean, evalsha_calls, eventually
+from tests.helpers import assert_clean, evalsha_calls, eventually, services_of
 
 pytestmark = pytest.mark.anyio
 
@@ -115,7 +115,7 @@ def part_statistics(lock: Any) -> Sequence[LockStatistics]:
 
 def granted(lock: Any) -> list[Hold]:
     """The calling owner's holds of every part of ``lock``, right after an acquire."""
-    return [part._granted() for part in singles(lock)]
+    return [Seam(part).held() for part in singles(lock)]
 
 
 def token_of(lock: Any) -> object:
@@ -419,7 +419,7 @@ async def test_acquiring_again_after_a_loss_the_server_has_not_seen_yet_is_fresh
     assert await lock.try_lock(lease=30)
     old = granted(lock)
     for part, hold in zip(singles(lock), old, strict=True):  # a composite: every part
-        part._services.holds.lose(hold, "taken for lost by the test, still held there")
+        services_of(part).holds.lose(hold, "taken for lost by the test, still held there")
     assert await lock.try_lock()
     new = granted(lock)
     # Fresh grants, not the old tokens handed out again.

@@ -18,7 +18,14 @@ from redis.asyncio import Redis
 import aiolock
 from aiolock.fair import FairKeys
 from aiolock.testing.pytest_plugin import ServerInfo
-from tests.helpers import assert_clean, channels, eventually
+from tests.helpers import (
+    assert_clean,
+    channels,
+    entry_of,
+    eventually,
+    keys_of,
+    services_of,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -26,7 +33,7 @@ ROOT = Path(__file__).parents[3]
 
 
 def fair_keys(lock: aiolock.AsyncFairLock) -> FairKeys:
-    keys = lock._keys
+    keys = keys_of(lock)
     assert isinstance(keys, FairKeys)
     return keys
 
@@ -58,11 +65,11 @@ async def publish_calls(redis: Redis) -> int:
 
 def messages(clients: list[aiolock.Client]) -> int:
     """Messages the clients' subscriber connections have received in total."""
-    return sum(client._services.pubsub.statistics().messages for client in clients)
+    return sum(services_of(client).pubsub.statistics().messages for client in clients)
 
 
 def parked_on(client: aiolock.Client, lock: aiolock.AsyncFairLock) -> int:
-    entry = client._services.pubsub._entries.get(fair_keys(lock).channel.encode())
+    entry = entry_of(client, fair_keys(lock).channel)
     return 0 if entry is None or not entry.confirmed else entry.parked
 
 

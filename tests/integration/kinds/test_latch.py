@@ -9,7 +9,7 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
-from tests.helpers import assert_clean, eventually
+from tests.helpers import assert_clean, entry_of, eventually, keys_of
 
 pytestmark = pytest.mark.anyio
 
@@ -49,11 +49,11 @@ async def test_every_waiter_of_every_client_wakes_at_zero_without_polling(
     ]
 
     def parked() -> bool:  # confirmed, looked at the count again, and parked once more
-        entries = [c._services.pubsub._entries.get(latch._keys.channel.encode()) for c in clients]
+        entries = [entry_of(c, latch) for c in clients]
         return all(e is not None and e.confirmed and e.parked == 3 for e in entries)
 
     await eventually(parked, what="every waiter parked on a confirmed subscription")
-    numsub = await redis.pubsub_numsub(latch._keys.channel)
+    numsub = await redis.pubsub_numsub(keys_of(latch).channel)
     assert int(numsub[0][1]) == 3  # one subscription per client for its 3 waiting tasks
     gets = await commands(redis, "get")
     await asyncio.sleep(0.3)  # waiting: no command is sent meanwhile

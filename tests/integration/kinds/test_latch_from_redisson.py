@@ -12,14 +12,14 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
-from tests.helpers import assert_clean, eventually
+from tests.helpers import assert_clean, entry_of, eventually
 
 pytestmark = pytest.mark.anyio
 
 
 def parked(client: aiolock.Client, latch: aiolock.AsyncCountDownLatch, tasks: int) -> bool:
     """``tasks`` of ``client`` wait on ``latch`` on a confirmed subscription."""
-    entry = client._services.pubsub._entries.get(latch._keys.channel.encode())
+    entry = entry_of(client, latch)
     return entry is not None and entry.confirmed and entry.parked == tasks
 
 

@@ -12,9 +12,10 @@ import pytest
 import redis
 
 import aiolock
+from aiolock._core.base import Seam
 from aiolock.testing.embedded import EmbeddedServer
 from tests.conftest import SERVERS
-from tests.helpers import eventually
+from tests.helpers import eventually, keys_of
 
 pytestmark = pytest.mark.anyio
 
@@ -44,7 +45,7 @@ async def clients(servers: list[EmbeddedServer]) -> AsyncIterator[list[aiolock.C
 
 
 async def locked_on(clients: list[aiolock.Client], name: str) -> list[bool]:
-    return [bool(await client.redis.exists(client.lock(name)._keys.lock)) for client in clients]
+    return [bool(await client.redis.exists(keys_of(client.lock(name)).lock)) for client in clients]
 
 
 async def test_a_grant_holds_every_server_and_unlock_frees_them(
@@ -52,7 +53,7 @@ async def test_a_grant_holds_every_server_and_unlock_frees_them(
 ) -> None:
     redlock = aiolock.RedLock(clients, "orders:1")
     async with redlock.acquire(wait=1) as guard:
-        tokens = [part._granted().token for part in redlock.parts]
+        tokens = [Seam(part).held().token for part in redlock.parts]
         assert guard.fencing_token == max(tokens)
         assert await locked_on(clients, "orders:1") == [True] * 5
         assert await redlock.is_locked()

@@ -9,7 +9,8 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
-from tests.helpers import assert_clean, eventually
+from aiolock._core.base import Seam
+from tests.helpers import assert_clean, eventually, services_of
 
 pytestmark = pytest.mark.anyio
 
@@ -258,8 +259,8 @@ async def test_read_holds_the_client_does_not_know_of_do_not_refuse_the_tasks_wr
     ahead instead of being refused as an upgrade."""
     rw = aiolock_client.rw_lock("unknown-reads")
     reader, writer = rw.read_lock(), rw.write_lock()
-    owner, _ = reader._owner()
-    services = aiolock_client._services
+    owner, _ = Seam(reader).owner()
+    services = services_of(aiolock_client)
     for _ in range(2):  # two read holds, as late copies of two read acquires would leave
         reply = await services.calls.run(
             *reader._attempt(owner, services.owners.next_request(), 30_000)
@@ -281,7 +282,7 @@ async def test_an_explicit_owners_unknown_read_holds_still_refuse_its_write(
     does not track may be one being granted to another of them, so it is not released."""
     rw = aiolock_client.rw_lock("unknown-reads-explicit")
     reader, writer = rw.read_lock(owner="job"), rw.write_lock(owner="job")
-    owner, _ = reader._owner()
+    owner, _ = Seam(reader).owner()
     services = aiolock_client._services
     reply = await services.calls.run(
         *reader._attempt(owner, services.owners.next_request(), 30_000)

@@ -10,7 +10,7 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
-from tests.helpers import assert_clean, eventually
+from tests.helpers import assert_clean, eventually, keys_of, services_of
 
 pytestmark = pytest.mark.anyio
 
@@ -151,8 +151,8 @@ async def test_resent_calls_apply_once(aiolock_client: aiolock.Client) -> None:
     from aiolock import _scripts
 
     sem = aiolock_client.semaphore("resent", 1)
-    keys = sem._permits._keys
-    calls = aiolock_client._services.calls
+    keys = keys_of(sem)
+    calls = services_of(aiolock_client).calls
     acquire = (keys.lock, keys.meta)
     release = (keys.lock, keys.meta, keys.channel)
     first = await calls.run(_scripts.SEMAPHORE_ACQUIRE, acquire, (30000, "p1", 1, 1))

@@ -11,7 +11,7 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
-from tests.helpers import assert_clean, channels, evalsha_calls, eventually
+from tests.helpers import assert_clean, channels, evalsha_calls, eventually, keys_of, services_of
 
 pytestmark = pytest.mark.anyio
 
@@ -23,8 +23,8 @@ async def subscribe_calls(redis: Redis, command: str = "subscribe") -> int:
 
 async def hold_as_stranger(redis: Redis, lock: aiolock.AsyncSpinLock, lease_ms: int) -> None:
     """Make ``lock`` held by a foreign owner for ``lease_ms``; it never publishes a release."""
-    await redis.hset(lock._keys.lock, "someone-else", 1)
-    await redis.pexpire(lock._keys.lock, lease_ms)
+    await redis.hset(keys_of(lock).lock, "someone-else", 1)
+    await redis.pexpire(keys_of(lock).lock, lease_ms)
 
 
 async def test_it_never_subscribes(
@@ -70,7 +70,7 @@ async def test_it_never_subscribes(
     assert await subscribe_calls(redis, "publish") == publishes  # nobody would listen
     assert await clients[0].spin_lock("spun").force_unlock() is False
     for client in clients:
-        assert not client._services.pubsub._subscribers  # no subscriber connection, ever
+        assert not services_of(client).pubsub._subscribers  # no subscriber connection, ever
         await assert_clean(redis, client)
 
 
@@ -148,6 +148,6 @@ async def test_bad_backoff_options_fail_before_any_io(
             client.spin_lock("x", **options)
         lock = client.spin_lock("x", initial_delay=0.5, max_delay=0.5)  # equal bounds are fine
         assert lock.statistics().waiters == 0
-        assert client._services.calls._connections == 0  # nothing was sent anywhere
+        assert services_of(client).calls._connections == 0  # nothing was sent anywhere
     finally:
         await client.aclose()

@@ -30,7 +30,7 @@ from aiolock._cli import main
 from aiolock._cli._inspect import inspect
 from aiolock.testing.embedded import free_port
 from aiolock.testing.pytest_plugin import ServerInfo
-from tests.helpers import eventually
+from tests.helpers import eventually, keys_of, services_of
 
 pytestmark = pytest.mark.anyio
 
@@ -151,7 +151,7 @@ async def test_the_json_shape(cli: Callable[..., Any], aiolock_client: aiolock.C
         "permits",
     ]
     assert (data["kind"], data["name"]) == ("lock", "shape")
-    assert data["key"] == aiolock_client.lock("shape")._keys.lock
+    assert data["key"] == keys_of(aiolock_client.lock("shape")).lock
     assert list(data["holders"][0]) == ["owner", "count", "lease", "token", "mode"]
     assert 4 < data["holders"][0]["lease"] <= 5
     assert (data["waiters"], data["permits"]) == ([], None)
@@ -180,7 +180,7 @@ async def test_inspect_the_fair_lock_shows_its_queue_in_order(
         (1, f"{other.id}:x:first"),
         (2, f"{other.id}:x:second"),
     ]
-    assert all(0 < w["expires_in"] <= other._services.fair_wait_timeout for w in data["waiters"])
+    assert all(0 < w["expires_in"] <= services_of(other).fair_wait_timeout for w in data["waiters"])
     assert data["subscribers"] is None
 
     code, out, _ = await cli("inspect", "fifo", "--kind", "fair")

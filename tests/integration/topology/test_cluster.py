@@ -22,7 +22,7 @@ import aiolock
 from aiolock._redis.cluster import ClusterCalls
 from aiolock.testing.embedded import EmbeddedCluster
 from aiolock.testing.pytest_plugin import ServerInfo
-from tests.helpers import cluster_clients, eventually, use_once
+from tests.helpers import cluster_clients, eventually, keys_of, use_once
 
 pytestmark = pytest.mark.anyio
 
@@ -234,7 +234,7 @@ async def test_a_slot_that_moves_keeps_its_hold_and_wakes_its_waiter(
     holder_client, waiter_client = clients(watchdog_timeout=0.9), clients()
     holder = holder_client.lock("moving")
     waiter = waiter_client.lock("moving")
-    slot = key_slot(holder._keys.lock.encode())
+    slot = key_slot(keys_of(holder).lock.encode())
     async with holder.acquire(wait=0) as guard:
 
         async def wait_for_it() -> bool:

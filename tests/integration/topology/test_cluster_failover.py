@@ -22,7 +22,7 @@ from redis.crc import key_slot
 import aiolock
 from aiolock.testing.embedded import EmbeddedCluster, EmbeddedServer
 from tests.conftest import SERVERS
-from tests.helpers import cluster_clients, eventually, settled
+from tests.helpers import cluster_clients, eventually, keys_of, settled
 
 pytestmark = [pytest.mark.anyio, pytest.mark.slow]
 
@@ -131,14 +131,14 @@ async def test_a_synced_hold_survives_its_primary(cluster: EmbeddedCluster, clie
         )
         assert not guard.lost
         with _node(new) as redis:
-            assert redis.exists(holder._keys.lock)
+            assert redis.exists(keys_of(holder).lock)
         assert not waiting.done()
         assert await asyncio.wait_for(late, 30) is not None
     token = await asyncio.wait_for(waiting, 30)
     assert token is not None
     assert token > guard.fencing_token
     with _node(new) as redis:
-        assert not redis.exists(holder._keys.lock)
+        assert not redis.exists(keys_of(holder).lock)
 
 
 async def test_a_grant_the_replica_never_got_is_reported_lost(
@@ -158,7 +158,7 @@ async def test_a_grant_the_replica_never_got_is_reported_lost(
     await eventually(lambda: asyncio.to_thread(link_down, replica), what="the link cut")
     with pytest.raises(aiolock.LockLostError):
         async with holder.acquire(wait=0) as guard:
-            assert not await asyncio.to_thread(on_replica, replica, holder._keys.lock)
+            assert not await asyncio.to_thread(on_replica, replica, keys_of(holder).lock)
             waiter = waiter_client.lock(name)
             waiting = asyncio.create_task(take_and_release(waiter, wait=60))
             await eventually(lambda: settled(waiter_client, waiter), what="parked, subscribed")
@@ -170,7 +170,7 @@ async def test_a_grant_the_replica_never_got_is_reported_lost(
     assert await asyncio.wait_for(waiting, 30) is not None
     await eventually(lambda: holder_client.statistics().pending == 0, what="settled")
     with _node(new) as redis:
-        assert not redis.exists(holder._keys.lock)
+        assert not redis.exists(keys_of(holder).lock)
 
 
 async def test_other_nodes_holds_are_renewed_while_a_primary_is_down(
@@ -221,5 +221,5 @@ async def test_a_synced_call_to_a_rejoined_old_primary_follows_its_moved(
     await asyncio.to_thread(cluster.rejoin, primary)
     async with lock.acquire(wait=0, lease=5):
         with _node(new) as redis:
-            assert redis.exists(lock._keys.lock)
-        assert await asyncio.to_thread(on_replica, primary, lock._keys.lock)
+            assert redis.exists(keys_of(lock).lock)
+        assert await asyncio.to_thread(on_replica, primary, keys_of(lock).lock)

@@ -32,9 +32,12 @@ from aiolock.testing.pytest_plugin import ServerInfo
 from tests.conftest import SERVERS
 from tests.helpers import (
     cluster_clients,
+    entries_of,
     eventually,
+    keys_of,
     needs_sharded_pubsub,
     redis_version,
+    services_of,
     settled,
     take_and_release_across_failover,
 )
@@ -123,17 +126,17 @@ async def test_every_kind_waits_on_its_slots_node_only(
     ports = primary_ports(aiolock_cluster.url)
     unblock, wait = await blocked(kind, holder_client, waiter_client, f"job-{kind}")
     waiting = asyncio.ensure_future(wait)
-    pubsub = waiter_client._services.pubsub
     await eventually(
-        lambda: [e.confirmed for e in pubsub._entries.values()] == [True], what="subscribed"
+        lambda: [e.confirmed for e in entries_of(waiter_client).values()] == [True],
+        what="subscribed",
     )
-    [channel] = [key.decode() for key in pubsub._entries]
+    [channel] = [key.decode() for key in entries_of(waiter_client)]
     owner = owner_port(aiolock_cluster.url, channel.encode())
     assert subscribers(ports, channel) == {port: int(port == owner) for port in ports}
     assert subscribers(ports, channel, sharded=False) == dict.fromkeys(ports, 0)
     await unblock()  # SPUBLISH: the waiter hears it on the slot's node
     assert await asyncio.wait_for(waiting, 15)
-    assert waiter_client._services.calls.sharded  # type: ignore[union-attr]
+    assert services_of(waiter_client).calls.sharded  # type: ignore[union-attr]
 
 
 async def test_one_server_keeps_classic_pubsub(
@@ -143,9 +146,10 @@ async def test_one_server_keeps_classic_pubsub(
     holder = make_client().lock("classic", owner="holder")
     await holder.lock(lease=30)
     waiting = asyncio.ensure_future(_take_and_release(aiolock_client.lock("classic"), wait=10))
-    pubsub = aiolock_client._services.pubsub
-    await eventually(lambda: any(e.confirmed for e in pubsub._entries.values()), what="parked")
-    channel = holder._keys.channel
+    await eventually(
+        lambda: any(e.confirmed for e in entries_of(aiolock_client).values()), what="parked"
+    )
+    channel = keys_of(holder).channel
     assert await redis.execute_command("PUBSUB", "NUMSUB", channel) == [channel, 1]
     if redis_version(aiolock_server.url) >= (7, 0):  # Redis 6 has no shard channels at all
         assert await redis.execute_command("PUBSUB", "SHARDNUMSUB", channel) == [channel, 0]
@@ -160,7 +164,7 @@ def names_on(url: str, client: aiolock.Client, ports: list[int], count: int) -> 
     while any(len(names) < count for names in found.values()):
         name = f"spread:{i}"
         i += 1
-        port = owner_port(url, client.lock(name)._keys.channel.encode())
+        port = owner_port(url, keys_of(client.lock(name)).channel.encode())
         if port in found and len(found[port]) < count:
             found[port].append(name)
     return [name for names in found.values() for name in names]
@@ -172,7 +176,7 @@ async def test_one_subscriber_connection_per_node_with_waiters(
     """Waiters on two of the three primaries: two subscriber connections, closed once idle."""
     needs_sharded_pubsub(aiolock_cluster.url)
     holder_client, waiter_client = clients(), clients()
-    pubsub = waiter_client._services.pubsub
+    pubsub = services_of(waiter_client).pubsub
     pubsub._ping_interval = 1.0  # an idle sharded subscriber closes after one ping interval
     ports = primary_ports(aiolock_cluster.url)
     names = names_on(aiolock_cluster.url, waiter_client, ports[:2], 3)
@@ -182,7 +186,7 @@ async def test_one_subscriber_connection_per_node_with_waiters(
     waiting = [asyncio.create_task(lock.try_lock(wait=10, lease=5)) for lock in waiters]
     await eventually(lambda: pubsub.statistics().waiters == len(names), what="all parked")
     await eventually(
-        lambda: all(e.confirmed for e in pubsub._entries.values()), what="all confirmed"
+        lambda: all(e.confirmed for e in entries_of(waiter_client).values()), what="all confirmed"
     )
     assert pubsub.statistics().subscribers == 2
     assert len(pubsub._subscribers) == 2
@@ -211,10 +215,10 @@ async def test_a_slot_move_resubscribes_parked_waiters_on_the_new_owner(
     waiters = [WAITERS[kind](waiter_client, name) for _ in range(3)]
     await holder.lock(lease=30)
     waiting = [asyncio.create_task(_take_and_release(waiter)) for waiter in waiters]
-    pubsub = waiter_client._services.pubsub
+    pubsub = services_of(waiter_client).pubsub
     await eventually(lambda: pubsub.statistics().waiters == 3, what="parked")
-    [channel] = [entry.channel for entry in pubsub._entries.values()]
-    await eventually(lambda: pubsub._entries[channel].confirmed, what="subscribed")
+    [channel] = [entry.channel for entry in entries_of(waiter_client).values()]
+    await eventually(lambda: entries_of(waiter_client)[channel].confirmed, what="subscribed")
     source = owner_port(aiolock_cluster.url, channel)
     await asyncio.to_thread(migrate_slot, aiolock_cluster.server, key_slot(channel))
     target = owner_port(aiolock_cluster.url, channel)
@@ -246,9 +250,8 @@ async def test_a_latch_waiter_follows_its_slot(clients: Make, aiolock_cluster: S
     latch = one.countdown_latch(f"parts-{uuid.uuid4().hex[:6]}")
     assert await latch.try_set_count(1)
     done = asyncio.create_task(two.countdown_latch(latch.name).wait(timeout=20))
-    pubsub = two._services.pubsub
-    await eventually(lambda: any(e.confirmed for e in pubsub._entries.values()), what="waiting")
-    [channel] = list(pubsub._entries)
+    await eventually(lambda: any(e.confirmed for e in entries_of(two).values()), what="waiting")
+    [channel] = list(entries_of(two))
     await asyncio.to_thread(migrate_slot, aiolock_cluster.server, key_slot(channel))
     target = owner_port(aiolock_cluster.url, channel)
     await eventually(
@@ -274,18 +277,18 @@ async def test_without_sharded_pubsub_one_classic_subscriber_serves(
         await holder_client.lock(name).lock(lease=30)
     waiters = [waiter_client.lock(name, owner="waiter") for name in names]
     waiting = [asyncio.create_task(lock.try_lock(wait=10, lease=5)) for lock in waiters]
-    pubsub = waiter_client._services.pubsub
+    pubsub = services_of(waiter_client).pubsub
     await eventually(
         lambda: (
-            all(e.confirmed for e in pubsub._entries.values())
-            and len(pubsub._entries) == len(names)
+            all(e.confirmed for e in entries_of(waiter_client).values())
+            and len(entries_of(waiter_client)) == len(names)
         ),
         what="subscribed",
     )
-    assert not waiter_client._services.calls.sharded  # type: ignore[union-attr]
+    assert not services_of(waiter_client).calls.sharded  # type: ignore[union-attr]
     assert pubsub.statistics().subscribers == 1
     for waiter in waiters:
-        counts = subscribers(ports, waiter._keys.channel, sharded=False)
+        counts = subscribers(ports, keys_of(waiter).channel, sharded=False)
         assert sorted(counts.values()) == [0, 0, 1]
     for name in names:
         await holder_client.lock(name).unlock()
@@ -323,7 +326,7 @@ async def test_a_waiter_on_a_killed_primary_moves_to_its_replica(
     # Not before the try that the SUBSCRIBE's confirmation wakes is back: a try in flight when
     # the primary dies raises, and the waiter leaves (a clean-clone CI run saw it).
     await eventually(lambda: settled(waiter_client, waiter), what="parked, subscribed")
-    channel = waiter._keys.channel.encode()
+    channel = keys_of(waiter).channel.encode()
     dead = owner_port(replicated.url, channel)
     [primary] = [node for node in replicated.primaries if node.port == dead]
     primary.kill()

@@ -20,7 +20,7 @@ from redis.asyncio import Redis
 import aiolock
 from aiolock.testing.embedded import EmbeddedServer
 from tests.conftest import SERVERS
-from tests.helpers import eventually
+from tests.helpers import eventually, keys_of
 
 pytestmark = pytest.mark.anyio
 
@@ -77,7 +77,7 @@ async def test_a_synced_grant_is_on_the_replica_when_it_returns(
     lock = LOCKS[kind](client, "synced")
     async with Redis.from_url(pair.replica.url) as replica:
         async with lock.acquire(wait=0):
-            assert await replica.exists(lock._keys.lock)  # no wait: WAIT confirmed it
+            assert await replica.exists(keys_of(lock).lock)  # no wait: WAIT confirmed it
 
 
 async def test_a_synced_permit_is_on_the_replica(
@@ -88,7 +88,7 @@ async def test_a_synced_permit_is_on_the_replica(
     async with Redis.from_url(pair.replica.url) as replica:
         permit = await semaphore.try_acquire(wait=0)
         assert permit is not None
-        assert await replica.zcard(semaphore._permits._keys.lock) == 1
+        assert await replica.zcard(keys_of(semaphore).lock) == 1
         await permit.release()
     strict = clients(sync_replicas=2, sync_timeout=0.05).semaphore("pool", 1)
     with pytest.raises(aiolock.LockSyncError):

@@ -22,7 +22,13 @@ from redis.asyncio.sentinel import Sentinel
 import aiolock
 from aiolock.testing.embedded import EmbeddedSentinel, EmbeddedServer
 from tests.conftest import SERVERS
-from tests.helpers import eventually, settled, take_and_release_across_failover
+from tests.helpers import (
+    eventually,
+    keys_of,
+    services_of,
+    settled,
+    take_and_release_across_failover,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -106,9 +112,9 @@ async def test_locks_through_sentinel(
     lock, rival = LOCKS[kind](client, f"s-{kind}"), LOCKS[kind](other, f"s-{kind}")
     async with _server(shared_group.primary) as primary:
         async with lock.acquire(wait=0):
-            assert await primary.exists(lock._keys.lock)  # on the primary the Sentinels name
+            assert await primary.exists(keys_of(lock).lock)  # on the primary the Sentinels name
             assert not await rival.try_lock(wait=0)
-        assert not await primary.exists(lock._keys.lock)
+        assert not await primary.exists(keys_of(lock).lock)
     assert await rival.try_lock(wait=0)
     await rival.unlock()
 
@@ -134,10 +140,10 @@ async def test_a_waiter_is_woken_by_pub_sub(shared_clients: Make) -> None:
     await lock.lock()
     waiting = asyncio.ensure_future(_take_and_release(rival, 30))
     await eventually(lambda: settled(other, rival), what="the waiter parked, subscribed")
-    before = other._services.pubsub.statistics().messages
+    before = services_of(other).pubsub.statistics().messages
     await lock.unlock()
     assert await asyncio.wait_for(waiting, 5)
-    assert other._services.pubsub.statistics().messages > before  # the release's message
+    assert services_of(other).pubsub.statistics().messages > before  # the release's message
 
 
 async def test_synced_holds_survive_the_primary_killed(
@@ -158,7 +164,7 @@ async def test_synced_holds_survive_the_primary_killed(
 
     async with _server(new) as primary:
         for lock in locks:  # synced: on the replica that became the primary
-            assert await primary.exists(lock._keys.lock)
+            assert await primary.exists(keys_of(lock).lock)
     assert not await contender.fair_lock("k-fair").try_lock(wait=0)  # through Sentinel
     for lock in locks:
         await lock.unlock()  # the holder's connections reconnect to the new primary
@@ -184,7 +190,7 @@ async def test_synced_holds_survive_a_forced_failover(
 
     async with _server(new) as primary:
         for lock in locks:
-            assert await primary.exists(lock._keys.lock)
+            assert await primary.exists(keys_of(lock).lock)
     contender = clients()  # a new client asks the Sentinels: it reaches the new primary
     for kind in sorted(LOCKS):
         assert not await LOCKS[kind](contender, f"f-{kind}").try_lock(wait=0)
@@ -193,7 +199,7 @@ async def test_synced_holds_survive_a_forced_failover(
     with pytest.raises(aiolock.LockSyncError, match="0 of the 1 replica"):
         await holder.lock("f-window").try_lock(wait=0)
     async with _server(old) as stale:
-        assert not await stale.exists(holder.lock("f-window")._keys.lock)
+        assert not await stale.exists(keys_of(holder.lock("f-window")).lock)
 
     await asyncio.to_thread(group.wait_ready)  # the old primary is a replica of the new one
 
@@ -201,15 +207,15 @@ async def test_synced_holds_survive_a_forced_failover(
         await lock.unlock()  # reconnected through Sentinel: released on the new primary
     async with _server(new) as primary:
         for lock in locks:
-            assert not await primary.exists(lock._keys.lock)
+            assert not await primary.exists(keys_of(lock).lock)
     again = holder.lock("f-after")
     assert await again.try_lock(wait=0)
     async with _server(new) as primary:
-        assert await primary.exists(again._keys.lock)
+        assert await primary.exists(keys_of(again).lock)
     async with _server(old) as replica:  # the old primary now replicates the new one
 
         async def replicated() -> bool:
-            return bool(await replica.exists(again._keys.lock))
+            return bool(await replica.exists(keys_of(again).lock))
 
         # Not at once: a clean-clone CI run read it absent right after a synced grant (the
         # demoted node may still have been resyncing; see the issue note).

@@ -19,7 +19,7 @@ import aiolock
 from aiolock.testing.embedded import EmbeddedServer
 from aiolock.testing.pytest_plugin import ServerInfo
 from tests.conftest import SERVERS
-from tests.helpers import cluster_clients, eventually, redis_version
+from tests.helpers import cluster_clients, entries_of, eventually, redis_version, services_of
 
 pytestmark = pytest.mark.anyio
 
@@ -61,16 +61,15 @@ async def test_a_cluster_waits_on_sharded_pubsub_from_7_and_classic_before(
         await held.lock(lease=60)
         wanted = waiter.lock("row", owner="waiter")
         waiting = asyncio.ensure_future(wanted.try_lock(wait=20, lease=5))
-        pubsub = waiter._services.pubsub
         await eventually(
-            lambda: [e.confirmed for e in pubsub._entries.values()] == [True], what="subscribed"
+            lambda: [e.confirmed for e in entries_of(waiter).values()] == [True], what="subscribed"
         )
-        [channel] = [key.decode() for key in pubsub._entries]
+        [channel] = [key.decode() for key in entries_of(waiter)]
         assert subscriptions(aiolock_cluster.url, channel) == {
             "classic": int(not sharded),
             "sharded": int(sharded),
         }
-        assert waiter._services.calls.sharded is sharded  # type: ignore[union-attr]
+        assert services_of(waiter).calls.sharded is sharded  # type: ignore[union-attr]
         await held.unlock()
         assert await asyncio.wait_for(waiting, 15)
         await wanted.unlock()
@@ -100,9 +99,8 @@ async def test_the_plain_lock_runs_as_the_documented_acl_user(acl_server: Embedd
         held = client.lock("orders:1")
         await held.lock(lease=60)
         waiter = asyncio.ensure_future(client.lock("orders:1", owner="other").try_lock(wait=20))
-        pubsub = client._services.pubsub
         await eventually(
-            lambda: any(e.confirmed for e in pubsub._entries.values()), what="subscribed"
+            lambda: any(e.confirmed for e in entries_of(client).values()), what="subscribed"
         )
         await held.unlock()
         assert await asyncio.wait_for(waiter, 15)  # woken through the permitted channel
