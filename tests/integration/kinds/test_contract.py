@@ -9,6 +9,11 @@ client and two more on key prefixes of their own (three independent lock namespa
 for three masters; ``test_redlock.py`` runs it over five real servers).  Where a composite
 differs (its token is a tuple or a maximum, its statistics are its parts', a RedLock never
 parks), the tests look through the helpers below at the single locks it is made of.
+
+The semaphore runs here with one permit, as the lock it then is.  It is not reentrant, has no
+owners, fencing tokens or ``force_unlock``, and its holds are permits: the tests of what it
+has take and give back through :func:`take` and :func:`give_back`, and the others skip, saying
+which part of the contract a semaphore does not offer.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from redis.asyncio import Redis
 import aiolock
 from aiolock._core.base import LockKind, LockStatistics, Seam
 from aiolock._core.holds import Hold
+from aiolock.semaphore import seam_of
 from tests.helpers import assert_clean, evalsha_calls, eventually, services_of
 
 pytestmark = pytest.mark.anyio
@@ -62,6 +68,7 @@ KINDS: dict[str, Callable[[aiolock.Client], Kind]] = {
     "redlock": lambda client: (
         lambda name, **kw: aiolock.RedLock(redlock_clients(client), name, **kw)
     ),
+    "semaphore": lambda client: lambda name, **kw: client.semaphore(name, 1, **kw),
 }
 # Modes that many owners hold at once: the tests of exclusion and hand-off do not apply.
 SHARED = {"read"}
@@ -76,6 +83,40 @@ PARTS = {"multi": {"lock", "fair"}, "redlock": {"lock"}}
 def exclusive_only(kind: str) -> None:
     if kind in SHARED:
         pytest.skip("many owners hold a read lock at once")
+
+
+def lock_only(kind: str, why: str) -> None:
+    """Skip for the semaphore, which does not offer that part of the contract (``why``)."""
+    if kind == "semaphore":
+        pytest.skip(f"a semaphore {why}")
+
+
+async def take(lock: Any, wait: float | None = None) -> Any:
+    """Hold ``lock`` as the calling task: a truthy hold (a semaphore's permit), or a falsy miss
+    once ``wait`` ran out (``None``: wait as long as it takes)."""
+    if isinstance(lock, aiolock.AsyncSemaphore):
+        return await lock.try_acquire(wait=wait)
+    if wait is None:
+        await lock.lock()
+        return True
+    return await lock.try_lock(wait=wait)
+
+
+async def give_back(lock: Any, taken: Any) -> None:
+    """Release what :func:`take` returned, from the task that took it."""
+    if isinstance(taken, aiolock.Permit):
+        await taken.release()
+    else:
+        await lock.unlock()
+
+
+async def end_hold(lock: Any, taken: Any) -> None:
+    """End what :func:`take` returned, from any task (a lock's by force, a permit's: any task
+    may release it)."""
+    if isinstance(taken, aiolock.Permit):
+        await taken.release()
+    else:
+        await lock.force_unlock()
 
 
 @pytest.fixture(params=sorted(KINDS))
@@ -103,6 +144,8 @@ def singles(lock: Any) -> list[LockKind]:
         return list(lock.locks)
     if isinstance(lock, aiolock.RedLock):
         return list(lock.parts)
+    if isinstance(lock, aiolock.AsyncSemaphore):
+        return [seam_of(lock).lock]  # its permits lock
     assert isinstance(lock, LockKind)
     return [lock]
 
@@ -130,6 +173,13 @@ def increasing(tokens: Sequence[object]) -> bool:
     """Strictly increasing; a MultiLock's tuples in every part."""
     columns = zip(*tokens, strict=True) if isinstance(tokens[0], tuple) else [tokens]
     return all(list(column) == sorted(set(column)) for column in columns)
+
+
+async def is_free(lock: Any) -> bool:
+    """Whether nobody holds ``lock``, by the server (a semaphore: its one permit is free)."""
+    if isinstance(lock, aiolock.AsyncSemaphore):
+        return await lock.available() == lock.permits
+    return not await lock.is_locked()
 
 
 async def all_clean(redis: Redis, *clients: aiolock.Client) -> None:
@@ -164,6 +214,7 @@ async def test_exclusion_among_tasks_and_clients(
 async def test_reentrancy_and_inspection(
     aiolock_client: aiolock.Client, redis: Redis, kind: str
 ) -> None:
+    lock_only(kind, "is not reentrant: each acquisition takes another permit")
     lock = factory(aiolock_client, kind)("reentrant")
     assert not await lock.is_locked()
     assert await lock.remaining_lease() is None
@@ -188,24 +239,26 @@ async def test_another_owner_waits_and_times_out(
 ) -> None:
     exclusive_only(kind)
     lock = factory(aiolock_client, kind)("busy")
-    await lock.lock()
+    taken = await take(lock)
 
     async def other() -> tuple[bool, bool]:
-        assert not await lock.is_held()
-        with pytest.raises(aiolock.LockNotOwnedError):
-            await lock.unlock()
+        if kind != "semaphore":  # a semaphore has no owners to tell apart
+            assert not await lock.is_held()
+            with pytest.raises(aiolock.LockNotOwnedError):
+                await lock.unlock()
         with pytest.raises(aiolock.LockTimeoutError):
             async with lock.acquire(wait=0.1):
                 pass
-        return await lock.try_lock(wait=0), await lock.try_lock(wait=0.1)
+        return bool(await take(lock, wait=0)), bool(await take(lock, wait=0.1))
 
     loop = asyncio.get_running_loop()
     started = loop.time()
     assert await asyncio.create_task(other()) == (False, False)
     assert loop.time() - started < 2
-    await lock.unlock()
-    assert await asyncio.create_task(lock.try_lock(wait=1))  # that task ends holding it
-    await lock.force_unlock()
+    await give_back(lock, taken)
+    late = await asyncio.create_task(take(lock, wait=1))  # that task ends holding it
+    assert late
+    await end_hold(lock, late)
     await all_clean(redis, aiolock_client)
 
 
@@ -218,9 +271,9 @@ async def test_a_release_hands_the_lock_to_a_waiter(
     exclusive_only(kind)
     lock = factory(aiolock_client, kind)("handoff")
     other = factory(make_client(), kind)("handoff")
-    await lock.lock()
+    taken = await take(lock)
     calls = await evalsha_calls(redis)
-    waiter = asyncio.create_task(other.try_lock(wait=10))
+    waiter = asyncio.create_task(take(other, wait=10))
     if kind == "redlock":
         # A RedLock never parks: it asks every server again after a random pause.  Seen
         # waiting once it asked them all twice (and was refused: the lock is held).
@@ -235,7 +288,7 @@ async def test_a_release_hands_the_lock_to_a_waiter(
 
         await eventually(parked, what="the waiter parked")
     assert not waiter.done()
-    await lock.unlock()
+    await give_back(lock, taken)
     assert await waiter
     assert other.statistics().held == 1
 
@@ -244,6 +297,7 @@ async def test_fencing_tokens_increase_across_expiry_and_force(
     aiolock_client: aiolock.Client, kind: str
 ) -> None:
     exclusive_only(kind)
+    lock_only(kind, "permit has no fencing token")
     lock = factory(aiolock_client, kind)("fenced")
     tokens = []
     for _ in range(3):
@@ -269,7 +323,7 @@ async def test_a_lease_that_runs_out_is_reported_lost(
             await eventually(lambda: guard.lost, what="the lease ran out")
 
             async def expired() -> bool:  # the client's timer fires a little before the server
-                return not await lock.is_locked()
+                return await is_free(lock)
 
             await eventually(expired, what="the server expired it")
     stats = lock.statistics()
@@ -281,6 +335,7 @@ async def test_a_lease_that_runs_out_is_reported_lost(
 async def test_force_unlock_is_a_loss_that_cancels_on_request(
     make_client: Callable[..., aiolock.Client], kind: str
 ) -> None:
+    lock_only(kind, "has no force_unlock")
     client = make_client(watchdog_timeout=0.6)  # renewals every 0.2 s find the force soon
     lock = factory(client, kind)("forced")
     outsider = factory(make_client(), kind)("forced")
@@ -305,12 +360,13 @@ async def test_the_watchdog_keeps_a_hold_alive(
             what="three renewals",
         )
         assert not guard.lost
-        assert await lock.is_held()
+        assert not await is_free(lock)
 
 
 async def test_explicit_owner_acquires_in_one_task_and_releases_in_another(
     aiolock_client: aiolock.Client, redis: Redis, kind: str
 ) -> None:
+    lock_only(kind, "has no owners: a permit is released by whoever has it")
     lock = factory(aiolock_client, kind)("job", owner="job-17")
     assert await asyncio.create_task(lock.try_lock())
     assert await lock.is_held()
@@ -352,7 +408,8 @@ async def test_lock_objects_of_one_name_share_statistics(
     assert [stats.acquisitions for stats in part_statistics(first)] == [1] * len(singles(first))
     # A composite's repr also counts its parts (MultiLock) or servers (RedLock).
     size = {"multi": ", parts:2", "redlock": ", servers:3"}.get(kind, "")
-    assert repr(first) == f"<{type(first).__name__} {first.name!r} [unlocked{size}]>"
+    state = "held:0/1" if kind == "semaphore" else f"unlocked{size}"
+    assert repr(first) == f"<{type(first).__name__} {first.name!r} [{state}]>"
 
 
 async def test_kinds_of_one_name_are_different_locks(
@@ -370,12 +427,13 @@ async def test_kinds_of_one_name_are_different_locks(
     ]
     async with factory(aiolock_client, kind)("same").acquire():
 
-        async def all_free() -> list[bool]:
-            return [await other.try_lock(wait=0) for other in others]
+        async def all_free() -> list[Any]:
+            return [await take(other, wait=0) for other in others]
 
-        assert await asyncio.create_task(all_free()) == [True] * len(others)
-        for other in others:
-            await other.force_unlock()
+        taken = await asyncio.create_task(all_free())
+        assert all(taken), taken
+        for other, hold in zip(others, taken, strict=True):
+            await end_hold(other, hold)
 
 
 @pytest.mark.parametrize(
@@ -393,6 +451,7 @@ async def test_kinds_of_one_name_are_different_locks(
 async def test_bad_arguments_fail_before_any_io(
     kind: str, call: Callable[[Any], Any], error: type[Exception], param: str
 ) -> None:
+    lock_only(kind, "has no owner, try_lock or cancel_on_loss (its checks: test_semaphore.py)")
     client = aiolock.Client.from_url("redis://127.0.0.1:1/0")  # nothing listens there
     try:
         make = factory(client, kind)
@@ -415,6 +474,7 @@ async def test_acquiring_again_after_a_loss_the_server_has_not_seen_yet_is_fresh
 ) -> None:
     """The client's deadlines run a little ahead of the server's: in that gap the owner's next
     acquire re-enters the old hold on the server.  It must not pass for a fresh grant."""
+    lock_only(kind, "is not reentrant: every acquisition is a fresh permit")
     lock = factory(aiolock_client, kind)("gap")
     assert await lock.try_lock(lease=30)
     old = granted(lock)
@@ -436,6 +496,9 @@ async def test_a_grant_the_client_never_saw_is_not_kept_behind_its_back(
 ) -> None:
     """A late copy of an earlier request (applied after its resend was answered "busy")
     grants the owner a hold the client never saw; the owner's next acquire re-enters it."""
+    lock_only(
+        kind, "permit's id is new at each acquisition: no later acquire re-enters a late grant"
+    )
     lock = factory(aiolock_client, kind)("phantom")
     for part in singles(lock):  # a composite: a late copy lands for every part
         owner, _ = part._owner()
