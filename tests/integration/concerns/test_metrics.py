@@ -288,8 +288,8 @@ def test_without_opentelemetry_nothing_is_imported(aiolock_server: ServerInfo) -
 
         async def main():
             async with aiolock.Client.from_url(sys.argv[1], key_prefix="no-otel") as client:
-                assert services_of(client).metrics is None
-                assert services_of(client).tracing is None
+                assert client._services.metrics is None
+                assert client._services.tracing is None
                 async with client.lock("x") as guard:
                     assert not guard.lost
                 assert client.lock("x").statistics().acquisitions == 1
