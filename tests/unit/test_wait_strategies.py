@@ -285,9 +285,10 @@ async def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
 
 @pytest.mark.parametrize("seed", range(20))
 async def test_backoff_never_sleeps_longer_than_its_delay_or_the_allowed_pause(
-    services: Any, sleeps: list[Any], seed: int
+    services: Any, sleeps: list[Any], seed: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    random.seed(seed)
+    # Seeded draws for this test only: the process's own generator stays as it was.
+    monkeypatch.setattr(random, "uniform", random.Random(seed).uniform)
     backoff = Backoff(services, NameCounters(), initial=0.01, maximum=0.5)
     pauses = [1.0, 0.003, 1.0, 0.2, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0]
     delay = 0.01
