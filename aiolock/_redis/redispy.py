@@ -2,7 +2,7 @@
 
 :mod:`aiolock._redis.calls` writes on redis-py's ``Connection`` itself (see its docstring for
 why), so it needs the connection's ``asyncio.StreamWriter``, which redis-py keeps in the private
-``_writer`` (the same name from redis-py 5.0 through 8.x).  ``tests/integration/test_redispy.py``
+``_writer`` (the same name from redis-py 5.0 through 8.x).  ``tests/integration/versions/test_redispy.py``
 checks this against the installed redis-py and fails loudly when it changes; ``pyproject.toml``
 allows the next major version of redis-py only because that test exists.
 

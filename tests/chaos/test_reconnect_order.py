@@ -15,7 +15,14 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
-from tests.helpers import eventually, hold_as_stranger, parked
+from tests.helpers import (
+    entry_of,
+    eventually,
+    hold_as_stranger,
+    keys_of,
+    parked,
+    services_of,
+)
 
 from .proxy import FreezableProxy
 
@@ -26,7 +33,7 @@ async def served_after_a_reconnect(
     client: aiolock.Client, proxy: FreezableProxy, redis: Redis, lock: aiolock.AsyncRLock
 ) -> list[int]:
     """Park 4 waiters in a known order, cut every connection, then release once."""
-    pubsub = client._services.pubsub
+    pubsub = services_of(client).pubsub
     await hold_as_stranger(redis, lock, 30_000)
     served: list[int] = []
 
@@ -39,7 +46,7 @@ async def served_after_a_reconnect(
         tasks.append(asyncio.create_task(waiter(i)))
         count = i + 1
         await eventually(lambda: parked(client, lock) == count, what=f"{i} parked")  # noqa: B023
-    entry = pubsub._entries[lock._keys.channel.encode()]
+    entry = entry_of(client, lock)
     await eventually(lambda: entry.confirmed, what="subscribed")
     reconnects = pubsub.statistics().reconnects
 
@@ -52,8 +59,8 @@ async def served_after_a_reconnect(
     # Woken by the resubscription, every waiter tried (the stranger still holds it) and
     # parked again.
     await eventually(lambda: parked(client, lock) == 4 and entry._permits == 0, what="back")
-    await redis.delete(lock._keys.lock)
-    await redis.publish(lock._keys.channel, "released")
+    await redis.delete(keys_of(lock).lock)
+    await redis.publish(keys_of(lock).channel, "released")
     await asyncio.wait_for(asyncio.gather(*tasks), 10)
     return served
 

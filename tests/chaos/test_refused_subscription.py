@@ -15,7 +15,16 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
-from tests.helpers import assert_clean, evalsha_calls, eventually, hold_as_stranger, parked
+from tests.helpers import (
+    assert_clean,
+    entry_of,
+    evalsha_calls,
+    eventually,
+    hold_as_stranger,
+    keys_of,
+    parked,
+    services_of,
+)
 
 from .proxy import FreezableProxy
 
@@ -66,15 +75,15 @@ async def test_waiters_outlast_a_refused_subscriber_connection(
         assert parked(client, lock) == 3
         assert await evalsha_calls(redis) - before == 1  # the first try, and no more
         proxy.refuse = False
-        entry = client._services.pubsub._entries[lock._keys.channel.encode()]
+        entry = entry_of(client, lock)
         await eventually(lambda: entry.confirmed, what="the pending SUBSCRIBE confirmed")
         # The confirmation woke the head, whose try finds the stranger's lock: let it park
         # again, at the front.  Released while it is still out trying, the lock could go to it
         # before the PUBLISH below, which would then be a second wake-up: the next two waiters
         # would try at once, and the later one might win.
         await eventually(lambda: parked(client, lock) == 3, what="the head parked again")
-        await redis.delete(lock._keys.lock)
-        await redis.publish(lock._keys.channel, "released")
+        await redis.delete(keys_of(lock).lock)
+        await redis.publish(keys_of(lock).channel, "released")
         # Stranded, they would wait out the stranger's 30 s lease.
         await asyncio.wait_for(asyncio.gather(*waiters), 10)
     assert served == [0, 1, 2]
@@ -96,5 +105,5 @@ async def test_closing_the_client_ends_waiters_on_a_pending_subscription(
     outcomes = await asyncio.wait_for(asyncio.gather(*waiters, return_exceptions=True), 5)
     assert all(isinstance(outcome, RuntimeError) for outcome in outcomes), outcomes
     assert lock.statistics().waiters == 0
-    assert not client._services.pubsub._background
-    await redis.delete(lock._keys.lock)
+    assert not services_of(client).pubsub._background
+    await redis.delete(keys_of(lock).lock)

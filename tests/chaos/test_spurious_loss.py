@@ -26,7 +26,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ConstantBackoff
 
 import aiolock
-from tests.helpers import eventually
+from tests.helpers import eventually, services_of
 
 from .proxy import FreezableProxy, HeldReply
 
@@ -78,7 +78,7 @@ async def renew_once_released(client: aiolock.Client, held: HeldReply) -> None:
     release's reply go on: the renewal's answer is read first."""
     try:
         await held.arrived
-        await client._services.watchdog.renew_once()
+        await services_of(client).watchdog.renew_once()
     finally:
         held.let_go()
 
@@ -111,7 +111,7 @@ async def test_a_renewal_answered_before_the_release_is_no_loss(
     # exit raised LockLostError.
     guard = await release_with_a_renewal_inside(client, proxy, KINDS[kind](client))
     assert not guard.lost, guard
-    assert len(client._services.holds) == 0
+    assert len(services_of(client).holds) == 0
 
 
 async def test_a_loss_found_by_a_renewal_during_a_release_is_still_reported(
@@ -170,7 +170,7 @@ async def test_short_watched_holds_under_contention_are_never_lost(
             for client in clients:
                 for i in range(32):
                     group.create_task(worker(client, i, until))
-        renewals = sum(client._services.watchdog.renewals for client in clients)
+        renewals = sum(services_of(client).watchdog.renewals for client in clients)
     finally:
         for client in clients:
             await client.aclose()

@@ -20,7 +20,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 import aiolock
 from aiolock import _scripts
 from tests.helpers import eventually
-from tests.integration.test_transaction import below_the_servers
+from tests.integration.concerns.test_transaction import below_the_servers
 
 from .proxy import FreezableProxy
 

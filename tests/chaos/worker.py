@@ -56,7 +56,7 @@ from aiolock import (
     LockSyncError,
     LockTimeoutError,
 )
-from aiolock._core.base import LockKind
+from aiolock._core.base import LockKind, Seam
 from aiolock._core.holds import Hold
 from aiolock.client import Client
 
@@ -354,7 +354,7 @@ async def _reentries(
 
 def _other_mode(lock: LockKind) -> LockKind:
     """The other mode of a read-write lock, for the same owner (explicit, or the task's)."""
-    rw = aiolock.AsyncReadWriteLock(lock._services, lock.name)
+    rw = aiolock.AsyncReadWriteLock(Seam(lock).services, lock.name)
     owner = lock._explicit_owner
     if isinstance(lock, aiolock.AsyncReadLock):
         return rw.write_lock(owner=owner)
@@ -431,8 +431,9 @@ async def _inner_body(entry: Reentry, seconds: float, lost: Callable[[], bool]) 
 def _hold_of(lock: LockKind) -> Hold | None:
     """The calling owner's hold in the client's registry: no public call returns the token of a
     ``try_lock()`` grant."""
-    owner, _ = lock._owner()
-    return lock._services.holds.get(lock._hold_key, owner)
+    seam = Seam(lock)
+    owner, _ = seam.owner()
+    return seam.hold(owner)
 
 
 async def _plain(lock: LockKind, plan: Plan, diagnostics: Diagnostics) -> None:
@@ -614,7 +615,7 @@ async def run_operation(
             await _composite(composite(plan), plan, diagnostics)
         else:
             lock = _make_lock(client, plan)
-            attempt.owner, _ = lock._owner()  # this task's, or the explicit one
+            attempt.owner, _ = Seam(lock).owner()  # this task's, or the explicit one
             await (_guarded if guarded else _plain)(lock, plan, diagnostics)
     except BaseException as exc:
         _classify(attempt, exc, diagnostics, attempt.label)

@@ -1,0 +1,271 @@
+"""Leases: expiry, the watchdog, fencing tokens, loss detection, explicit owners."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import Callable
+
+import pytest
+from redis.asyncio import Redis
+
+import aiolock
+from tests.helpers import assert_clean, eventually, services_of
+
+pytestmark = pytest.mark.anyio
+
+MakeClient = Callable[..., aiolock.Client]
+
+
+async def test_fixed_lease_expires(aiolock_client: aiolock.Client) -> None:
+    lock = aiolock_client.lock("short")
+    assert await lock.try_lock(lease=0.2)
+    lease = await lock.remaining_lease()
+    assert lease is not None
+    assert lease <= 0.2
+
+    async def is_gone() -> bool:
+        return not await lock.is_locked()
+
+    await eventually(is_gone, what="the lease ran out")
+    assert lock.statistics().lost
+    assert lock.statistics().losses == 1
+
+
+async def test_reentry_never_shortens_the_lease(aiolock_client: aiolock.Client) -> None:
+    lock = aiolock_client.lock("keep-long")
+    await lock.lock(lease=30)
+    await lock.lock(lease=0.05)
+    lease = await lock.remaining_lease()
+    assert lease is not None
+    assert lease > 25
+    await lock.unlock()
+    await lock.unlock()
+
+
+async def test_watchdog_keeps_the_lock_alive(make_client: MakeClient, redis: Redis) -> None:
+    client = make_client(watchdog_timeout=0.3)
+    lock = client.lock("long-job")
+    async with lock.acquire() as guard:
+        await eventually(lambda: lock.statistics().renewals >= 4, what="4 renewals")
+        # More than 4 periods (> 1 lease) later the lock is still ours and alive.
+        assert await lock.is_held()
+        assert not guard.lost
+        remaining = await lock.remaining_lease()
+        assert remaining is not None
+        assert 0 < remaining <= 0.3
+    assert not await lock.is_locked()
+    # After the last release the watchdog has nothing left to renew.
+    assert services_of(client).holds.watched() == []
+
+
+async def test_force_unlock_is_noticed_within_one_period(make_client: MakeClient) -> None:
+    holder_client = make_client(watchdog_timeout=0.6)
+    other = make_client()
+    lock = holder_client.lock("taken")
+    loop = asyncio.get_running_loop()
+    with pytest.raises(aiolock.LockLostError, match="taken"):
+        async with lock.acquire(wait=0) as guard:
+            lost = asyncio.Event()
+            guard._holding.listeners.append(lost.set)
+            forced_at = loop.time()
+            assert await other.lock("taken").force_unlock()
+            await asyncio.wait_for(lost.wait(), timeout=2)
+            noticed = loop.time() - forced_at
+            assert guard.lost
+    assert noticed <= services_of(holder_client).watchdog.period + 0.2, noticed
+    assert lock.statistics().losses == 1
+    assert lock.statistics().lost
+    assert "lost" in repr(lock)
+
+
+async def test_own_force_unlock_marks_the_guard_lost_at_once(
+    aiolock_client: aiolock.Client,
+) -> None:
+    lock = aiolock_client.lock("self-forced")
+    with pytest.raises(aiolock.LockLostError, match="force-unlocked"):
+        async with lock.acquire() as guard:
+            assert await lock.force_unlock()
+            assert guard.lost
+            assert repr(guard).endswith("[lost]>")
+
+
+async def test_short_lease_running_out_marks_the_guard_lost(
+    make_client: MakeClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    holder = make_client()
+    successor = make_client()
+    lock = holder.lock("runs-out")
+    next_owner = successor.lock("runs-out")
+    with caplog.at_level(logging.WARNING, logger="aiolock.lock"):
+        with pytest.raises(aiolock.LockLostError, match="lease ran out"):
+            async with lock.acquire(lease=0.2) as guard:
+                # The successor gets the lock as soon as the lease runs out (TTL-bounded wait).
+                assert await next_owner.try_lock(wait=5)
+                assert guard.lost
+    # Leaving the lost block did not release the successor's lock.
+    assert await next_owner.is_held()
+    assert await next_owner.hold_count() == 1
+    await next_owner.unlock()
+    lost_logs = [
+        r for r in caplog.records if "lost" in r.getMessage() and "runs-out" in r.getMessage()
+    ]
+    assert len(lost_logs) == 1  # said once
+
+
+async def test_body_error_after_loss_keeps_its_type(make_client: MakeClient) -> None:
+    client = make_client()
+    lock = client.lock("error-after-loss")
+    with pytest.raises(KeyError) as raised:
+        async with lock.acquire():
+            await client.lock("error-after-loss").force_unlock()
+            raise KeyError("body")
+    assert any("lost while held" in note for note in raised.value.__notes__)
+
+
+async def test_cancel_on_loss_cancels_a_sleeping_body(make_client: MakeClient) -> None:
+    client = make_client(watchdog_timeout=0.6)
+    other = make_client()
+    lock = client.lock("cancel-me")
+    entered = asyncio.Event()
+    reached_end = False
+
+    async def body() -> None:
+        nonlocal reached_end
+        async with lock.acquire(cancel_on_loss=True):
+            entered.set()
+            await asyncio.sleep(30)
+            reached_end = True
+
+    async def run() -> tuple[BaseException | None, int]:
+        try:
+            await body()
+        except aiolock.LockLostError as exc:
+            task = asyncio.current_task()
+            assert task is not None
+            return exc, task.cancelling()
+        return None, -1
+
+    runner = asyncio.create_task(run())
+    await entered.wait()
+    assert await other.lock("cancel-me").force_unlock()  # the holder's watchdog notices
+    error, cancelling = await asyncio.wait_for(runner, 2 * client.watchdog_timeout)
+    assert isinstance(error, aiolock.LockLostError)
+    assert cancelling == 0
+    assert not reached_end
+
+
+async def test_cancel_on_loss_does_not_hide_outer_cancellation(
+    aiolock_client: aiolock.Client,
+) -> None:
+    lock = aiolock_client.lock("outer-cancel")
+    entered = asyncio.Event()
+
+    async def body() -> None:
+        async with lock.acquire(cancel_on_loss=True):
+            entered.set()
+            await asyncio.sleep(30)
+
+    task = asyncio.create_task(body())
+    await entered.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert not await lock.is_locked()
+
+
+async def test_fencing_tokens_strictly_increase(make_client: MakeClient, redis: Redis) -> None:
+    clients = [make_client() for _ in range(3)]
+    grants: list[int] = []
+    rng = random.Random(7)
+
+    async def worker(client: aiolock.Client) -> None:
+        lock = client.lock("fenced")
+        for _ in range(5):
+            async with lock.acquire(wait=30) as guard:
+                grants.append(guard.fencing_token)
+                async with lock.acquire() as inner:  # reentrant: same token
+                    assert inner.fencing_token == guard.fencing_token
+                await asyncio.sleep(rng.random() / 1000)
+
+    await asyncio.gather(*(worker(c) for c in clients for _ in range(4)))
+    assert len(grants) == 60
+    assert grants == sorted(grants)
+    assert len(set(grants)) == 60
+
+
+async def test_tokens_after_expiry_and_force(make_client: MakeClient) -> None:
+    client, other = make_client(), make_client()
+    lock = client.lock("fence-2")
+    tokens = []
+    async with lock.acquire() as guard:
+        tokens.append(guard.fencing_token)
+    assert await lock.try_lock(lease=0.05)
+
+    async def expired() -> bool:
+        return not await lock.is_locked()
+
+    await eventually(expired)
+    async with lock.acquire() as guard:
+        tokens.append(guard.fencing_token)
+    with pytest.raises(aiolock.LockLostError):
+        async with lock.acquire() as guard:
+            tokens.append(guard.fencing_token)
+            await other.lock("fence-2").force_unlock()
+    async with other.lock("fence-2").acquire() as guard:
+        tokens.append(guard.fencing_token)
+    assert tokens == sorted(tokens)
+    assert len(set(tokens)) == len(tokens)
+
+
+async def test_owner_that_ends_without_unlocking_loses_the_lock(
+    make_client: MakeClient, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = make_client(watchdog_timeout=0.3)
+    lock = client.lock("abandoned")
+
+    async def careless() -> None:
+        await lock.lock()
+
+    with caplog.at_level(logging.WARNING, logger="aiolock.watchdog"):
+        await asyncio.create_task(careless())
+
+        async def expired() -> bool:
+            return not await lock.is_locked()
+
+        await eventually(expired, timeout=3, what="the abandoned lock expired")
+    assert any("ended while holding" in r.getMessage() for r in caplog.records)
+    assert services_of(client).holds.watched() == []
+
+
+async def test_explicit_owner_spans_tasks(aiolock_client: aiolock.Client, redis: Redis) -> None:
+    job = aiolock_client.lock("job", owner="job-17")
+    handed_over = asyncio.Event()
+
+    async def web_handler() -> None:
+        await job.lock()
+        handed_over.set()
+
+    async def worker() -> None:
+        await handed_over.wait()
+        assert await job.is_held()
+        await job.unlock()
+
+    await asyncio.gather(web_handler(), worker())
+    assert not await job.is_locked()
+    await assert_clean(redis, aiolock_client)
+
+
+async def test_task_and_explicit_owners_never_mix(aiolock_client: aiolock.Client) -> None:
+    by_task = aiolock_client.lock("mixed")
+    by_name = aiolock_client.lock("mixed", owner="t1")
+    await by_task.lock()
+    assert not await by_name.try_lock()
+    assert not await by_name.is_held()
+    with pytest.raises(aiolock.LockNotOwnedError):
+        await by_name.unlock()
+    await by_task.unlock()
+    await by_name.lock()
+    assert not await by_task.try_lock()
+    await by_name.unlock()

@@ -1,0 +1,525 @@
+"""The fair lock's own behaviour: FIFO across clients, one named wake-up per hand-off, a queue
+that waiters leave at once when they give up, vanished waiters dropped after
+``fair_wait_timeout``, live waiters never dropped, and nothing left behind."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+import textwrap
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from redis.asyncio import Redis
+
+import aiolock
+from aiolock.fair import FairKeys
+from aiolock.testing.pytest_plugin import ServerInfo
+from tests.helpers import (
+    assert_clean,
+    channels,
+    entry_of,
+    eventually,
+    keys_of,
+    services_of,
+)
+
+pytestmark = pytest.mark.anyio
+
+ROOT = Path(__file__).parents[3]
+
+
+def fair_keys(lock: aiolock.AsyncFairLock) -> FairKeys:
+    keys = keys_of(lock)
+    assert isinstance(keys, FairKeys)
+    return keys
+
+
+async def queue(redis: Redis, lock: aiolock.AsyncFairLock) -> list[str]:
+    """The owners waiting for ``lock``, first in line first."""
+    return [str(owner) for owner in await redis.zrange(fair_keys(lock).queue, 0, -1)]
+
+
+async def queued(redis: Redis, lock: aiolock.AsyncFairLock, count: int) -> None:
+    """Wait until exactly ``count`` owners are in ``lock``'s queue."""
+
+    async def reached() -> bool:
+        return int(await redis.zcard(fair_keys(lock).queue)) == count
+
+    await eventually(reached, what=f"{count} owner(s) queued")
+
+
+async def no_queue_keys(redis: Redis, lock: aiolock.AsyncFairLock) -> bool:
+    keys = fair_keys(lock)
+    return int(await redis.exists(keys.queue, keys.deadlines)) == 0
+
+
+async def publish_calls(redis: Redis) -> int:
+    """PUBLISH calls the server has run, those made inside scripts included."""
+    stats = await redis.info("commandstats")
+    return int(stats.get("cmdstat_publish", {}).get("calls", 0))
+
+
+def messages(clients: list[aiolock.Client]) -> int:
+    """Messages the clients' subscriber connections have received in total."""
+    return sum(services_of(client).pubsub.statistics().messages for client in clients)
+
+
+def parked_on(client: aiolock.Client, lock: aiolock.AsyncFairLock) -> int:
+    entry = entry_of(client, fair_keys(lock).channel)
+    return 0 if entry is None or not entry.confirmed else entry.parked
+
+
+async def test_fifo_across_clients(
+    aiolock_client: aiolock.Client, make_client: Callable[..., aiolock.Client], redis: Redis
+) -> None:
+    clients = [aiolock_client, make_client(), make_client(), make_client()]
+    holder = aiolock_client.fair_lock("fifo", owner="holder")
+    await holder.lock()
+    # Interleaved unevenly across the clients, so no client's waiters are contiguous.
+    picks = [0, 1, 2, 3, 3, 1, 0, 2, 2, 0, 1, 3, 1, 1, 0, 3, 2, 0, 3, 2]
+    served: list[int] = []
+
+    async def waiter(i: int) -> None:
+        async with clients[picks[i]].fair_lock("fifo").acquire(wait=30):
+            served.append(i)
+
+    tasks: list[asyncio.Task[None]] = []
+    for i in range(len(picks)):
+        tasks.append(asyncio.create_task(waiter(i)))
+        await queued(redis, holder, i + 1)  # its predecessor is in line before it starts
+    await holder.unlock()
+    await asyncio.gather(*tasks)
+    assert served == list(range(len(picks)))
+    for client in clients:
+        await assert_clean(redis, client)
+    assert await no_queue_keys(redis, holder)
+
+
+async def test_one_wake_up_message_per_hand_off(
+    aiolock_client: aiolock.Client, make_client: Callable[..., aiolock.Client], redis: Redis
+) -> None:
+    clients = [aiolock_client, *(make_client() for _ in range(5))]
+    holder = aiolock_client.fair_lock("herd", owner="holder")
+    await holder.lock()
+    per_client = 2
+    served: list[int] = []
+
+    async def waiter(i: int) -> None:
+        async with clients[i % len(clients)].fair_lock("herd").acquire(wait=30):
+            served.append(i)
+
+    waiters = len(clients) * per_client
+    tasks = [asyncio.create_task(waiter(i)) for i in range(waiters)]
+    await queued(redis, holder, waiters)
+    # Every client subscribed, its subscription confirmed, and its waiters parked again after
+    # the confirmation's wake-up: no message can be lost, and no try is in flight.
+    locks = [client.fair_lock("herd") for client in clients]
+    await eventually(
+        lambda: all(
+            parked_on(client, lock) == per_client
+            for client, lock in zip(clients, locks, strict=True)
+        ),
+        what="every waiter parked on a confirmed subscription",
+    )
+    for lock in locks:
+        numsub = dict(await redis.pubsub_numsub(fair_keys(lock).channel))
+        assert numsub[fair_keys(lock).channel] == 1
+
+    published, delivered = await publish_calls(redis), messages(clients)
+    await holder.unlock()
+    await asyncio.gather(*tasks)
+    # One hand-off per waiter: the holder's release and that of every waiter but the last,
+    # whose release finds the queue empty.  Each is one message to one client, not one per
+    # client (6 * waiters).
+    assert sorted(served) == list(range(waiters))
+    assert await publish_calls(redis) - published == waiters
+    assert messages(clients) - delivered == waiters
+    for client in clients:
+        await assert_clean(redis, client)
+
+
+@pytest.mark.parametrize("how", ["timeout", "cancel"])
+async def test_a_waiter_that_gives_up_leaves_the_queue_at_once(
+    aiolock_client: aiolock.Client,
+    make_client: Callable[..., aiolock.Client],
+    redis: Redis,
+    how: str,
+) -> None:
+    holder = aiolock_client.fair_lock("leaving", owner="holder")
+    await holder.lock()
+    quitter_client, next_client = make_client(), make_client()
+    quitter_lock = quitter_client.fair_lock("leaving")
+    loop = asyncio.get_running_loop()
+
+    if how == "timeout":
+        quitter = asyncio.create_task(quitter_lock.try_lock(wait=0.2))
+    else:
+        quitter = asyncio.create_task(quitter_lock.try_lock(wait=30))
+    await queued(redis, holder, 1)
+    [quitter_owner] = await queue(redis, holder)
+
+    async def next_in_line() -> float:
+        lock = next_client.fair_lock("leaving")
+        assert await lock.try_lock(wait=30)
+        granted = loop.time()
+        await lock.unlock()
+        return granted
+
+    follower = asyncio.create_task(next_in_line())
+
+    async def behind() -> bool:
+        return len(await queue(redis, holder)) == 2 or quitter.done()
+
+    await eventually(behind, what="the next waiter queued behind")
+    if how == "timeout":
+        assert await quitter is False
+    else:
+        await eventually(lambda: parked_on(quitter_client, quitter_lock) == 1, what="parked")
+        quitter.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await quitter
+
+    async def left() -> bool:
+        return quitter_owner not in await queue(redis, holder)
+
+    # Far sooner than fair_wait_timeout (5 s), after which a silent waiter would be dropped.
+    await eventually(left, timeout=1.0, what="the waiter that gave up left the queue")
+    assert len(await queue(redis, holder)) == 1  # the follower keeps its place
+    released = loop.time()
+    await holder.unlock()
+    granted = await follower
+    # Woken by the hand-off message (its next try is 1.7 s away, the quitter's deadline 5 s).
+    assert granted - released < 1.0
+    for client in (aiolock_client, quitter_client, next_client):
+        await assert_clean(redis, client)
+    assert await no_queue_keys(redis, holder)
+
+
+async def test_a_vanished_waiter_delays_the_next_by_at_most_the_wait_timeout(
+    aiolock_server: ServerInfo,
+    aiolock_client: aiolock.Client,
+    make_client: Callable[..., aiolock.Client],
+    redis: Redis,
+) -> None:
+    fair_wait_timeout = 0.5
+    holder = make_client(fair_wait_timeout=fair_wait_timeout).fair_lock("gone", owner="holder")
+    await holder.lock()
+    loop = asyncio.get_running_loop()
+    code = textwrap.dedent(
+        f"""
+        import asyncio, sys
+        import aiolock
+
+        async def main():
+            client = aiolock.Client.from_url(
+                sys.argv[1], key_prefix=sys.argv[2], fair_wait_timeout={fair_wait_timeout}
+            )
+            await client.fair_lock("gone").lock()
+
+        asyncio.run(main())
+        """
+    )
+    process = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-c",
+        code,
+        aiolock_server.url,
+        aiolock_client.key_prefix,
+        cwd=ROOT,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    try:
+
+        async def subprocess_queued() -> bool:
+            assert process.returncode is None, "the waiter process exited early"
+            return int(await redis.zcard(fair_keys(holder).queue)) == 1
+
+        await eventually(subprocess_queued, timeout=30, what="the other process queued")
+        [dead_owner] = await queue(redis, holder)
+        waiter_lock = make_client(fair_wait_timeout=fair_wait_timeout).fair_lock("gone")
+
+        async def waiter() -> float:
+            assert await waiter_lock.try_lock(wait=30)
+            granted = loop.time()
+            await waiter_lock.unlock()
+            return granted
+
+        task = asyncio.create_task(waiter())
+        await queued(redis, holder, 2)
+        assert (await queue(redis, holder))[0] == dead_owner  # the waiter is behind it
+        process.send_signal(signal.SIGKILL)
+        await process.wait()
+    finally:
+        if process.returncode is None:
+            process.kill()
+            await process.wait()
+    released = loop.time()
+    await holder.unlock()
+    granted = await asyncio.wait_for(task, 10)
+    assert granted - released < fair_wait_timeout + 1.5
+    assert dead_owner not in await queue(redis, holder)
+    assert await no_queue_keys(redis, holder)
+
+
+async def test_a_live_waiter_is_never_dropped(
+    aiolock_client: aiolock.Client, make_client: Callable[..., aiolock.Client], redis: Redis
+) -> None:
+    fair_wait_timeout = 0.3
+    first_client = make_client(fair_wait_timeout=fair_wait_timeout)
+    second_client = make_client(fair_wait_timeout=fair_wait_timeout)
+    holder = aiolock_client.fair_lock("patient", owner="holder")
+    await holder.lock()
+    served: list[str] = []
+
+    async def waiter(client: aiolock.Client, tag: str) -> None:
+        async with client.fair_lock("patient").acquire(wait=30):
+            served.append(tag)
+
+    first = asyncio.create_task(waiter(first_client, "first"))
+    await queued(redis, holder, 1)
+    second = asyncio.create_task(waiter(second_client, "second"))
+    await queued(redis, holder, 2)
+    keys = fair_keys(holder)
+    line = await redis.zrange(keys.queue, 0, -1, withscores=True)
+    loop = asyncio.get_running_loop()
+    end = loop.time() + 2.0  # the holding time: over six wait timeouts
+    while loop.time() < end:
+        # Both keep their places and their tickets: a waiter dropped and queued again would
+        # have a new ticket, behind the other.
+        assert await redis.zrange(keys.queue, 0, -1, withscores=True) == line
+        await asyncio.sleep(0.02)
+    await holder.unlock()
+    await asyncio.gather(first, second)
+    assert served == ["first", "second"]
+    for client in (aiolock_client, first_client, second_client):
+        await assert_clean(redis, client)
+
+
+async def test_no_keys_left_behind(
+    aiolock_client: aiolock.Client, make_client: Callable[..., aiolock.Client], redis: Redis
+) -> None:
+    clients = [aiolock_client, make_client(), make_client()]
+    holder = aiolock_client.fair_lock("tidy", owner="holder")
+    keys = fair_keys(holder)
+    await holder.lock()
+
+    async def worker(i: int) -> None:
+        lock = clients[i % 3].fair_lock("tidy")
+        async with lock.acquire(wait=30):
+            async with lock.acquire(wait=0):  # reentry
+                await asyncio.sleep(0)
+
+    workers = [asyncio.create_task(worker(i)) for i in range(6)]
+    timing_out = asyncio.create_task(clients[1].fair_lock("tidy").try_lock(wait=1.0))
+    cancelled = asyncio.create_task(clients[2].fair_lock("tidy").try_lock(wait=30))
+    await queued(redis, holder, 8)
+    assert not await clients[0].fair_lock("tidy").try_lock(wait=0)
+    assert await timing_out is False
+    cancelled.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await cancelled
+    await holder.unlock()
+    await asyncio.gather(*workers)
+    for client in clients:
+        await assert_clean(redis, client)
+    assert not await redis.exists(keys.queue)
+    assert not await redis.exists(keys.deadlines)
+    left = sorted([str(key) async for key in redis.scan_iter(match=f"{keys.lock}*")])
+    assert left == []  # no fault, no marker: not even the meta hash
+
+
+async def test_many_waiters_on_many_locks_use_one_channel_per_lock(
+    aiolock_client: aiolock.Client, redis: Redis
+) -> None:
+    names = [f"many-{i}" for i in range(20)]
+    holders = [aiolock_client.fair_lock(name, owner="holder") for name in names]
+    for holder in holders:
+        await holder.lock()
+    served: Counter[str] = Counter()
+
+    async def waiter(i: int) -> None:
+        name = names[i % len(names)]
+        async with aiolock_client.fair_lock(name).acquire(wait=60):
+            served[name] += 1
+
+    tasks = [asyncio.create_task(waiter(i)) for i in range(500)]
+
+    async def all_queued() -> bool:
+        sizes = [int(await redis.zcard(fair_keys(holder).queue)) for holder in holders]
+        return sum(sizes) == 500
+
+    await eventually(all_queued, timeout=30, what="500 waiters queued")
+    await eventually(lambda: aiolock_client.statistics().waiters == 500, what="all joined")
+    expected = sorted(fair_keys(holder).channel for holder in holders)
+
+    async def subscribed() -> bool:
+        return await channels(redis, aiolock_client) == expected
+
+    await eventually(subscribed, what="one channel per lock")
+    assert aiolock_client.statistics().subscriptions == len(names)
+    for holder in holders:
+        await holder.unlock()
+    await asyncio.wait_for(asyncio.gather(*tasks), 60)
+    assert served == Counter({name: 25 for name in names})
+    await assert_clean(redis, aiolock_client)
+    for holder in holders:
+        assert await no_queue_keys(redis, holder)
+
+
+async def test_try_lock_without_waiting_leaves_no_queue_entry(
+    aiolock_client: aiolock.Client, make_client: Callable[..., aiolock.Client], redis: Redis
+) -> None:
+    holder = aiolock_client.fair_lock("no-wait", owner="holder")
+    await holder.lock()
+    other = make_client()
+    lock = other.fair_lock("no-wait")
+    assert not await lock.try_lock(wait=0)
+    assert other.statistics().subscriptions == 0
+
+    async def gone() -> bool:
+        return await no_queue_keys(redis, holder)
+
+    await eventually(gone, timeout=1.0, what="the queue entry removed")
+    await holder.unlock()
+    assert await lock.try_lock(wait=0)  # nobody left in line ahead of it
+    await lock.unlock()
+    for client in (aiolock_client, other):
+        await assert_clean(redis, client)
+    assert await no_queue_keys(redis, holder)
+
+
+async def test_a_newcomer_does_not_barge_in_ahead_of_the_queue(
+    aiolock_client: aiolock.Client, make_client: Callable[..., aiolock.Client], redis: Redis
+) -> None:
+    """The lock comes free with no hand-off message (as when a holder's lease runs out): the
+    head is parked until its next try, 1.7 s away.  A newcomer trying meanwhile must not get it.
+    """
+    head_client = make_client()
+    head_lock = head_client.fair_lock("barge")
+    keys = fair_keys(head_lock)
+    await redis.hset(keys.lock, "someone-else", 1)
+    await redis.pexpire(keys.lock, 30_000)
+
+    async def head() -> bool:
+        acquired = await head_lock.try_lock(wait=30)
+        await head_lock.unlock()
+        return acquired
+
+    head_task = asyncio.create_task(head())
+    await queued(redis, head_lock, 1)
+    await eventually(lambda: parked_on(head_client, head_lock) == 1, what="the head parked")
+    await redis.delete(keys.lock)
+    newcomer = make_client().fair_lock("barge")
+    assert not await newcomer.try_lock(wait=0)
+    assert not await newcomer.try_lock(wait=0.05)
+    assert await asyncio.wait_for(head_task, 5)
+    assert await newcomer.try_lock(wait=0)  # now the queue is empty
+    await newcomer.unlock()
+    await assert_clean(redis, head_client)
+    assert await no_queue_keys(redis, head_lock)
+
+
+async def test_a_waiter_that_gave_up_leaves_the_queue_even_if_its_client_closes(
+    aiolock_client: aiolock.Client, make_client: Callable[..., aiolock.Client], redis: Redis
+) -> None:
+    holder = aiolock_client.fair_lock("closing", owner="holder")
+    await holder.lock()
+    quitter = make_client()
+    assert not await quitter.fair_lock("closing").try_lock(wait=0)
+    await quitter.aclose()  # "releases finishing in the background get a moment to land"
+
+    async def gone() -> bool:
+        return await no_queue_keys(redis, holder)
+
+    await eventually(gone, timeout=1.0, what="the queue entry removed")
+
+
+async def test_a_waiter_still_waiting_when_its_client_closes_leaves_the_queue(
+    aiolock_client: aiolock.Client, make_client: Callable[..., aiolock.Client], redis: Redis
+) -> None:
+    holder = aiolock_client.fair_lock("closing-wait", owner="holder")
+    await holder.lock()
+    quitter = make_client()
+    lock = quitter.fair_lock("closing-wait")
+    waiter = asyncio.create_task(lock.lock())
+    await eventually(lambda: lock.statistics().waiters == 1, what="queued and parked")
+    await quitter.aclose()
+    with pytest.raises(RuntimeError, match="closed"):
+        await waiter
+
+    async def gone() -> bool:
+        return await no_queue_keys(redis, holder)
+
+    await eventually(gone, timeout=1.0, what="the queue entry removed")
+    await holder.unlock()
+
+
+async def script_calls(redis: Redis) -> int:
+    """EVALSHA calls the server has run."""
+    stats = await redis.info("commandstats")
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+async def test_parked_waiters_keep_their_places_with_one_call_for_all(
+    aiolock_client: aiolock.Client, make_client: Callable[..., aiolock.Client], redis: Redis
+) -> None:
+    """A client's parked waiters do not re-try to keep their places: one keep-alive call moves
+    all their deadlines on."""
+    client = make_client(fair_wait_timeout=0.3)
+    holder = aiolock_client.fair_lock("kept", owner="holder")
+    await holder.lock()
+    lock = client.fair_lock("kept")
+
+    async def waiter() -> None:
+        async with lock.acquire(wait=30):
+            pass
+
+    waiters = [asyncio.create_task(waiter()) for _ in range(30)]
+    await queued(redis, holder, 30)
+    await eventually(lambda: parked_on(client, lock) == 30, what="all 30 parked")
+    keys = fair_keys(holder)
+    before = dict(await redis.zrange(keys.deadlines, 0, -1, withscores=True))
+    calls = await script_calls(redis)
+
+    async def all_moved_on() -> bool:
+        now = dict(await redis.zrange(keys.deadlines, 0, -1, withscores=True))
+        return now.keys() == before.keys() and all(now[k] > before[k] for k in now)
+
+    await eventually(all_moved_on, what="every deadline moved on")
+    assert await script_calls(redis) - calls < 30  # fewer calls than waiters
+    await holder.unlock()
+    await asyncio.wait_for(asyncio.gather(*waiters), 10)
+    await assert_clean(redis, client)
+    assert await no_queue_keys(redis, holder)
+
+
+async def test_a_waiter_whose_place_was_lost_takes_one_again(
+    aiolock_client: aiolock.Client, make_client: Callable[..., aiolock.Client], redis: Redis
+) -> None:
+    client = make_client(fair_wait_timeout=0.3)
+    holder = aiolock_client.fair_lock("lost-place", owner="holder")
+    await holder.lock()
+    lock = client.fair_lock("lost-place")
+
+    async def waiter() -> None:
+        async with lock.acquire(wait=30):
+            pass
+
+    task = asyncio.create_task(waiter())
+    await queued(redis, holder, 1)
+    await eventually(lambda: parked_on(client, lock) == 1, what="the waiter parked")
+    keys = fair_keys(holder)
+    [owner] = await queue(redis, holder)
+    await redis.zrem(keys.queue, owner)  # as if dropped while its client stalled
+    await redis.zrem(keys.deadlines, owner)
+    await queued(redis, holder, 1)  # its client's keep-alive found it missing: it queued again
+    await holder.unlock()
+    await asyncio.wait_for(task, 10)
+    await assert_clean(redis, client)
+    assert await no_queue_keys(redis, holder)

@@ -1,0 +1,67 @@
+"""The examples run against the test server, so they never go stale."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from aiolock.testing.pytest_plugin import ServerInfo
+
+EXAMPLES = sorted((Path(__file__).parents[3] / "examples").glob("*.py"))
+# The framework glue modules are public too (behind the fastapi and aiohttp extras).
+PUBLIC_MODULES = ("aiolock", "aiolock.testing.embedded", "aiolock.fastapi", "aiolock.aiohttp")
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_example_runs(path: Path, aiolock_server: ServerInfo) -> None:
+    run = subprocess.run(
+        [sys.executable, str(path), aiolock_server.url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.strip()
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_examples_import_only_public_names(path: Path) -> None:
+    import aiolock
+
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        is_name = isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+        if is_name and node.value.id == "aiolock":  # type: ignore[attr-defined]
+            assert node.attr in aiolock.__all__, f"{path.name}: aiolock.{node.attr}"
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("aiolock"):
+            assert node.module in PUBLIC_MODULES, f"{path.name}: {node.module}"
+
+
+def test_fencing_example_rejects_the_stale_writer(aiolock_server: ServerInfo) -> None:
+    run = subprocess.run(
+        [sys.executable, str(EXAMPLES[0].parent / "fencing.py"), aiolock_server.url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert "new holder wrote: True - stale holder wrote: False" in run.stdout, run.stdout
+    assert "learns it lost the lock" in run.stdout
+
+
+def test_stale_holder_example_has_its_write_refused(aiolock_server: ServerInfo) -> None:
+    run = subprocess.run(
+        [sys.executable, str(EXAMPLES[0].parent / "stale_holder.py"), aiolock_server.url],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "stale holder's write was refused" in run.stdout, run.stdout
+    assert "members: ['added by the new holder']" in run.stdout, run.stdout

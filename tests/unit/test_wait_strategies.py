@@ -1,0 +1,332 @@
+"""The wait strategies (``aiolock._core.waiting``) on their own, with no server.
+
+Each strategy runs against the real pub/sub service and its real entries; only the server is
+missing: the topology never says where a channel lives, so every SUBSCRIBE stays pending and
+nothing is sent.  The services are a stand-in with the four things a strategy reads (the
+watchdog lease, the pub/sub service, ``closed`` and ``check_open``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from redis.exceptions import NoPermissionError
+
+from aiolock._core.holds import NameCounters
+from aiolock._core.waiting import Backoff, ChannelWait, NamedWait
+from aiolock._redis.pubsub import Home, NamedEntry, PubSub
+
+pytestmark = pytest.mark.anyio
+
+CHANNEL = "{lock}:channel"
+WATCHDOG = 30.0
+
+
+class _NoServer:
+    """A topology that never finds the channel's node: SUBSCRIBEs wait, none is sent."""
+
+    sharded = False
+
+    async def ready(self) -> None:
+        await asyncio.Event().wait()
+
+    async def refresh(self) -> None:
+        await asyncio.Event().wait()
+
+    def home(self, channel: bytes) -> Home:  # pragma: no cover - ready() never returns
+        raise AssertionError("no node is ever asked for")
+
+
+class _Services:
+    """What a strategy uses of a client's services, and nothing else."""
+
+    def __init__(self, pubsub: PubSub) -> None:
+        self.pubsub = pubsub
+        self.watchdog_timeout = WATCHDOG
+        self.closed = False
+
+    def check_open(self) -> _Services:
+        if self.closed:
+            raise RuntimeError("the aiolock client is closed")
+        return self
+
+
+class _Keeper:
+    """Records what a fair waiter asks of the keep-alive."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, str]] = []
+
+    def enter(self, owner: str, wait: NamedWait) -> None:
+        self.calls.append(("enter", owner))
+
+    def leave(self, owner: str) -> None:
+        self.calls.append(("leave", owner))
+
+
+@pytest.fixture
+async def services() -> AsyncIterator[Any]:
+    pubsub = PubSub(_NoServer(), concurrency=1)  # type: ignore[arg-type]
+    try:
+        yield _Services(pubsub)
+    finally:
+        await pubsub.aclose()
+
+
+def channel_wait(services: Any, counters: NameCounters, **options: Any) -> ChannelWait:
+    return ChannelWait(services, CHANNEL, counters, reentering=False, **options)
+
+
+def entry_of(services: Any) -> Any:
+    """The channel's entry, without taking a reference (``join_existing`` would add one)."""
+    return services.pubsub._entries.get(CHANNEL.encode())
+
+
+# -- ChannelWait: the plain lock's FIFO among this client's tasks --------------------------------
+
+
+async def test_the_first_contender_tries_at_once_and_a_newcomer_queues(services: Any) -> None:
+    counters = NameCounters()
+    first = channel_wait(services, counters)
+    assert first.first_pause() is None
+    newcomer = channel_wait(services, counters)
+    assert newcomer.first_pause() == WATCHDOG  # behind the first: parks before it tries
+    reentering = ChannelWait(services, CHANNEL, counters, reentering=True)
+    assert reentering.first_pause() is None  # never behind its own waiters
+    assert counters.contenders == 3
+    for wait in (first, newcomer, reentering):
+        wait.leave(granted=False)
+    assert counters.contenders == 0
+
+
+async def test_channel_waiters_are_counted_from_their_first_park_until_they_leave(
+    services: Any,
+) -> None:
+    counters = NameCounters()
+    wait = channel_wait(services, counters)
+    assert (counters.contenders, counters.waiters, counters.first_tries) == (1, 0, 1)
+    assert entry_of(services) is None  # no subscription for a task on its first try
+    waiter = wait.park(60)
+    assert (counters.waiters, counters.first_tries) == (1, 0)
+    entry = entry_of(services)
+    assert entry is not None
+    assert entry.refs == 1
+    assert entry.parked == 1
+    entry.wake_one()
+    assert waiter.result() is True
+    wait.park(60)  # a second park joins no second time
+    assert (counters.waiters, entry.refs) == (1, 1)
+    wait.leave(granted=True)
+    assert (counters.contenders, counters.waiters, entry.refs) == (0, 0, 0)
+
+
+async def test_channel_waiters_are_woken_in_the_order_they_entered(services: Any) -> None:
+    counters = NameCounters()
+    waits = [channel_wait(services, counters) for _ in range(3)]
+    # Their tries came back in reverse order: they park in reverse, yet wake in entry order.
+    parked = {index: waits[index].park(60) for index in (2, 1, 0)}
+    entry = entry_of(services)
+    for expected in (0, 1, 2):
+        entry.wake_one()
+        assert [index for index, waiter in parked.items() if waiter.done()] == [expected]
+        waits[expected].leave(granted=True)  # it got the lock, and is done with it
+        del parked[expected]
+
+
+async def test_a_channel_waiter_leaving_without_the_lock_wakes_the_next(services: Any) -> None:
+    counters = NameCounters()
+    first, second = channel_wait(services, counters), channel_wait(services, counters)
+    first_waiter, second_waiter = first.park(60), second.park(60)
+    entry_of(services).wake_one()
+    assert first_waiter.result() is True
+    assert not second_waiter.done()
+    first.leave(granted=False)  # woken, but gives up (its deadline passed, say)
+    assert second_waiter.result() is True  # the wake-up is not lost
+    second.leave(granted=True)
+
+
+async def test_a_wake_up_kept_while_the_head_tries_is_dropped_when_it_wins(
+    services: Any,
+) -> None:
+    counters = NameCounters()
+    head, queued = channel_wait(services, counters), channel_wait(services, counters)
+    head.park(60)
+    waiter = queued.park(60)
+    entry = entry_of(services)
+    entry.wake_one()  # the head is woken and goes to try
+    entry.wake_one()  # a release while it tries: kept, not handed past the head
+    assert not waiter.done()
+    head.leave(granted=True)  # it got the lock: the next would only find it held
+    assert not waiter.done()
+    queued.leave(granted=False)
+    again = channel_wait(services, counters)
+    assert not again.park(60).done()  # the kept wake-up was dropped, not left for later
+    again.leave(granted=False)
+
+
+async def test_a_permit_holder_passes_the_turn_on(services: Any) -> None:
+    counters = NameCounters()
+    holder = channel_wait(services, counters, shared=True)
+    queued = channel_wait(services, counters, shared=True)
+    holder.park(60)
+    waiter = queued.park(60)
+    entry_of(services).wake_one()  # the holder goes to try
+    assert not waiter.done()
+    holder.leave(granted=True)  # a permit taken: another may be free, the next one tries
+    assert waiter.result() is True
+    queued.leave(granted=True)
+
+
+async def test_a_refused_channel_or_a_closed_client_ends_the_wait(services: Any) -> None:
+    counters = NameCounters()
+    wait = channel_wait(services, counters)
+    waiter = wait.park(60)
+    wait.woken()  # nothing wrong yet: no error
+    entry_of(services).refuse(NoPermissionError("no permissions to access a channel"))
+    assert waiter.result() is True  # the refusal wakes it, to raise
+    with pytest.raises(NoPermissionError):
+        wait.woken()
+    wait.leave(granted=False)
+    closing = channel_wait(services, NameCounters())
+    services.closed = True
+    with pytest.raises(RuntimeError, match="closed"):
+        closing.woken()
+    closing.leave(granted=False)
+
+
+# -- NamedWait: the fair lock's hand-off names the one waiter it wakes -------------------------
+
+
+async def test_a_named_waiter_joins_an_existing_entry_before_its_first_try(services: Any) -> None:
+    counters = NameCounters()
+    first = NamedWait(services, CHANNEL, counters, "owner-a")
+    assert first.first_pause() is None
+    assert entry_of(services) is None
+    assert counters.waiters == 0
+    first.park(60)
+    entry = entry_of(services)
+    assert isinstance(entry, NamedEntry)
+    assert entry.refs == 1
+    assert counters.waiters == 1
+    # A second owner registers at once: a hand-off naming it during its first try is kept.
+    second = NamedWait(services, CHANNEL, counters, "owner-b")
+    assert (entry.refs, counters.waiters, counters.contenders) == (2, 2, 2)
+    entry.deliver(b"owner-b")  # handed the lock while its try is out
+    assert second.park(60).result() is True  # its next park returns at once
+    for wait in (first, second):
+        wait.leave(granted=False)
+    assert (entry.refs, counters.waiters, counters.contenders) == (0, 0, 0)
+
+
+async def test_a_hand_off_wakes_only_the_owner_it_names(services: Any) -> None:
+    counters = NameCounters()
+    keeper = _Keeper()
+    waits = {name: NamedWait(services, CHANNEL, counters, name, keeper) for name in "abc"}
+    parked = {name: wait.park(60) for name, wait in waits.items()}
+    entry = entry_of(services)
+    entry.deliver(b"b")
+    assert [name for name, waiter in parked.items() if waiter.done()] == ["b"]
+    assert parked["b"].result() is True
+    entry.deliver(b"nobody-here")  # a hand-off to another client's waiter: none woken here
+    assert [name for name, waiter in parked.items() if waiter.done()] == ["b"]
+    waits["c"].wake()  # its place in the queue was lost: it tries again now
+    assert parked["c"].result() is True
+    assert not parked["a"].done()
+    for wait in waits.values():
+        wait.leave(granted=False)
+    assert keeper.calls == [
+        ("enter", "a"),
+        ("enter", "b"),
+        ("enter", "c"),
+        ("leave", "a"),
+        ("leave", "b"),
+        ("leave", "c"),
+    ]
+    assert (counters.contenders, counters.waiters, entry.refs) == (0, 0, 0)
+
+
+async def test_a_named_waiter_leaving_forgets_its_name(services: Any) -> None:
+    counters = NameCounters()
+    gone, staying = (NamedWait(services, CHANNEL, counters, name) for name in ("gone", "staying"))
+    gone.park(60)
+    waiter = staying.park(60)
+    gone.leave(granted=False)
+    entry = entry_of(services)
+    entry.deliver(b"gone")  # a hand-off to the owner that left: nothing is kept for it
+    assert not waiter.done()
+    again = NamedWait(services, CHANNEL, counters, "gone")  # the same owner comes back
+    assert not again.park(60).done()  # no stale wake-up from before
+    for wait in (staying, again):
+        wait.leave(granted=False)
+
+
+# -- Backoff: the spin lock's full-jitter sleeps ------------------------------------------------
+
+
+@pytest.fixture
+async def sleeps(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The delays a Backoff asks the event loop for, each followed by its timer handle."""
+    loop = asyncio.get_running_loop()
+    recorded: list[Any] = []
+    call_later = loop.call_later
+
+    def recording(delay: float, callback: Any, *args: Any) -> asyncio.TimerHandle:
+        handle = call_later(delay, callback, *args)
+        recorded.extend((delay, handle))
+        return handle
+
+    monkeypatch.setattr(loop, "call_later", recording)
+    return recorded
+
+
+@pytest.mark.parametrize("seed", range(20))
+async def test_backoff_never_sleeps_longer_than_its_delay_or_the_allowed_pause(
+    services: Any, sleeps: list[Any], seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Seeded draws for this test only: the process's own generator stays as it was.
+    monkeypatch.setattr(random, "uniform", random.Random(seed).uniform)
+    backoff = Backoff(services, NameCounters(), initial=0.01, maximum=0.5)
+    pauses = [1.0, 0.003, 1.0, 0.2, 1.0, 1.0, 0.0, 1.0, 1.0, 1.0]
+    delay = 0.01
+    for pause in pauses:
+        backoff.unpark(backoff.park(pause))  # each sleep asked for, then called off
+        asked = sleeps[-2]
+        assert 0 <= asked <= min(delay, pause), (asked, delay, pause)
+        delay = min(delay * 2, 0.5)
+    backoff.leave(granted=False)
+
+
+async def test_backoff_doubles_to_its_maximum_and_yields_to_a_shorter_pause(
+    services: Any, sleeps: list[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(random, "uniform", lambda low, high: high)  # the longest jitter
+    backoff = Backoff(services, NameCounters(), initial=0.01, maximum=0.05)
+    for pause in (1.0, 1.0, 0.015, 1.0, 1.0, 1.0):
+        backoff.unpark(backoff.park(pause))
+    assert sleeps[::2] == pytest.approx([0.01, 0.02, 0.015, 0.05, 0.05, 0.05])
+    backoff.leave(granted=False)
+
+
+async def test_backoff_wakes_after_its_sleep_and_its_timer_ends_with_it(
+    services: Any, sleeps: list[Any]
+) -> None:
+    counters = NameCounters()
+    backoff = Backoff(services, counters, initial=0.001, maximum=0.001)
+    assert backoff.first_pause() is None
+    assert (counters.contenders, counters.waiters) == (1, 0)  # a waiter from its first pause
+    assert await asyncio.wait_for(backoff.park(60), 5) is True
+    assert counters.waiters == 1
+    pending = backoff.park(60)
+    backoff.leave(granted=False)  # leaves while the next sleep runs: its timer is cancelled
+    assert sleeps[-1].cancelled()
+    assert not pending.done()
+    assert (counters.contenders, counters.waiters) == (0, 0)
+    closing = Backoff(services, NameCounters(), initial=0.1, maximum=0.1)
+    closing.woken()  # open: no error
+    services.closed = True
+    with pytest.raises(RuntimeError, match="closed"):
+        closing.woken()
