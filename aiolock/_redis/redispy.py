@@ -2,9 +2,10 @@
 
 :mod:`aiolock._redis.calls` writes on redis-py's ``Connection`` itself (see its docstring for
 why), so it needs the connection's ``asyncio.StreamWriter``, which redis-py keeps in the private
-``_writer`` (the same name from redis-py 5.0 through 8.x).  ``tests/integration/versions/test_redispy.py``
-checks this against the installed redis-py and fails loudly when it changes; ``pyproject.toml``
-allows the next major version of redis-py only because that test exists.
+``_writer`` (the same name from redis-py 5.0 through 8.x).
+``tests/integration/versions/test_redispy.py`` checks this against the installed redis-py and
+fails loudly when it changes; ``pyproject.toml`` allows the next major version of redis-py
+only because that test exists.
 
 ``guard.transaction()`` finds the keys of its queued commands with the parser redis-py's
 Cluster client routes by (``redis._parsers.commands.AsyncCommandsParser``: the server's
