@@ -61,11 +61,11 @@ class _Keeper:
     def __init__(self) -> None:
         self.calls: list[tuple[str, str]] = []
 
-    def enter(self, owner: str, wait: NamedWait) -> None:
-        self.calls.append(("enter", owner))
+    def add(self, owner: str, wait: NamedWait) -> None:
+        self.calls.append(("add", owner))
 
-    def leave(self, owner: str) -> None:
-        self.calls.append(("leave", owner))
+    def discard(self, owner: str) -> None:
+        self.calls.append(("discard", owner))
 
 
 @pytest.fixture
@@ -239,12 +239,12 @@ async def test_a_hand_off_wakes_only_the_owner_it_names(services: Any) -> None:
     for wait in waits.values():
         wait.leave(granted=False)
     assert keeper.calls == [
-        ("enter", "a"),
-        ("enter", "b"),
-        ("enter", "c"),
-        ("leave", "a"),
-        ("leave", "b"),
-        ("leave", "c"),
+        ("add", "a"),
+        ("add", "b"),
+        ("add", "c"),
+        ("discard", "a"),
+        ("discard", "b"),
+        ("discard", "c"),
     ]
     assert (counters.contenders, counters.waiters, entry.refs) == (0, 0, 0)
 
