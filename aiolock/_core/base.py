@@ -726,6 +726,16 @@ class Seam:
         """One read of the lock's key (``common/read.lua``: exists, hget, pttl...)."""
         return self.lock._read(what, *args)
 
+    def attempt_call(self, owner: str, request: int, lease_ms: int) -> Call:
+        """The call one attempt of ``owner`` sends, as request ``request`` with a lease of
+        ``lease_ms``: its script answers a grant ``[token, count, pttl]`` or the PTTL to wait."""
+        return self.lock._attempt(owner, request, lease_ms)
+
+    def withdraw_call(self, owner: str) -> Call | None:
+        """The call a waiter of ``owner`` that gives up sends, if the kind keeps its waiters on
+        the server (the fair queue, the waiting writers)."""
+        return self.lock._withdraw_call(owner)
+
     # What settlement asks (see :class:`aiolock._core.settlement.Settled`).
 
     @property
