@@ -678,6 +678,11 @@ class Seam:
         return self.lock._hold_key
 
     @property
+    def explicit_owner(self) -> str | None:
+        """The owner the lock was made for (``owner=``); ``None``: each calling task's own."""
+        return self.lock._explicit_owner
+
+    @property
     def order(self) -> tuple[str, str]:
         """Where the lock stands in the one order every process takes locks in: its key, then
         its client's server (see :mod:`aiolock.multi`)."""

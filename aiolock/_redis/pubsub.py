@@ -115,6 +115,11 @@ class Entry:
     def parked(self) -> int:
         return self._parked
 
+    @property
+    def permits(self) -> int:
+        """Wake-ups kept for the next tasks to park (see the class docstring)."""
+        return self._permits
+
     def wake_one(self) -> None:
         """Hand one wake-up to the first parked waiter, or keep it (see the class docstring).
 

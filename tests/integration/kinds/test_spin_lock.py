@@ -148,6 +148,6 @@ async def test_bad_backoff_options_fail_before_any_io(
             client.spin_lock("x", **options)
         lock = client.spin_lock("x", initial_delay=0.5, max_delay=0.5)  # equal bounds are fine
         assert lock.statistics().waiters == 0
-        assert services_of(client).calls._connections == 0  # nothing was sent anywhere
+        assert services_of(client).calls.connections == 0  # nothing was sent anywhere
     finally:
         await client.aclose()
