@@ -70,7 +70,7 @@ async def test_it_never_subscribes(
     assert await subscribe_calls(redis, "publish") == publishes  # nobody would listen
     assert await clients[0].spin_lock("spun").force_unlock() is False
     for client in clients:
-        assert not services_of(client).pubsub._subscribers  # no subscriber connection, ever
+        assert not services_of(client).pubsub.subscriber_homes  # no subscriber connection, ever
         await assert_clean(redis, client)
 
 
