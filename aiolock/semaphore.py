@@ -174,6 +174,12 @@ def seam_of(semaphore: AsyncSemaphore) -> Seam:
     return semaphore._seam
 
 
+def hold_of(permit: Permit) -> Hold:
+    """The client's record of ``permit``'s hold (kept by the permit after it ended: its
+    ``lost_reason`` says why it was lost)."""
+    return permit._hold
+
+
 class Permit:
     """One permit of an :class:`AsyncSemaphore`.
 

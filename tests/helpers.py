@@ -1,10 +1,10 @@
 """What tests share: waiting on conditions (never on fixed sleeps), and the one place that
 knows how to reach a client's services, a lock's keys and its pub/sub entry.
 
-A lock's internals are asked through its declared interface, :class:`aiolock._core.base.Seam`;
-the few things no interface offers (a client's services, a pub/sub entry without taking a
-reference on it, a latch's keys) are read here, once, so that a change inside the library
-meets one function rather than every test.
+A lock's internals are asked through its declared interface, :class:`aiolock._core.base.Seam`,
+and a client's pub/sub entries through ``PubSub.entries`` (reading one takes no reference);
+the few things no interface offers (a client's services, a latch's keys) are read here, once,
+so that a change inside the library meets one function rather than every test.
 """
 
 from __future__ import annotations
@@ -58,7 +58,7 @@ def rw_keys_of(lock: aiolock.AsyncReadLock | aiolock.AsyncWriteLock) -> RWKeys:
 
 def entries_of(client: aiolock.Client) -> Mapping[bytes, Entry]:
     """``client``'s pub/sub entries by channel (read only: taking one adds no reference)."""
-    return services_of(client).pubsub._entries
+    return services_of(client).pubsub.entries
 
 
 def entry_of(client: aiolock.Client, channel: Any) -> Entry | None:

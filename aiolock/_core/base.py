@@ -678,6 +678,11 @@ class Seam:
         return self.lock._hold_key
 
     @property
+    def explicit_owner(self) -> str | None:
+        """The owner the lock was made for (``owner=``); ``None``: each calling task's own."""
+        return self.lock._explicit_owner
+
+    @property
     def order(self) -> tuple[str, str]:
         """Where the lock stands in the one order every process takes locks in: its key, then
         its client's server (see :mod:`aiolock.multi`)."""
@@ -725,6 +730,16 @@ class Seam:
     def read(self, what: str, *args: str) -> Coroutine[Any, Any, Any]:
         """One read of the lock's key (``common/read.lua``: exists, hget, pttl...)."""
         return self.lock._read(what, *args)
+
+    def attempt_call(self, owner: str, request: int, lease_ms: int) -> Call:
+        """The call one attempt of ``owner`` sends, as request ``request`` with a lease of
+        ``lease_ms``: its script answers a grant ``[token, count, pttl]`` or the PTTL to wait."""
+        return self.lock._attempt(owner, request, lease_ms)
+
+    def withdraw_call(self, owner: str) -> Call | None:
+        """The call a waiter of ``owner`` that gives up sends, if the kind keeps its waiters on
+        the server (the fair queue, the waiting writers)."""
+        return self.lock._withdraw_call(owner)
 
     # What settlement asks (see :class:`aiolock._core.settlement.Settled`).
 

@@ -145,6 +145,10 @@ class Holds:
     def __len__(self) -> int:
         return len(self._holds)
 
+    def __iter__(self) -> Iterator[Hold]:
+        """Every hold the client believes it has (a snapshot: the registry may change)."""
+        return iter(list(self._holds.values()))
+
     def get(self, key: str, owner: str) -> Hold | None:
         return self._holds.get((key, owner))
 

@@ -113,6 +113,21 @@ class Calls:
         self._closed = False
         self._background = Background()  # replies read for callers that left, discards
 
+    @property
+    def connections(self) -> int:
+        """The connections this runner has open: idle, or carrying a call."""
+        return self._connections
+
+    @property
+    def idle(self) -> tuple[AbstractConnection, ...]:
+        """The open connections no call is using now (a snapshot)."""
+        return tuple(self._idle)
+
+    @property
+    def queued(self) -> int:
+        """The calls waiting for a connection (every one is in use, up to the limit)."""
+        return len(self._queue)
+
     async def run(
         self,
         script: Script,

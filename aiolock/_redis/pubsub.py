@@ -30,8 +30,9 @@ import logging
 import math
 import zlib
 from collections import deque
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, NamedTuple, Protocol
 
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
@@ -114,6 +115,11 @@ class Entry:
     @property
     def parked(self) -> int:
         return self._parked
+
+    @property
+    def permits(self) -> int:
+        """Wake-ups kept for the next tasks to park (see the class docstring)."""
+        return self._permits
 
     def wake_one(self) -> None:
         """Hand one wake-up to the first parked waiter, or keep it (see the class docstring).
@@ -505,6 +511,21 @@ class PubSub:
         entry = self._entries.get(channel.encode())
         if entry is not None:
             entry.wake_one()
+
+    @property
+    def entries(self) -> Mapping[bytes, Entry]:
+        """The cached entries by channel (a read-only view: reading one takes no reference)."""
+        return MappingProxyType(self._entries)
+
+    @property
+    def subscriber_homes(self) -> list[str]:
+        """The homes (``Home.name``) a subscriber was made for, up or not, in the order made."""
+        return list(self._subscribers)
+
+    @property
+    def scheduled(self) -> bool:
+        """Whether SUBSCRIBE / UNSUBSCRIBE work or a move is still running (see :meth:`drain`)."""
+        return bool(self._background)
 
     def statistics(self) -> PubSubStatistics:
         subscribers = self._subscribers.values()

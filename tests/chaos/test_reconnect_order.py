@@ -58,7 +58,7 @@ async def served_after_a_reconnect(
     await eventually(reconnected, what="reconnected")
     # Woken by the resubscription, every waiter tried (the stranger still holds it) and
     # parked again.
-    await eventually(lambda: parked(client, lock) == 4 and entry._permits == 0, what="back")
+    await eventually(lambda: parked(client, lock) == 4 and entry.permits == 0, what="back")
     await redis.delete(keys_of(lock).lock)
     await redis.publish(keys_of(lock).channel, "released")
     await asyncio.wait_for(asyncio.gather(*tasks), 10)

@@ -105,5 +105,5 @@ async def test_closing_the_client_ends_waiters_on_a_pending_subscription(
     outcomes = await asyncio.wait_for(asyncio.gather(*waiters, return_exceptions=True), 5)
     assert all(isinstance(outcome, RuntimeError) for outcome in outcomes), outcomes
     assert lock.statistics().waiters == 0
-    assert not services_of(client).pubsub._background
+    assert not services_of(client).pubsub.scheduled
     await redis.delete(keys_of(lock).lock)

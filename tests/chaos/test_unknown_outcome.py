@@ -22,7 +22,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 import aiolock
 from aiolock import _scripts
-from tests.helpers import eventually, held_by_another_task
+from aiolock._core.base import Seam
+from tests.helpers import eventually, held_by_another_task, keys_of, services_of
 
 from .proxy import FreezableProxy
 
@@ -76,7 +77,7 @@ def grant(reply: bytes) -> tuple[int, int]:
 
 async def server_counts(redis: Redis, lock: aiolock.AsyncRLock) -> list[int]:
     """The hold counts in the lock hash, one per owner (its ``:fence``/``:req`` fields aside)."""
-    fields = await redis.hgetall(lock._keys.lock)
+    fields = await redis.hgetall(keys_of(lock).lock)
     return [int(count) for field, count in fields.items() if not str(field).startswith(":")]
 
 
@@ -85,7 +86,7 @@ async def settled(client: aiolock.Client) -> None:
 
 
 async def assert_free(redis: Redis, lock: aiolock.AsyncRLock) -> None:
-    assert not await redis.exists(lock._keys.lock)
+    assert not await redis.exists(keys_of(lock).lock)
     assert not await lock.is_locked()
     assert lock.statistics().held == 0
 
@@ -183,7 +184,7 @@ async def test_c_the_next_fresh_grant_gets_a_larger_token(
         handed.append(guard.fencing_token)
     if nested:
         await lock.lock()
-        handed.append(lock._granted().token)
+        handed.append(Seam(lock).held().token)
     reply = proxy.cut_next_request(ACQUIRE)
     with pytest.raises(RedisConnectionError):
         await lock.try_lock(wait=0)
@@ -289,16 +290,17 @@ async def test_e_a_resent_grant_is_voided_before_its_release(
     await lock.lock()  # the resend's answer
     token, count = grant(await dropped(reply))
     assert count == 1
-    owner, _ = lock._owner()
-    hold = client._services.holds.get(lock._hold_key, owner)
+    seam = Seam(lock)
+    owner, _ = seam.owner()
+    hold = seam.hold(owner)
     assert hold is not None
     assert hold.token == token  # the same grant, answered twice
     assert len(hold.resent) == 1
     request = hold.resent[0]
     # The resend's own mark lives a minute: as if this hold had outlived it.
-    assert await redis.hdel(lock._keys.meta, f"{owner}/{request}") == 1
+    assert await redis.hdel(seam.keys.meta, f"{owner}/{request}") == 1
     await lock.unlock()
-    assert await redis.hget(lock._keys.meta, f"{owner}/{request}") is not None  # voided
+    assert await redis.hget(seam.keys.meta, f"{owner}/{request}") is not None  # voided
     await assert_free(redis, lock)
 
     async def another_owner() -> None:
@@ -306,8 +308,8 @@ async def test_e_a_resent_grant_is_voided_before_its_release(
             pass
 
     await asyncio.create_task(another_owner())
-    late = lock._attempt(owner, request, 30_000)  # the first copy, arriving now
-    assert not isinstance(await aiolock_client._services.calls.run(*late), list)
+    late = seam.attempt_call(owner, request, 30_000)  # the first copy, arriving now
+    assert not isinstance(await services_of(aiolock_client).calls.run(*late), list)
     await assert_free(redis, lock)
     no_unknown_holds()
 
@@ -329,14 +331,15 @@ async def test_e_a_resent_try_that_was_refused_is_voided_at_once(
         assert not await lock.try_lock(wait=0)  # the resend's answer: busy
         assert not (await dropped(reply)).startswith(b"*")  # the first copy: busy too
         assert client.statistics().pending == 0  # no void call of the client's: the script's
-    owner, _ = lock._owner()
+    seam = Seam(lock)
+    owner, _ = seam.owner()
     voided = [
-        field for field in await redis.hkeys(lock._keys.meta) if str(field).startswith(f"{owner}/")
+        field for field in await redis.hkeys(seam.keys.meta) if str(field).startswith(f"{owner}/")
     ]
     assert len(voided) == 1
     request = int(str(voided[0]).rsplit("/", 1)[1])
-    late = lock._attempt(owner, request, 30_000)  # the first copy, arriving once it is free
-    assert not isinstance(await aiolock_client._services.calls.run(*late), list)
+    late = seam.attempt_call(owner, request, 30_000)  # the first copy, arriving once it is free
+    assert not isinstance(await services_of(aiolock_client).calls.run(*late), list)
     await assert_free(redis, lock)
 
 
@@ -355,23 +358,24 @@ async def test_e_a_resent_grant_whose_lease_ran_out_is_voided_when_lost(
     reply = proxy.cut_next_request(ACQUIRE)
     await lock.lock(lease=0.3)  # the resend's answer
     grant(await dropped(reply))
-    owner, _ = lock._owner()
-    hold = client._services.holds.get(lock._hold_key, owner)
+    seam = Seam(lock)
+    owner, _ = seam.owner()
+    hold = seam.hold(owner)
     assert hold is not None
     request = hold.resent[0]
     # The resend's own mark lives a minute: as if this hold had outlived it.
-    assert await redis.hdel(lock._keys.meta, f"{owner}/{request}") == 1
+    assert await redis.hdel(seam.keys.meta, f"{owner}/{request}") == 1
     await eventually(lambda: hold.lost, what="the lease to run out")
     await settled(client)
-    assert await redis.hget(lock._keys.meta, f"{owner}/{request}") is not None  # voided
+    assert await redis.hget(seam.keys.meta, f"{owner}/{request}") is not None  # voided
     await eventually(lambda: _gone(redis, lock), what="the lock to expire on the server")
-    late = lock._attempt(owner, request, 30_000)  # the first copy, arriving now
-    assert not isinstance(await aiolock_client._services.calls.run(*late), list)
+    late = seam.attempt_call(owner, request, 30_000)  # the first copy, arriving now
+    assert not isinstance(await services_of(aiolock_client).calls.run(*late), list)
     await assert_free(redis, lock)
 
 
 async def _gone(redis: Redis, lock: aiolock.AsyncRLock) -> bool:
-    return not await redis.exists(lock._keys.lock)
+    return not await redis.exists(keys_of(lock).lock)
 
 
 # -- a resend that meets an empty script cache -------------------------------------------------

@@ -59,6 +59,8 @@ from aiolock import (
 from aiolock._core.base import LockKind, Seam
 from aiolock._core.holds import Hold
 from aiolock.client import Client
+from aiolock.semaphore import hold_of
+from tests.helpers import services_of
 
 from .history import (
     CANCELLED,
@@ -185,7 +187,7 @@ GRANT_TIMES: dict[int, int] = {}
 
 def stamp_grants(client: Client) -> None:
     """Record the time of each grant that ``client`` registers, in GRANT_TIMES."""
-    holds = client._services.holds
+    holds = services_of(client).holds
     record_grant = holds.record_grant
 
     def stamped(*args: Any, **kwargs: Any) -> Hold:
@@ -355,7 +357,7 @@ async def _reentries(
 def _other_mode(lock: LockKind) -> LockKind:
     """The other mode of a read-write lock, for the same owner (explicit, or the task's)."""
     rw = aiolock.AsyncReadWriteLock(Seam(lock).services, lock.name)
-    owner = lock._explicit_owner
+    owner = Seam(lock).explicit_owner
     if isinstance(lock, aiolock.AsyncReadLock):
         return rw.write_lock(owner=owner)
     return rw.read_lock(owner=owner)
@@ -478,7 +480,7 @@ async def _permit(semaphore: aiolock.AsyncSemaphore, plan: Plan, diagnostics: Di
             if held is not None:
                 attempt.lost = held.lost
                 if held.lost:
-                    attempt.lost_reason = _reason(held._hold)
+                    attempt.lost_reason = _reason(hold_of(held))
         return
     permit = await semaphore.try_acquire(wait=attempt.wait, lease=attempt.lease)
     if permit is None:
@@ -494,7 +496,7 @@ async def _permit(semaphore: aiolock.AsyncSemaphore, plan: Plan, diagnostics: Di
         finally:
             attempt.lost = permit.lost
             if permit.lost:
-                attempt.lost_reason = _reason(permit._hold)
+                attempt.lost_reason = _reason(hold_of(permit))
 
 
 def _reason(hold: Hold | None) -> str:
@@ -854,9 +856,7 @@ class Worker:
         probe.cancel()
         await asyncio.wait([probe])
         stats = await self._quiesce()
-        ids = {
-            kind: client._services.owners.client_id for kind, client in self.all_clients().items()
-        }
+        ids = {kind: client.id for kind, client in self.all_clients().items()}
         _emit("DRAINED", {"stats": stats, "clients": ids})
         await _expect("close")
         for client in reversed(self.all_clients().values()):  # the RedLock servers first
@@ -893,7 +893,7 @@ class Worker:
                     kind: [
                         f"{hold.kind} {hold.name!r} owner {hold.owner.partition(':')[2]} token "
                         f"{hold.token} x{hold.count}{' watchdog' if hold.watchdog else ''}"
-                        for hold in client._services.holds._holds.values()
+                        for hold in services_of(client).holds
                     ]
                     for kind, client in clients.items()
                     if kind in busy

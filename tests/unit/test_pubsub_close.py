@@ -51,7 +51,7 @@ async def test_closing_while_a_refresh_swallows_the_cancellation_leaves_nothing_
     pubsub.join("{x}:channel", None)
     await asyncio.wait_for(topology.refreshing.wait(), 10)  # the node failed: being rehomed
     await pubsub.aclose()  # returns, and raises nothing
-    assert not pubsub._background
-    assert list(pubsub._subscribers) == ["a"]  # nothing subscribed on "b" after the close
+    assert not pubsub.scheduled
+    assert pubsub.subscriber_homes == ["a"]  # nothing subscribed on "b" after the close
     ours = asyncio.all_tasks() - before
     await eventually(lambda: all(task.done() for task in ours), what="no task left running")

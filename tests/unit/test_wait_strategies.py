@@ -83,7 +83,7 @@ def channel_wait(services: Any, counters: NameCounters, **options: Any) -> Chann
 
 def entry_of(services: Any) -> Any:
     """The channel's entry, without taking a reference (``join_existing`` would add one)."""
-    return services.pubsub._entries.get(CHANNEL.encode())
+    return services.pubsub.entries.get(CHANNEL.encode())
 
 
 # -- ChannelWait: the plain lock's FIFO among this client's tasks --------------------------------

@@ -36,8 +36,8 @@ async def test_connections_stay_within_the_pool_limit(
             assert await client_connections(redis, "limited") <= 3
 
     await asyncio.gather(*(cycle(lock) for lock in held))
-    assert services_of(client).calls._connections == 3
-    assert len(services_of(client).calls._idle) == 3  # every connection came back
+    assert services_of(client).calls.connections == 3
+    assert len(services_of(client).calls.idle) == 3  # every connection came back
     await assert_clean(redis, client)
 
 
@@ -58,7 +58,7 @@ async def test_idle_connections_killed_by_the_server_are_replaced(
             return True  # redis-py before 8 reports the EOF as an error
 
     async def noticed() -> bool:  # the EOF has reached the idle connection
-        return all([await eof_seen(conn) for conn in services_of(client).calls._idle])
+        return all([await eof_seen(conn) for conn in services_of(client).calls.idle])
 
     await eventually(noticed, what="EOF seen on the idle connection")
     await lock.lock()
@@ -90,7 +90,7 @@ async def test_a_cancelled_call_reports_its_outcome_to_the_orphan_handler(
     )
     # Taken from the idle list, the connection is written to at once: the call is then waiting
     # for its reply, which the stalled server holds back.
-    await eventually(lambda: not calls._idle, what="call in flight")
+    await eventually(lambda: not calls.idle, what="call in flight")
     call.cancel()
     with pytest.raises(asyncio.CancelledError):
         await call
@@ -99,7 +99,7 @@ async def test_a_cancelled_call_reports_its_outcome_to_the_orphan_handler(
     assert isinstance(reply, list)
     assert reply[1] == 1  # granted: the handler could undo it
     assert await redis.hget(keys.lock, owner) == "1"
-    assert calls._idle  # the connection came back once the reply was read
+    assert calls.idle  # the connection came back once the reply was read
     await stall
     await redis.delete(keys.lock)
 
@@ -126,7 +126,7 @@ async def test_a_call_cancelled_in_the_queue_is_not_sent_and_leaves_nothing(
             orphan=outcomes.append,
         )
     )
-    await eventually(lambda: len(calls._queue) == 1, what="second call queued")
+    await eventually(lambda: calls.queued == 1, what="second call queued")
     call.cancel()
     with pytest.raises(asyncio.CancelledError):
         await call
@@ -136,6 +136,6 @@ async def test_a_call_cancelled_in_the_queue_is_not_sent_and_leaves_nothing(
     await stall
     await blocker_lock.unlock()
     assert not await redis.exists(keys.lock)
-    assert not calls._queue
-    assert len(calls._idle) == calls._connections == 1
+    assert not calls.queued
+    assert len(calls.idle) == calls.connections == 1
     await assert_clean(redis, client)

@@ -23,6 +23,7 @@ from redis.exceptions import ResponseError
 
 import aiolock
 from aiolock._core.base import Seam
+from aiolock.semaphore import seam_of
 from aiolock.testing.embedded import EmbeddedServer
 from aiolock.testing.pytest_plugin import ServerInfo
 from tests.helpers import evalsha_calls, eventually, keys_of, services_of, stall_server, use_once
@@ -187,25 +188,26 @@ async def test_an_undo_marks_for_the_resend_window_only(
     assert window == 2_000  # the floor: 2 x (0.05 + 0.05) s + 0.01 s is less
     try:
         if kind == "semaphore":
-            lock: Any = client.semaphore("undone", 1)._permits
+            seam = seam_of(client.semaphore("undone", 1))  # its permits lock's
             owner = "undone-permit"
-            marked = keys_of(lock).lock  # the marks live with the permits
+            marked = seam.keys.lock  # the marks live with the permits
         else:
-            lock = {
+            lock: Any = {
                 "lock": client.lock,
                 "fair": client.fair_lock,
                 "read": lambda n: client.rw_lock(n).read_lock(),
                 "write": lambda n: client.rw_lock(n).write_lock(),
             }[kind]("undone")
-            owner, _ = Seam(lock).owner()
-            marked = keys_of(lock).meta
+            seam = Seam(lock)
+            owner, _ = seam.owner()
+            marked = seam.keys.meta
         services = services_of(client)
         late = services.owners.next_request()
         loop = asyncio.get_running_loop()
-        settlement = Seam(lock).settlement
+        settlement = seam.settlement
         await settlement.retry_release(owner, services.owners.next_request(), late, loop.time() + 5)
         assert 0 < await redis.pttl(marked) <= window
-        reply = await services.calls.run(*lock._attempt(owner, late, 600_000))  # the late copy
+        reply = await services.calls.run(*seam.attempt_call(owner, late, 600_000))  # the late copy
         assert not isinstance(reply, list)  # refused
 
         async def only_the_counter() -> bool:

@@ -11,6 +11,7 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
+from aiolock._core.base import Seam
 from tests.helpers import assert_clean, eventually, services_of
 
 pytestmark = pytest.mark.anyio
@@ -68,7 +69,7 @@ async def test_force_unlock_is_noticed_within_one_period(make_client: MakeClient
     with pytest.raises(aiolock.LockLostError, match="taken"):
         async with lock.acquire(wait=0) as guard:
             lost = asyncio.Event()
-            guard._holding.listeners.append(lost.set)
+            Seam(lock).held().listeners.append(lost.set)  # the guard's hold
             forced_at = loop.time()
             assert await other.lock("taken").force_unlock()
             await asyncio.wait_for(lost.wait(), timeout=2)

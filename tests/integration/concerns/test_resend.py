@@ -23,15 +23,24 @@ import aiolock
 from aiolock import _scripts
 from aiolock._core.base import Seam
 from aiolock._core.settlement import Copies
+from aiolock.fair import FairKeys
+from aiolock.semaphore import seam_of
 from aiolock.testing.pytest_plugin import ServerInfo
-from tests.helpers import evalsha_calls, eventually, held_by_another_task, stall_server
+from tests.helpers import (
+    evalsha_calls,
+    eventually,
+    held_by_another_task,
+    keys_of,
+    services_of,
+    stall_server,
+)
 
 pytestmark = pytest.mark.anyio
 
 
 async def test_replayed_requests_apply_once(aiolock_client: aiolock.Client, redis: Redis) -> None:
-    keys = aiolock_client.lock("replayed")._keys
-    calls = aiolock_client._services.calls
+    keys = keys_of(aiolock_client.lock("replayed"))
+    calls = services_of(aiolock_client).calls
     owner = f"{aiolock_client.id}:x:replay"
     acquire = (keys.lock, keys.meta, keys.fence)
     release = (keys.lock, keys.meta, keys.channel)
@@ -57,8 +66,8 @@ async def test_replayed_requests_apply_once(aiolock_client: aiolock.Client, redi
 
 
 async def test_undo_releases_exactly_the_named_grant(aiolock_client: aiolock.Client) -> None:
-    keys = aiolock_client.lock("undo")._keys
-    calls = aiolock_client._services.calls
+    keys = keys_of(aiolock_client.lock("undo"))
+    calls = services_of(aiolock_client).calls
     owner = f"{aiolock_client.id}:x:undo"
     acquire = (keys.lock, keys.meta, keys.fence)
     release = (keys.lock, keys.meta, keys.channel)
@@ -121,7 +130,7 @@ LATE_KINDS = ["lock", "fair_lock", "read", "write"]
 async def _late_copy_refused(client: aiolock.Client, lock: Any, acquire: Any) -> None:
     """``acquire``'s first copy arrives late: it grants nothing, and the owner's own next call
     is granted as usual."""
-    reply = await client._services.calls.run(*acquire)
+    reply = await services_of(client).calls.run(*acquire)
     assert not isinstance(reply, list)  # refused, not granted
     assert not await lock.is_locked()
     assert await lock.try_lock()
@@ -148,14 +157,15 @@ async def test_a_late_copy_of_an_undone_acquire_does_not_apply(
     nobody knows of."""
     lock = _lock(aiolock_client, kind, "late")
     await lock.lock()
-    owner, _ = lock._owner()
-    services = aiolock_client._services
+    seam = Seam(lock)
+    owner, _ = seam.owner()
+    services = services_of(aiolock_client)
     late = services.owners.next_request()
-    undo = lock._release_call(owner, services.owners.next_request(), late)
+    undo = seam.release_call(owner, services.owners.next_request(), late)
     assert await services.calls.run(*undo) == 1  # nothing applied yet: nothing undone
     if gone:
         await lock.unlock()
-    reply = await services.calls.run(*lock._attempt(owner, late, 30_000))  # the late copy
+    reply = await services.calls.run(*seam.attempt_call(owner, late, 30_000))  # the late copy
     assert not isinstance(reply, list)  # refused, neither re-entered nor granted
     if gone:
         assert not await lock.is_locked()
@@ -171,12 +181,13 @@ async def test_a_late_copy_of_an_undone_fresh_acquire_does_not_grant(
 ) -> None:
     """The same, for a fresh acquire: the lock is free when the late copy arrives."""
     lock = _lock(aiolock_client, kind, "late-fresh")
-    owner, _ = lock._owner()
-    services = aiolock_client._services
+    seam = Seam(lock)
+    owner, _ = seam.owner()
+    services = services_of(aiolock_client)
     late = services.owners.next_request()
-    undo = lock._release_call(owner, services.owners.next_request(), late)
+    undo = seam.release_call(owner, services.owners.next_request(), late)
     assert await services.calls.run(*undo) is None  # nothing held: nothing undone
-    reply = await services.calls.run(*lock._attempt(owner, late, 30_000))  # the late copy
+    reply = await services.calls.run(*seam.attempt_call(owner, late, 30_000))  # the late copy
     assert not isinstance(reply, list)  # refused, not granted
     assert not await lock.is_locked()
     assert await lock.try_lock()  # the owner's own next call is granted as usual
@@ -191,11 +202,12 @@ async def test_a_late_copy_of_an_acquire_answered_by_its_resend_does_not_apply_a
     delayed on a slow path, arrives.  It must not count a hold a second time."""
     lock = _lock(aiolock_client, kind, "late-resent")
     await lock.lock()
-    owner, _ = lock._owner()
-    services = aiolock_client._services
-    nested = lock._attempt(owner, services.owners.next_request(), 30_000)
+    seam = Seam(lock)
+    owner, _ = seam.owner()
+    services = services_of(aiolock_client)
+    nested = seam.attempt_call(owner, services.owners.next_request(), 30_000)
     assert (await services.calls.run(*nested))[1] == 2  # the resend lands: two holds
-    release = lock._release_call(owner, services.owners.next_request(), None)
+    release = seam.release_call(owner, services.owners.next_request(), None)
     assert await services.calls.run(*release) == 1  # released: one hold left
     reply = await services.calls.run(*nested)  # the first copy, late
     assert not isinstance(reply, list)  # refused, not counted again
@@ -215,15 +227,16 @@ async def test_a_late_copy_of_an_answered_acquire_grants_nothing_once_the_owner_
     mark (the client's resend window), as every resend does: its script voided the request,
     and no release wrote anything."""
     lock = _lock(aiolock_client, kind, "late-after")
-    owner, _ = lock._owner()
-    services = aiolock_client._services
+    seam = Seam(lock)
+    owner, _ = seam.owner()
+    services = services_of(aiolock_client)
     if nested:
         await lock.lock()
-    acquire = lock._attempt(owner, services.owners.next_request(), 30_000)
+    acquire = seam.attempt_call(owner, services.owners.next_request(), 30_000)
     script, keys, args = acquire
     resend = (script, keys, (*args, services.resend_window_ms))
     assert (await services.calls.run(*resend))[1] == 1 + nested  # the resend lands
-    release = lock._release_call(owner, services.owners.next_request(), None)
+    release = seam.release_call(owner, services.owners.next_request(), None)
     assert await services.calls.run(*release) == nested  # the acquire's hold released
     if nested:
         await lock.unlock()  # and the outer one
@@ -240,24 +253,24 @@ async def test_a_resend_after_a_stall_answers_with_a_lease_from_now(
     counts the hold's lease from its send time, and a reply with a lease about to end would
     have it taken for lost at once while the server still holds it."""
     if kind == "semaphore":
-        lock = aiolock_client.semaphore("resent-lease", 1)._permits
+        seam = seam_of(aiolock_client.semaphore("resent-lease", 1))  # its permits lock
         owner = "resent-permit"
     else:
-        lock = _lock(aiolock_client, kind, "resent-lease")
-        owner, _ = lock._owner()
-    services = aiolock_client._services
-    acquire = lock._attempt(owner, services.owners.next_request(), 1_000)
+        seam = Seam(_lock(aiolock_client, kind, "resent-lease"))
+        owner, _ = seam.owner()
+    services = services_of(aiolock_client)
+    acquire = seam.attempt_call(owner, services.owners.next_request(), 1_000)
     first = await services.calls.run(*acquire)
     assert isinstance(first, list)
 
     async def aged() -> bool:  # the server's clock moved on since the first copy
-        return 0 < await redis.pttl(lock._keys.lock) < 1_000
+        return 0 < await redis.pttl(seam.keys.lock) < 1_000
 
     await eventually(aged)
     again = await services.calls.run(*acquire)  # the resend
     assert again[:2] == first[:2]  # the same grant, not a second hold
     assert again[2] == 1_000  # its lease runs from now
-    release = lock._release_call(owner, services.owners.next_request(), None)
+    release = seam.release_call(owner, services.owners.next_request(), None)
     assert await services.calls.run(*release) == 0
 
 
@@ -281,12 +294,13 @@ async def test_a_voided_acquire_grants_nothing_after_another_owner_released(
     release that ended the hold.  Another owner then takes and releases the lock, replacing
     the marker of that release.  The first copy, arriving now, must still grant nothing."""
     lock = _lock(aiolock_client, kind, "voided")
-    owner, _ = lock._owner()
-    services = aiolock_client._services
-    acquire = lock._attempt(owner, services.owners.next_request(), 30_000)
+    seam = Seam(lock)
+    owner, _ = seam.owner()
+    services = services_of(aiolock_client)
+    acquire = seam.attempt_call(owner, services.owners.next_request(), 30_000)
     assert (await services.calls.run(*acquire))[1] == 1  # the resend lands
-    await Seam(lock).settlement.void(owner, [acquire[2][2]])
-    release = lock._release_call(owner, services.owners.next_request(), None)
+    await seam.settlement.void(owner, [acquire[2][2]])
+    release = seam.release_call(owner, services.owners.next_request(), None)
     assert await services.calls.run(*release) == 0
     await _another_owner_takes_and_releases(aiolock_client, kind, "voided")
     await _late_copy_refused(aiolock_client, lock, acquire)
@@ -300,18 +314,19 @@ async def test_a_voided_read_grants_nothing_while_other_readers_keep_the_lock(
     arriving now, must not grant a read hold nobody knows of."""
     rw = aiolock_client.rw_lock("voided-read")
     lock = rw.read_lock()
-    owner, _ = lock._owner()
-    services = aiolock_client._services
+    seam = Seam(lock)
+    owner, _ = seam.owner()
+    services = services_of(aiolock_client)
     async with held_by_another_task(rw.read_lock()):  # another reader keeps the lock alive
-        acquire = lock._attempt(owner, services.owners.next_request(), 30_000)
+        acquire = seam.attempt_call(owner, services.owners.next_request(), 30_000)
         assert (await services.calls.run(*acquire))[1] == 1  # the resend lands
-        await Seam(lock).settlement.void(owner, [acquire[2][2]])
-        release = lock._release_call(owner, services.owners.next_request(), None)
+        await seam.settlement.void(owner, [acquire[2][2]])
+        release = seam.release_call(owner, services.owners.next_request(), None)
         assert await services.calls.run(*release) == 0
         reply = await services.calls.run(*acquire)  # the first copy, late
         assert not isinstance(reply, list)  # refused, not granted
-        assert await redis.hget(lock._keys.lock, f"r:{owner}") is None
-    assert not await redis.exists(lock._keys.lock)
+        assert await redis.hget(seam.keys.lock, f"r:{owner}") is None
+    assert not await redis.exists(seam.keys.lock)
 
 
 @pytest.mark.parametrize("kind", LATE_KINDS)
@@ -322,18 +337,19 @@ async def test_a_late_copy_of_an_undone_acquire_stays_refused_after_other_undos(
     was undone too.  The first one's late copy, arriving now with the lock gone, must still
     grant nothing: the second marker must not replace the first."""
     lock = _lock(aiolock_client, kind, "undone-twice")
-    owner, _ = lock._owner()
-    services = aiolock_client._services
+    seam = Seam(lock)
+    owner, _ = seam.owner()
+    services = services_of(aiolock_client)
     late = services.owners.next_request()
-    acquire = lock._attempt(owner, late, 30_000)
-    undo = lock._release_call(owner, services.owners.next_request(), late)
+    acquire = seam.attempt_call(owner, late, 30_000)
+    undo = seam.release_call(owner, services.owners.next_request(), late)
     assert await services.calls.run(*undo) is None  # nothing held: nothing undone
 
     async def another_owner_undoes() -> None:
         other = _lock(aiolock_client, kind, "undone-twice")
-        other_owner, _ = other._owner()
+        other_owner, _ = Seam(other).owner()
         request = services.owners.next_request()
-        call = other._release_call(other_owner, services.owners.next_request(), request)
+        call = Seam(other).release_call(other_owner, services.owners.next_request(), request)
         assert await services.calls.run(*call) is None
 
     await asyncio.create_task(another_owner_undoes())
@@ -349,14 +365,17 @@ async def test_a_voided_fair_try_does_not_queue_its_owner_again_after_it_left(
     hold up the queue behind it."""
     lock = aiolock_client.fair_lock("voided-queue")
     async with held_by_another_task(aiolock_client.fair_lock("voided-queue")):
-        owner, _ = lock._owner()
-        services = aiolock_client._services
-        queue = lock._script_keys()[2]
-        try_call = lock._attempt(owner, services.owners.next_request(), 30_000)
+        seam = Seam(lock)
+        owner, _ = seam.owner()
+        services = services_of(aiolock_client)
+        keys = seam.keys
+        assert isinstance(keys, FairKeys), keys
+        queue = keys.queue
+        try_call = seam.attempt_call(owner, services.owners.next_request(), 30_000)
         assert not isinstance(await services.calls.run(*try_call), list)  # queued
         assert await redis.zscore(queue, owner) is not None
-        await Seam(lock).settlement.void(owner, [try_call[2][2]])
-        assert await services.calls.run(*lock._withdraw_call(owner)) == 1  # it gave up
+        await seam.settlement.void(owner, [try_call[2][2]])
+        assert await services.calls.run(*seam.withdraw_call(owner)) == 1  # it gave up
         assert not isinstance(await services.calls.run(*try_call), list)  # the late copy
         assert await redis.zscore(queue, owner) is None  # not queued again
     assert not await lock.is_locked()
@@ -369,12 +388,13 @@ async def test_marks_past_their_time_are_pruned_when_a_void_mark_is_added(
     alive), so the per-request marks it gathers under faults are pruned once past their time,
     where new ones are added."""
     lock = aiolock_client.lock("pruned")
-    owner, _ = lock._owner()
-    meta = lock._keys.meta
+    seam = Seam(lock)
+    owner, _ = seam.owner()
+    meta = seam.keys.meta
     await redis.hset(meta, mapping={f"{owner}/{n}": 1 for n in range(40)})  # long past
     await redis.hset(meta, "released", f"{owner}/99")
     await redis.pexpire(meta, 60_000)
-    await Seam(lock).settlement.void(owner, [1000])
+    await seam.settlement.void(owner, [1000])
     assert sorted(await redis.hkeys(meta)) == sorted(["released", f"{owner}/1000"])
     assert 0 < await redis.pttl(meta) <= 60_000
 
@@ -398,31 +418,31 @@ async def test_a_late_copy_of_a_permit_acquire_grants_nothing(
     again by the client; undone before it arrived; resent and refused (no permit was free),
     its take given up."""
     semaphore = aiolock_client.semaphore("late-permits", 1)
-    permits = semaphore._permits
-    services = aiolock_client._services
+    permits = seam_of(semaphore)  # the permits lock's
+    services = services_of(aiolock_client)
     permit = "late-permit"  # a permit id: one acquisition's own owner
     late = services.owners.next_request()
-    acquire = permits._attempt(permit, late, 30_000)
+    acquire = permits.attempt_call(permit, late, 30_000)
     if how == "undone":
-        undo = permits._release_call(permit, services.owners.next_request(), late)
+        undo = permits.release_call(permit, services.owners.next_request(), late)
         assert await services.calls.run(*undo) is None  # nothing held: nothing undone
     elif how == "refused":
         async with semaphore.acquire(wait=1):  # another task holds the only permit
             assert not isinstance(await services.calls.run(*acquire), list)  # refused
-        await Seam(permits).settlement.void(permit, [late])
+        await permits.settlement.void(permit, [late])
     else:
         script, keys, args = acquire
         resend = (script, keys, (*args, services.resend_window_ms))  # marked, as every resend
         assert isinstance(await services.calls.run(*resend), list)  # granted
         if how == "voided":
-            await Seam(permits).settlement.void(permit, [late])
-        release = permits._release_call(permit, services.owners.next_request(), None)
+            await permits.settlement.void(permit, [late])
+        release = permits.release_call(permit, services.owners.next_request(), None)
         assert await services.calls.run(*release) == 0
     await _cycle_permits(semaphore, 0 if how == "released" else 40)
     assert await semaphore.available() == 1  # marks are not permits
     assert not isinstance(await services.calls.run(*acquire), list)  # the late copy
     assert await semaphore.available() == 1
-    assert await redis.zscore(permits._keys.lock, permit) is None
+    assert await redis.zscore(permits.keys.lock, permit) is None
     async with semaphore.acquire(wait=1):  # the permit is free for everybody
         assert await semaphore.available() == 0
 
@@ -433,7 +453,7 @@ async def test_permit_marks_past_their_time_are_dropped(
     """A void mark lives a minute: past its time the next call that looks drops it, and the
     permits set goes with its last mark (no key outlives its semaphore for long)."""
     semaphore = aiolock_client.semaphore("old-marks", 2)
-    key = semaphore._permits._keys.lock
+    key = keys_of(semaphore).lock
     seconds, micros = await redis.time()
     now = seconds * 1000 + micros // 1000
     await redis.zadd(key, {"gone/1": -(now - 1), "kept/2": -(now + 60_000)})
@@ -457,17 +477,19 @@ async def test_a_resent_acquire_voids_itself(
     marker of the owner's own), grants nothing, with no round trip of the client's in
     between in which it could have."""
     name = f"resent-{outcome}"
-    services = aiolock_client._services
+    services = services_of(aiolock_client)
     semaphore = aiolock_client.semaphore(name, 1)
+    lock: Any = None  # a lock kind's object; a semaphore is asked through its permits' seam
     if kind == "semaphore":
-        lock: Any = semaphore._permits
+        seam = seam_of(semaphore)
         owner = "resent-permit"
         blocker: Any = aiolock_client.semaphore(name, 1)
     else:
         lock = _lock(aiolock_client, kind, name)
-        owner, _ = lock._owner()
+        seam = Seam(lock)
+        owner, _ = seam.owner()
         blocker = _lock(aiolock_client, "write" if kind == "read" else kind, name)
-    script, keys, args = lock._attempt(owner, services.owners.next_request(), 30_000)
+    script, keys, args = seam.attempt_call(owner, services.owners.next_request(), 30_000)
     if outcome == "refused":
         async with held_by_another_task(blocker):
             resend = await services.calls.run(script, keys, (*args, services.resend_window_ms))
@@ -475,7 +497,7 @@ async def test_a_resent_acquire_voids_itself(
     else:
         resend = await services.calls.run(script, keys, (*args, services.resend_window_ms))
         assert isinstance(resend, list)
-        release = lock._release_call(owner, services.owners.next_request(), None)
+        release = seam.release_call(owner, services.owners.next_request(), None)
         assert await services.calls.run(*release) == 0  # no void call of the client's
         async with held_by_another_task(blocker):  # another owner's release comes after
             pass
@@ -500,22 +522,23 @@ RELEASE_KINDS = ["lock", "spin_lock", "fair_lock", "read", "write"]
 async def _server_token(redis: Redis, lock: Any, owner: str) -> int:
     """The fencing token of the owner's hold as the lock hash has it."""
     field = f"t:{owner}" if isinstance(lock, aiolock.AsyncReadLock) else ":fence"
-    return int(await redis.hget(lock._keys.lock, field))
+    return int(await redis.hget(keys_of(lock).lock, field))
 
 
 async def _resent_release(lock: Any, owner: str, left: int) -> Any:
     """Release one of the owner's holds as a resent release does: its first copy went out on
     a connection that failed, and the resend lands (the client keeps the id of a release it
     resent once it is answered).  Returns the release call, for its late first copy."""
-    services = lock._services
+    seam = Seam(lock)
+    services = seam.services
     request = services.owners.next_request()
-    release = lock._release_call(owner, request, None)
+    release = seam.release_call(owner, request, None)
     copies = Copies()  # what Calls.run's on_send tells the release: a copy, then a resend
     copies.sending(False)
     copies.sending(True)
     assert await services.calls.run(*release) == left  # the resend lands
-    Seam(lock).settlement.released_copies(owner, request, copies)  # as the client does then
-    services.holds.released(Seam(lock).registry_key, owner, left)
+    seam.settlement.released_copies(owner, request, copies)  # as the client does then
+    services.holds.released(seam.registry_key, owner, left)
     return release
 
 
@@ -528,20 +551,21 @@ async def test_a_late_copy_of_a_resent_last_release_leaves_the_next_hold_alone(
     path, arrives now: it must not release that newer hold, which its owner believes it has
     (another owner could be granted the lock alongside)."""
     lock = _lock(aiolock_client, kind, "late-release")
-    owner, _ = lock._owner()
-    services = aiolock_client._services
+    seam = Seam(lock)
+    owner, _ = seam.owner()
+    services = services_of(aiolock_client)
     await lock.lock()
     release = await _resent_release(lock, owner, 0)
-    assert not await redis.exists(lock._keys.lock)
+    assert not await redis.exists(seam.keys.lock)
     await lock.lock()  # the owner's next acquire: it carries the resent release's id
-    token = Seam(lock).hold(owner).token
+    token = seam.hold(owner).token
     assert await services.calls.run(*release) == 1  # the late copy: changes nothing
     assert await lock.is_locked()
     assert await lock.hold_count() == 1
     assert await _server_token(redis, lock, owner) == token
     await lock.unlock()  # the owner releases it as usual
     assert not await lock.is_locked()
-    assert not await redis.exists(lock._keys.lock)  # the late ids went with the lock
+    assert not await redis.exists(seam.keys.lock)  # the late ids went with the lock
 
 
 @pytest.mark.parametrize("kind", RELEASE_KINDS)
@@ -551,13 +575,14 @@ async def test_a_late_copy_of_a_resent_nested_release_leaves_the_next_hold_alone
     """The same for a nested hold: a release of 2 holds to 1 was resent and landed; the owner
     re-entered (1 to 2).  The first copy, arriving now, must not take the count back to 1."""
     lock = _lock(aiolock_client, kind, "late-nested-release")
-    owner, _ = lock._owner()
-    services = aiolock_client._services
+    seam = Seam(lock)
+    owner, _ = seam.owner()
+    services = services_of(aiolock_client)
     await lock.lock()
     await lock.lock()
     release = await _resent_release(lock, owner, 1)
     await lock.lock()  # re-entered: two holds again
-    token = Seam(lock).hold(owner).token
+    token = seam.hold(owner).token
     assert await services.calls.run(*release) == 2  # the late copy: changes nothing
     assert await lock.hold_count() == 2
     assert await _server_token(redis, lock, owner) == token
@@ -584,15 +609,16 @@ async def test_a_release_and_a_reentry_of_one_explicit_owner_may_arrive_in_eithe
         lock = aiolock_client.rw_lock(name).write_lock(owner="job")
     else:
         lock = getattr(aiolock_client, kind)(name, owner="job")
-    owner, _ = lock._owner()
-    services = aiolock_client._services
+    seam = Seam(lock)
+    owner, _ = seam.owner()
+    services = services_of(aiolock_client)
     await lock.lock()
     if after_fault:
         await lock.lock()
         await _resent_release(lock, owner, 1)
-        assert services.holds.late_releases(lock._keys.lock, owner)
-    release = lock._release_call(owner, services.owners.next_request(), None)
-    reentry = lock._attempt(owner, services.owners.next_request(), 30_000)
+        assert services.holds.late_releases(seam.keys.lock, owner)
+    release = seam.release_call(owner, services.owners.next_request(), None)
+    reentry = seam.attempt_call(owner, services.owners.next_request(), 30_000)
     assert (await services.calls.run(*reentry))[1] == 2  # the re-entry arrives first
     assert await services.calls.run(*release) == 1  # then the release: it applies
     assert await lock.hold_count() == 1
@@ -622,19 +648,20 @@ async def test_the_client_keeps_the_id_of_a_resent_release_for_the_resend_window
         pytest.skip("this server does not allow DEBUG (enable-debug-command)")
     try:
         await lock.lock()
-        owner, _ = lock._owner()
-        services = client._services
-        assert services.holds.late_releases(lock._keys.lock, owner) == []  # no fault, no id
+        seam = Seam(lock)
+        owner, _ = seam.owner()
+        services = services_of(client)
+        assert services.holds.late_releases(seam.keys.lock, owner) == []  # no fault, no id
         started = asyncio.Event()
         stall = asyncio.create_task(stall_server(aiolock_server.url, 0.3, started))
         await started.wait()
         await lock.unlock()  # resent by redis-py
         await stall
-        late = services.holds.late_releases(lock._keys.lock, owner)
+        late = services.holds.late_releases(seam.keys.lock, owner)
         assert len(late) == 1
-        assert lock._attempt(owner, 1, 1000)[2][-1] == f"late:{late[0]}"
+        assert seam.attempt_call(owner, 1, 1000)[2][-1] == f"late:{late[0]}"
         await lock.lock()
-        copy = lock._release_call(owner, late[0], None)
+        copy = seam.release_call(owner, late[0], None)
         assert await services.calls.run(*copy) == 1  # a late copy: the hold is intact
         assert await lock.hold_count() == 1
         await lock.unlock()
@@ -658,22 +685,23 @@ async def test_an_acquire_sent_while_a_release_is_resent_does_not_refuse_that_re
         lock: Any = rw.read_lock(owner="job") if kind == "read" else rw.write_lock(owner="job")
     else:
         lock = getattr(aiolock_client, kind)(name, owner="job")
-    owner, _ = lock._owner()
-    services = aiolock_client._services
-    settlement = Seam(lock).settlement
+    seam = Seam(lock)
+    owner, _ = seam.owner()
+    services = services_of(aiolock_client)
+    settlement = seam.settlement
     await lock.lock()
     await lock.lock()
     request = services.owners.next_request()
-    release = lock._release_call(owner, request, None)
+    release = seam.release_call(owner, request, None)
     copies = Copies()
     copies.sending(False)  # the first copy, on a connection that then fails
     copies.sending(True)  # the resend, not answered yet
-    reentry = lock._attempt(owner, services.owners.next_request(), 30_000)
+    reentry = seam.attempt_call(owner, services.owners.next_request(), 30_000)
     assert not any(str(arg).startswith("late:") for arg in reentry[2])
     assert (await services.calls.run(*reentry))[1] == 3  # the re-entry lands first
     assert await services.calls.run(*release) == 2  # then the resend: it applies
     settlement.released_copies(owner, request, copies)  # answered: kept from now on
-    assert services.holds.late_releases(lock._keys.lock, owner) == [request]
+    assert services.holds.late_releases(seam.keys.lock, owner) == [request]
     assert await services.calls.run(*release) == 2  # a late copy now: nothing changes
     assert await lock.hold_count() == 2
     await lock.unlock()

@@ -23,6 +23,7 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 import aiolock
+from aiolock._core.base import Seam
 from aiolock.testing.pytest_plugin import ServerInfo
 from tests.helpers import assert_clean, evalsha_calls, eventually, keys_of, rw_keys_of
 
@@ -457,13 +458,14 @@ return tonumber(ends) - now
 
 async def server_left(redis: Redis, kind: str, lock: Any, guard: Any) -> float:
     """Seconds the server still gives the hold (its PTTL: for the rw holds and permits, their
-    lease end on the server's clock); negative when it has none."""
+    lease end on the server's clock); negative when it has none.  ``guard`` is the calling
+    owner's: a read hold is looked up by that owner."""
     if kind in ("lock", "fair", "spin"):
         ms = await redis.eval(_LEFT, 1, keys_of(lock).lock, "pttl")
     elif kind == "write":
         ms = await redis.eval(_LEFT, 1, keys_of(lock).lock, "we")
     elif kind == "read":
-        ms = await redis.eval(_LEFT, 1, rw_keys_of(lock).readers, "z", guard._holding.owner)
+        ms = await redis.eval(_LEFT, 1, rw_keys_of(lock).readers, "z", Seam(lock).owner()[0])
     else:
         ms = await redis.eval(_LEFT, 1, keys_of(lock).lock, "z", guard.id)
     return int(ms) / 1000

@@ -154,7 +154,7 @@ async def test_wait_zero_never_subscribes(aiolock_client: aiolock.Client) -> Non
     holder = await hold_in_task(lock)
     assert not await lock.try_lock(wait=0)
     assert aiolock_client.statistics().subscriptions == 0
-    assert not services_of(aiolock_client).pubsub._subscribers  # no subscriber was even made
+    assert not services_of(aiolock_client).pubsub.subscriber_homes  # no subscriber was even made
     holder.cancel()
     await asyncio.gather(holder, return_exceptions=True)
 

@@ -501,9 +501,10 @@ async def test_a_grant_the_client_never_saw_is_not_kept_behind_its_back(
     )
     lock = factory(aiolock_client, kind)("phantom")
     for part in singles(lock):  # a composite: a late copy lands for every part
-        owner, _ = part._owner()
-        services = part._services
-        late = part._attempt(owner, services.owners.next_request(), 30_000)
+        seam = Seam(part)
+        owner, _ = seam.owner()
+        services = seam.services
+        late = seam.attempt_call(owner, services.owners.next_request(), 30_000)
         reply = await services.calls.run(*late)  # the late copy lands: a hold nobody knows of
         assert isinstance(reply, list)
     assert lock.statistics().held == 0

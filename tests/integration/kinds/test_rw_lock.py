@@ -263,7 +263,7 @@ async def test_read_holds_the_client_does_not_know_of_do_not_refuse_the_tasks_wr
     services = services_of(aiolock_client)
     for _ in range(2):  # two read holds, as late copies of two read acquires would leave
         reply = await services.calls.run(
-            *reader._attempt(owner, services.owners.next_request(), 30_000)
+            *Seam(reader).attempt_call(owner, services.owners.next_request(), 30_000)
         )
         assert isinstance(reply, list)
     assert await reader.hold_count() == 2
@@ -283,9 +283,9 @@ async def test_an_explicit_owners_unknown_read_holds_still_refuse_its_write(
     rw = aiolock_client.rw_lock("unknown-reads-explicit")
     reader, writer = rw.read_lock(owner="job"), rw.write_lock(owner="job")
     owner, _ = Seam(reader).owner()
-    services = aiolock_client._services
+    services = services_of(aiolock_client)
     reply = await services.calls.run(
-        *reader._attempt(owner, services.owners.next_request(), 30_000)
+        *Seam(reader).attempt_call(owner, services.owners.next_request(), 30_000)
     )
     assert isinstance(reply, list)
     with pytest.raises(aiolock.LockError, match="deadlock"):

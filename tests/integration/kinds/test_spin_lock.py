@@ -70,7 +70,7 @@ async def test_it_never_subscribes(
     assert await subscribe_calls(redis, "publish") == publishes  # nobody would listen
     assert await clients[0].spin_lock("spun").force_unlock() is False
     for client in clients:
-        assert not services_of(client).pubsub._subscribers  # no subscriber connection, ever
+        assert not services_of(client).pubsub.subscriber_homes  # no subscriber connection, ever
         await assert_clean(redis, client)
 
 
@@ -148,6 +148,6 @@ async def test_bad_backoff_options_fail_before_any_io(
             client.spin_lock("x", **options)
         lock = client.spin_lock("x", initial_delay=0.5, max_delay=0.5)  # equal bounds are fine
         assert lock.statistics().waiters == 0
-        assert services_of(client).calls._connections == 0  # nothing was sent anywhere
+        assert services_of(client).calls.connections == 0  # nothing was sent anywhere
     finally:
         await client.aclose()

@@ -189,7 +189,7 @@ async def test_one_subscriber_connection_per_node_with_waiters(
         lambda: all(e.confirmed for e in entries_of(waiter_client).values()), what="all confirmed"
     )
     assert pubsub.statistics().subscribers == 2
-    assert len(pubsub._subscribers) == 2
+    assert len(pubsub.subscriber_homes) == 2
     for name in names:
         await holder_client.lock(name).unlock()
     assert all(await asyncio.wait_for(asyncio.gather(*waiting), 10))
