@@ -252,7 +252,13 @@ class Settlement:
         if work.exception() is None:
             lock = self.lock
             self.released_copies(owner, request, copies)
-            lock.services.holds.released(lock.registry_key, owner, holds_left(work.result()))
+            remaining = holds_left(work.result())
+            lock.services.holds.released(lock.registry_key, owner, remaining)
+            if remaining == 0:
+                # The caller was cancelled, but its release deleted the lock all the same: this
+                # client's parked waiters are woken here, or nobody wakes them (the release
+                # publishes only for a waiter this incarnation of the lock refused).
+                lock.released_last(None)
             return
         await self.retry_release(owner, request, None, until, copies)
 
@@ -314,6 +320,8 @@ class Settlement:
                 self.released_copies(owner, request, copies)
                 return False
             self.released_copies(owner, request, copies)
+            if reply == 0:
+                lock.released_last(None)
             if not holds_left(reply):
                 return True
 
