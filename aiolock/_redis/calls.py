@@ -20,6 +20,7 @@ resends) has an outcome just as unknown: ``orphan`` gets it too, and the caller 
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import contextlib
 from collections import deque
@@ -40,6 +41,7 @@ __all__ = [
     "ConnectionSource",
     "NotSent",
     "Orphan",
+    "Runner",
     "not_sent",
     "write",
 ]
@@ -101,32 +103,11 @@ class ConnectionSource(Protocol):
     def make_connection(self) -> AbstractConnection: ...
 
 
-class Calls:
-    """Runs one server's scripts for a client (see the module docstring)."""
+class Runner(abc.ABC):
+    """What runs scripts: :meth:`run_synced`, which a transport implements, and :meth:`run`,
+    the call that waits for no replica."""
 
-    def __init__(self, pool: ConnectionSource) -> None:
-        self._pool = pool
-        self._limit = max(1, min(_MAX_CONNECTIONS, self._pool.max_connections))
-        self._connections = 0
-        self._idle: list[AbstractConnection] = []
-        self._queue: deque[asyncio.Future[AbstractConnection]] = deque()
-        self._closed = False
-        self._background = Background()  # replies read for callers that left, discards
-
-    @property
-    def connections(self) -> int:
-        """The connections this runner has open: idle, or carrying a call."""
-        return self._connections
-
-    @property
-    def idle(self) -> tuple[AbstractConnection, ...]:
-        """The open connections no call is using now (a snapshot)."""
-        return tuple(self._idle)
-
-    @property
-    def queued(self) -> int:
-        """The calls waiting for a connection (every one is in use, up to the limit)."""
-        return len(self._queue)
+    __slots__ = ()
 
     async def run(
         self,
@@ -166,6 +147,51 @@ class Calls:
             once=once,
         )
         return reply
+
+    @abc.abstractmethod
+    async def run_synced(
+        self,
+        script: Script,
+        keys: tuple[str, ...],
+        args: tuple[Any, ...],
+        *,
+        sync: tuple[int, float] | None,
+        orphan: Orphan | None = None,
+        on_send: Callable[[bool], object] | None = None,
+        mark_resends: int = 0,
+        once: bool = False,
+    ) -> tuple[Any, int]:
+        """:meth:`run`, then, with ``sync = (replicas, seconds)``, ``WAIT`` for that many
+        replicas to have the script's writes: the reply, and how many have them (0 for
+        ``sync=None``)."""
+
+
+class Calls(Runner):
+    """Runs one server's scripts for a client (see the module docstring)."""
+
+    def __init__(self, pool: ConnectionSource) -> None:
+        self._pool = pool
+        self._limit = max(1, min(_MAX_CONNECTIONS, self._pool.max_connections))
+        self._connections = 0
+        self._idle: list[AbstractConnection] = []
+        self._queue: deque[asyncio.Future[AbstractConnection]] = deque()
+        self._closed = False
+        self._background = Background()  # replies read for callers that left, discards
+
+    @property
+    def connections(self) -> int:
+        """The connections this runner has open: idle, or carrying a call."""
+        return self._connections
+
+    @property
+    def idle(self) -> tuple[AbstractConnection, ...]:
+        """The open connections no call is using now (a snapshot)."""
+        return tuple(self._idle)
+
+    @property
+    def queued(self) -> int:
+        """The calls waiting for a connection (every one is in use, up to the limit)."""
+        return len(self._queue)
 
     async def run_synced(
         self,

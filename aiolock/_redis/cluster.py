@@ -55,7 +55,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .._scripts import Script, sharded
-from .calls import Calls, Orphan
+from .calls import Calls, Orphan, Runner
 from .pubsub import Home
 
 __all__ = ["ClusterCalls", "ClusterTopology", "NodeConnections", "node_of"]
@@ -83,8 +83,9 @@ class NodeConnections:
         return connection
 
 
-class ClusterCalls:
-    """Runs one client's scripts on the node that serves each call's slot."""
+class ClusterCalls(Runner):
+    """Runs one client's scripts on the node that serves each call's slot, following
+    redirections (a redirected call did not run: sending it on is not a resend)."""
 
     def __init__(self, cluster: RedisCluster) -> None:
         self._cluster = cluster
@@ -93,31 +94,6 @@ class ClusterCalls:
         self._initializing: asyncio.Lock | None = None
         self._ready = False
         self.sharded = False  # every primary has sharded pub/sub (known once initialized)
-
-    async def run(
-        self,
-        script: Script,
-        keys: tuple[str, ...],
-        args: tuple[Any, ...],
-        *,
-        orphan: Orphan | None = None,
-        on_send: Callable[[bool], object] | None = None,
-        mark_resends: int = 0,
-        once: bool = False,
-    ) -> Any:
-        """:meth:`Calls.run` on the node of ``keys[0]``'s slot, following redirections (a
-        redirected call did not run: sending it on is not a resend)."""
-        reply, _ = await self.run_synced(
-            script,
-            keys,
-            args,
-            sync=None,
-            orphan=orphan,
-            on_send=on_send,
-            mark_resends=mark_resends,
-            once=once,
-        )
-        return reply
 
     async def run_synced(
         self,
