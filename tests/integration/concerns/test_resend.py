@@ -38,6 +38,29 @@ from tests.helpers import (
 pytestmark = pytest.mark.anyio
 
 
+async def _resending_client(
+    server: ServerInfo, aiolock_client: aiolock.Client, redis: Redis
+) -> tuple[Redis, aiolock.Client]:
+    """A client on a redis-py connection that resends a call whose reply takes over 50 ms
+    (the tests stall the server with DEBUG SLEEP; skipped where DEBUG is not allowed)."""
+    try:
+        await redis.execute_command("DEBUG", "SLEEP", 0)
+    except ResponseError:
+        pytest.skip("this server does not allow DEBUG (enable-debug-command)")
+    # redis-py's Retry is what resends.  Given explicitly: the constructor's default differs
+    # between versions (none before redis-py 6), and before 6 it applies only with the errors
+    # named in retry_on_error.
+    address = urlsplit(server.url)
+    flaky = Redis(
+        host=address.hostname or "127.0.0.1",
+        port=address.port or 6379,
+        socket_timeout=0.05,
+        retry=Retry(NoBackoff(), 10),
+        retry_on_error=[RedisTimeoutError],
+    )
+    return flaky, aiolock.Client(flaky, key_prefix=aiolock_client.key_prefix)
+
+
 async def test_replayed_requests_apply_once(aiolock_client: aiolock.Client, redis: Redis) -> None:
     keys = keys_of(aiolock_client.lock("replayed"))
     calls = services_of(aiolock_client).calls
@@ -83,23 +106,8 @@ async def test_undo_releases_exactly_the_named_grant(aiolock_client: aiolock.Cli
 async def test_redis_py_resends_do_not_double_count(
     aiolock_server: ServerInfo, aiolock_client: aiolock.Client, redis: Redis
 ) -> None:
-    # redis-py's Retry is what resends.  Given explicitly: the constructor's default differs
-    # between versions (none before redis-py 6), and before 6 it applies only with the errors
-    # named in retry_on_error.
-    address = urlsplit(aiolock_server.url)
-    flaky = Redis(
-        host=address.hostname or "127.0.0.1",
-        port=address.port or 6379,
-        socket_timeout=0.05,
-        retry=Retry(NoBackoff(), 10),
-        retry_on_error=[RedisTimeoutError],
-    )
-    client = aiolock.Client(flaky, key_prefix=aiolock_client.key_prefix)
+    flaky, client = await _resending_client(aiolock_server, aiolock_client, redis)
     lock = client.lock("resent")
-    try:
-        await redis.execute_command("DEBUG", "SLEEP", 0)
-    except ResponseError:
-        pytest.skip("this server does not allow DEBUG (enable-debug-command)")
     try:
         await lock.lock()  # warm up: scripts loaded, connection open
         await lock.unlock()
@@ -632,20 +640,8 @@ async def test_the_client_keeps_the_id_of_a_resent_release_for_the_resend_window
     """redis-py itself resends a release (the server stalls past a short socket timeout): the
     client keeps its id, its owner's next acquire carries it, and a late copy of the release
     then leaves the new hold alone."""
-    address = urlsplit(aiolock_server.url)
-    flaky = Redis(
-        host=address.hostname or "127.0.0.1",
-        port=address.port or 6379,
-        socket_timeout=0.05,
-        retry=Retry(NoBackoff(), 10),
-        retry_on_error=[RedisTimeoutError],
-    )
-    client = aiolock.Client(flaky, key_prefix=aiolock_client.key_prefix)
+    flaky, client = await _resending_client(aiolock_server, aiolock_client, redis)
     lock = client.lock("resent-release")
-    try:
-        await redis.execute_command("DEBUG", "SLEEP", 0)
-    except ResponseError:
-        pytest.skip("this server does not allow DEBUG (enable-debug-command)")
     try:
         await lock.lock()
         seam = Seam(lock)
