@@ -72,9 +72,10 @@ end
 -- A late copy of a resent release (its resend was applied, and the owner has acquired since:
 -- ':req' no longer names it) would release the newer hold: the acquire that made or re-entered
 -- that hold wrote the release's id to ':late:<owner>', and the copy changes nothing.  It
--- answers the holds left, as a resend does; its caller is gone.
-local function release_one(lock, meta, owner, request, undo)
-    local held = redis.call('HMGET', lock, owner, ':req', ':w', ':late:' .. owner)
+-- answers the holds left, as a resend does; its caller is gone.  held: those four fields, if
+-- the caller read them already.
+local function release_one(lock, meta, owner, request, undo, held)
+    held = held or redis.call('HMGET', lock, owner, ':req', ':w', ':late:' .. owner)
     if not held[1] then
         if undo then
             void_request(meta, undo, resend_ms(ARGV[4]))  -- a late copy of it must not grant

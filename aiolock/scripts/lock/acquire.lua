@@ -27,22 +27,38 @@
 -- after a recent fault adds PTTL of the lock and HMGET of the meta hash; a refusal EXISTS,
 -- PTTL (its reply), HMGET, and HSET of ':w' for the first waiter refused; a re-entry EXISTS,
 -- PTTL, HMGET, HSET, and PEXPIRE only to lengthen.
---@include common/_time
---@include common/_requests
---@include common/_hold
-local request = ARGV[2] .. '/' .. ARGV[3]
-local late, resent = optional_args(5)
 local lease = tonumber(ARGV[1])
 -- Checked before any write: a PEXPIRE that fails after HSET would leave a lock that never expires.
 if not lease or lease < 1 or lease > 1e12 then
     return redis.error_reply('ERR aiolock: lease must be 1 to 1e12 milliseconds')
 end
 
+-- The fault-free fresh grant comes first, before the helpers below: a script runs from its
+-- top on every call, and defining them costs the server more than this whole path.  One
+-- command tells it: the lock is free and no marker of a recent fault exists (a late copy can
+-- exist only after a fault, which writes one: common/_requests).  A call with optional ARGV
+-- (a fault path) takes the general path.
+local present
+if #ARGV == 4 then
+    present = redis.call('EXISTS', KEYS[1], KEYS[2])
+    if present == 0 then
+        local token = redis.call('INCR', KEYS[3])
+        redis.call('HSET', KEYS[1], ARGV[2], 1, ':fence', token, ':req', ARGV[2] .. '/' .. ARGV[3])
+        redis.call('PEXPIRE', KEYS[1], lease)
+        return {token, 1, lease}
+    end
+end
+
+--@include common/_time
+--@include common/_requests
+--@include common/_hold
+local request = ARGV[2] .. '/' .. ARGV[3]
+local late, resent = optional_args(5)
+
 local function attempt()
     local owner = ARGV[2]
-    -- One command for the common case: the lock is free and no marker of a recent fault exists
-    -- (a late copy can exist only after a fault, which writes one: common/_requests).
-    if redis.call('EXISTS', KEYS[1], KEYS[2]) == 0 then
+    -- Read above already on a call with no optional ARGV.
+    if (present or redis.call('EXISTS', KEYS[1], KEYS[2])) == 0 then
         return grant(KEYS[1], KEYS[3], owner, request, lease, late)
     end
     local pttl = redis.call('PTTL', KEYS[1])
