@@ -26,7 +26,9 @@ independent counters does not grow from one RedLock grant to the next.
 - *exclusion*: no two holds of one resource that did not end lost overlap in time;
 - *timely loss*: a hold that lost its lock knew it (``guard.lost``) by the end of its body if
   another hold got the lock before then: the other grant came after the lease ran out on the
-  server, and the client's own expiry estimate is a lower bound of that;
+  server, and the client's own expiry estimate is a lower bound of that ("late-loop" rather
+  than "late-loss" when the holder's event loop was blocked for the whole overlap: its lease
+  timer could not fire, the machine's share, shown but not counted);
 - *fencing*: a hold that did not end lost has a larger token than every grant of its resource
   that came back before it;
 - *fresh tokens*: a token is handed out once per resource as a fresh grant (an outer
@@ -123,19 +125,19 @@ def check_phase(
         for (kind, _), holds in _by_resource(epoch).items():
             if kind == REDLOCK:  # its tokens are checked per part
                 violations += _check_exclusion(holds, origin)
-                violations += _check_late_losses(holds, origin)
+                violations += _check_late_losses(holds, origin, lag)
             elif kind == SEMAPHORE:
                 violations += _check_permits(holds, origin, permits)
-                violations += _check_late_permit_losses(holds, origin, permits)
+                violations += _check_late_permit_losses(holds, origin, permits, lag)
             elif kind == RW:
                 violations += _check_rw_exclusion(holds, origin)
-                violations += _check_late_losses(holds, origin, _rw_conflict)
+                violations += _check_late_losses(holds, origin, lag, _rw_conflict)
                 violations += _check_fresh_tokens(holds)
                 violations += _check_fencing(holds, lambda hold: hold.kind == WRITE)
                 violations += _check_token_order(holds)
             else:
                 violations += _check_exclusion(holds, origin)
-                violations += _check_late_losses(holds, origin)
+                violations += _check_late_losses(holds, origin, lag)
                 violations += _check_fresh_tokens(holds)
                 violations += _check_fencing(holds)
     if watchdog_timeout is not None:
@@ -545,8 +547,21 @@ def _check_permits(holds: Sequence[Attempt], origin: int, permits: int) -> list[
     return found
 
 
+def _late_kind(hold: Attempt, granted: int, lag: Lag | None) -> str:
+    """The kind of a late loss: "late-loss", or "late-loop" when ``hold``'s event loop was
+    blocked for at least as long as the overlap, from just before the other grant
+    (``granted``) to ``hold``'s end: the client's lease timer could not fire meanwhile, and
+    nothing can tell a body whose loop stands still (the machine's share, not counted)."""
+    assert hold.t_end is not None
+    if lag is None:
+        return "late-loss"
+    start = granted - round(_LOSS_LAG * NS)
+    blocked = lag.blocked(hold.proc, start, hold.t_end)
+    return "late-loop" if blocked * NS >= hold.t_end - granted else "late-loss"
+
+
 def _check_late_permit_losses(
-    holds: Sequence[Attempt], origin: int, permits: int
+    holds: Sequence[Attempt], origin: int, permits: int, lag: Lag | None = None
 ) -> list[Violation]:
     """``holds``: one semaphore, sorted by grant time.  When a kept permit was granted, the
     kept permits held then and the lost ones whose holders had not yet been told (still in
@@ -567,9 +582,10 @@ def _check_late_permit_losses(
         ]
         unaware = [other for other in live if _ended_lost(other)]
         if unaware and len(live) + 1 > permits:
+            machine = all(_late_kind(other, at, lag) == "late-loop" for other in unaware)
             found.append(
                 Violation(
-                    "late-loss",
+                    "late-loop" if machine else "late-loss",
                     f"semaphore {hold.name!r}: {_describe(hold, origin)} was granted while "
                     f"{len(live)} other permits ran their bodies, of which "
                     f"{'; '.join(_describe(other, origin) for other in unaware)} were lost, "
@@ -582,6 +598,7 @@ def _check_late_permit_losses(
 def _check_late_losses(
     holds: Sequence[Attempt],
     origin: int,
+    lag: Lag | None = None,
     conflicts: Callable[[Attempt, Attempt], bool] | None = None,
 ) -> list[Violation]:
     """``holds``: one resource, sorted by grant time; ``conflicts``: which holds exclude each
@@ -599,7 +616,7 @@ def _check_late_losses(
             if conflicts is None or conflicts(hold, kept[index]):
                 found.append(
                     Violation(
-                        "late-loss",
+                        _late_kind(hold, starts[index], lag),
                         f"{hold.kind} {hold.name!r}: {_describe(kept[index], origin)} was "
                         f"granted while {_describe(hold, origin)} still ran its body, not yet "
                         "told of its loss",

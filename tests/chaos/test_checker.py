@@ -128,6 +128,22 @@ def test_a_loss_learned_only_at_release_fails() -> None:
     assert kinds(late, hold(2, 4, 2)) == []
 
 
+def late_kinds(lag: dict[int, list[tuple[int, int]]]) -> list[str]:
+    """A hold told of its loss only at its end (3 s), another granted at 2.9 s."""
+    late = hold(1, 3, 1, outcome="lost")
+    phase = Phase("test", attempts=[late, hold(2.9, 4, 2)], lag=lag)
+    return [violation.kind for violation in check_phase(phase, wait_slack=0.5)]
+
+
+def test_a_late_loss_while_the_holders_loop_was_blocked_is_the_machines() -> None:
+    # Blocked from 2.7 s to 3 s: no timer of the holder could fire before its body ended.
+    assert late_kinds({0: [(3 * S, round(0.3 * S))]}) == ["late-loop"]
+    # Blocked for 50 ms of the 100 ms overlap: its lease timer could have told it.
+    assert late_kinds({0: [(round(2.95 * S), round(0.05 * S))]}) == ["late-loss"]
+    # Another process's loop stood still: not the holder's excuse.
+    assert late_kinds({1: [(3 * S, round(0.3 * S))]}) == ["late-loss"]
+
+
 def test_a_hold_that_ended_in_a_redis_error_still_counts() -> None:
     assert kinds(hold(1, 3, 1, outcome="error:TimeoutError"), hold(2, 4, 2)) == ["exclusion"]
 
