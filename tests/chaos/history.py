@@ -177,10 +177,16 @@ class Phase:
     lag: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
 
 
-def write_attempts(path: Path, attempts: Iterable[Attempt]) -> None:
+def attempt_line(attempt: Attempt) -> str:
+    """``attempt`` as one line of a history file (what :func:`read_attempts` reads back)."""
+    return json.dumps(asdict(attempt))
+
+
+def write_attempts(path: Path, attempts: Iterable[Attempt | str]) -> None:
+    """Write a history: attempts, or their lines already made (:func:`attempt_line`)."""
     with path.open("w", encoding="utf-8") as file:
         for attempt in attempts:
-            file.write(json.dumps(asdict(attempt)) + "\n")
+            file.write((attempt if isinstance(attempt, str) else attempt_line(attempt)) + "\n")
 
 
 def read_attempts(path: Path) -> Iterator[Attempt]:
