@@ -86,19 +86,23 @@ end
 -- the window).
 
 -- The optional ARGV after a script's own, from index first on: the resent releases whose late
--- copies the hold must refuse ('late:' .. their request ids, comma-separated), and, last, a
--- resend's mark (the resend window in ms: Calls.run's mark_resends appends it).  Returns the
--- ids (or nil) and the mark (or nil).  Neither is there on the fault-free path.
+-- copies the hold must refuse ('late:' .. their request ids, comma-separated), 'fresh' (the
+-- fair lock's: the client knows no hold of the owner on this lock, see fair/acquire.lua), and,
+-- last, a resend's mark (the resend window in ms: Calls.run's mark_resends appends it).
+-- Returns the ids (or nil), the mark (or nil) and whether 'fresh' was there.  Neither ids nor
+-- mark is there on the fault-free path.
 local function optional_args(first)
-    local late, resent
+    local late, resent, fresh
     for i = first, #ARGV do
         if string.sub(ARGV[i], 1, 5) == 'late:' then
             late = string.sub(ARGV[i], 6)
+        elseif ARGV[i] == 'fresh' then
+            fresh = true
         else
             resent = ARGV[i]
         end
     end
-    return late, resent
+    return late, resent, fresh
 end
 
 -- Whether request (owner/n) is a late copy of a release its client resent: n is one of the
