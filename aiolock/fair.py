@@ -112,6 +112,7 @@ class KeepAlive:
         "_timer",
         "_waiters",
         "clock",
+        "once",
         "tries",
     )
 
@@ -125,6 +126,10 @@ class KeepAlive:
         # The server's clock against the loop's, from the name's queued tries: per name, so
         # that on a Cluster it is the clock of the node the name lives on.
         self.clock = ServerClock()
+        # Owners making one attempt that will not wait (try_lock(wait=0), a composite's part),
+        # with how many such calls each has in flight: their tries ask for no grant from the
+        # queue (the withdraw that follows a refusal would have to take it back).
+        self.once: dict[str, int] = {}
         self._waiters: dict[str, NamedWait] = {}  # the parked owners, and how to wake them
         self._timer: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[None] | None = None  # a keep-alive call in flight
@@ -218,12 +223,28 @@ class AsyncFairLock(LockKind):
     def _attempt(self, owner: str, request: int, lease_ms: int) -> Call:
         wait_ms = round(self._services.fair_wait_timeout * 1000)
         args = (lease_ms, owner, request, wait_ms, *self._late_args(owner), *self._fresh(owner))
+        if owner in self._keeper().once:
+            args = (*args, "once")
         return _scripts.FAIR_ACQUIRE, self._script_keys(), args
 
     def _fresh(self, owner: str) -> tuple[str, ...]:
         """``fresh`` when the client knows no hold of ``owner`` on this lock: the server may
         then count a grant from the queue it marked as this call's (see the module doc)."""
         return ("fresh",) if self._services.holds.get(self._hold_key, owner) is None else ()
+
+    async def _acquire_as(
+        self, owner: str, task: asyncio.Task[Any] | None, lease: float | None
+    ) -> Hold | float:
+        keeper = self._keeper()  # kept alive by this frame, with its record of the call
+        once = keeper.once
+        once[owner] = once.get(owner, 0) + 1
+        try:
+            return await super()._acquire_as(owner, task, lease)
+        finally:
+            if once[owner] == 1:
+                del once[owner]
+            else:
+                once[owner] -= 1
 
     def _busy(self, attempt: Attempt, reply: Any) -> float:
         """A queued try answers ``'<pause ms> <server time ms>'``: the pause, and a sample of

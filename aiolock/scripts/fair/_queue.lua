@@ -11,8 +11,7 @@
 -- the lock's hash tag: it lives in the lock's Cluster slot.  KEYS[7], a hash, keeps what a
 -- grant from the queue needs of each waiter ('<lease ms> <request n> <wait ms>', written by its
 -- last try, see acquire.lua); it never outlives the queue: an owner leaves all three together,
--- and the hash expires with the queue.  Needs common/_time first (and
--- common/_requests and common/_hold, for hand_over).
+-- and the hash expires with the queue.  Needs common/_time first.
 
 -- The first live waiter of the queue, dropping at most 100 vanished ones ahead of it (their
 -- deadline passed, as of now): returns the owner and its deadline, or nil.
@@ -58,8 +57,7 @@ end
 -- back, withdraw.lua).  The lease is the one the waiter's last try asked for, at most the
 -- wait timeout: a waiter that vanished blocks the lock no longer than a vanished head does.
 -- A waiter whose try asked for no grant from the queue (lease 0: a fault path) is only woken.
--- Vanished waiters at the head are dropped first (their deadline passed).  Needs
--- common/_hold.
+-- Vanished waiters at the head are dropped first (their deadline passed).
 local function hand_over(now)
     local head = live_head(now)
     if not head then
@@ -75,8 +73,10 @@ local function hand_over(now)
     redis.call('ZREM', KEYS[3], head)
     redis.call('ZREM', KEYS[4], head)
     redis.call('HDEL', KEYS[7], head)
-    local token = grant(KEYS[1], KEYS[6], head, head .. '/' .. n, ms, nil)[1]
-    redis.call('HSET', KEYS[1], ':q', n)
+    -- A hold as common/_hold.lua's grant() makes it, with ':q' in the same write.
+    local token = redis.call('INCR', KEYS[6])
+    redis.call('HSET', KEYS[1], head, 1, ':fence', token, ':req', head .. '/' .. n, ':q', n)
+    redis.call('PEXPIRE', KEYS[1], ms)
     local client = string.match(head, '^[^:]*')
     redis.call('PUBLISH', KEYS[5] .. client,
         '=' .. token .. ' ' .. ms .. ' ' .. now .. ' ' .. n .. ' ' .. head)

@@ -15,8 +15,9 @@
 -- ARGV[4]  the fair wait timeout in milliseconds: how long a silent waiter keeps its place
 -- ARGV[5..] optional, as for lock/acquire.lua: 'late:<ids>', releases of this owner its client
 --          resent lately, whose late copies the hold must refuse; 'fresh' when the client knows
---          no hold of this owner on this lock; and last, set on a resend, the client's resend
---          window in ms, for which the request is then voided
+--          no hold of this owner on this lock; 'once' when the caller will not wait (one
+--          attempt: it withdraws at once if refused); and last, set on a resend, the client's
+--          resend window in ms, for which the request is then voided
 --
 -- Returns {fencing token, hold count, PTTL} when granted, else '<ms> <server time ms>': how
 -- many ms to wait before the next try (the lock's lease, or the wait timeout: the client keeps
@@ -30,7 +31,7 @@
 -- owner that holds such a grant takes it as its own (its message was lost or late, or the
 -- try was in flight when the release granted): one hold, now of this request, the lease at
 -- least the one asked for.  Without 'fresh' (the client knows its hold) a try re-enters.
--- A try carrying 'late:' or a resend mark stores lease 0: it is woken, not granted.
+-- A try carrying 'late:', 'once' or a resend mark stores lease 0: it is woken, not granted.
 --
 -- Granted only when the lock is free and the queue is empty or starts with this owner.  A
 -- resend never counts a second hold or takes a second place.  Every command is paid per
@@ -43,7 +44,7 @@
 --@include fair/_queue
 local owner = ARGV[2]
 local request = owner .. '/' .. ARGV[3]
-local late, resent, fresh = optional_args(5)
+local late, resent, fresh, once = optional_args(5)
 local lease = tonumber(ARGV[1])
 local wait = tonumber(ARGV[4])
 if not lease or lease < 1 or lease > 1e12 then
@@ -120,9 +121,10 @@ local function attempt()
     redis.call('ZADD', KEYS[3], 'NX', last[2] and tonumber(last[2]) + 1 or 1, owner)
     redis.call('ZADD', KEYS[4], now + wait, owner)
     -- What a grant from the queue needs (hand_over): lease 0 after a fault (the grant must carry
-    -- 'late:' ids, or the request was resent), else at most the wait timeout, so that a grant
-    -- to a waiter that vanished blocks the lock no longer than a vanished head does.
-    local queued = (late or resent) and 0 or math.min(lease, wait)
+    -- 'late:' ids, or the request was resent) or for a caller that will not wait (its withdraw
+    -- follows), else at most the wait timeout, so that a grant to a waiter that vanished blocks
+    -- the lock no longer than a vanished head does.
+    local queued = (late or resent or once) and 0 or math.min(lease, wait)
     redis.call('HSET', KEYS[7], owner, queued .. ' ' .. ARGV[3] .. ' ' .. wait)
     if not last[1] then
         -- A new queue: it outlives its last live waiter by one to two wait timeouts, re-armed by

@@ -12,8 +12,6 @@
 --
 -- Returns 1 if the lock existed, else 0.
 --@include common/_time
---@include common/_requests
---@include common/_hold
 --@include fair/_queue
 if redis.call('DEL', KEYS[1]) == 1 then
     hand_over(now_ms())

@@ -22,8 +22,6 @@
 -- hand_over in _queue.lua).  A free lock whose head is still within its deadline: the client calls again when
 -- it runs out, so a vanished head delays the queue by at most the wait timeout.
 --@include common/_time
---@include common/_requests
---@include common/_hold
 --@include fair/_queue
 local wait = tonumber(ARGV[1])
 if not wait or wait < 3 or wait > 1e12 then

@@ -18,8 +18,6 @@
 -- is deleted and handed over, as a release would.  Idempotent: withdrawing twice changes
 -- nothing.
 --@include common/_time
---@include common/_requests
---@include common/_hold
 --@include fair/_queue
 local owner = ARGV[1]
 if ARGV[2] == 'fresh' then

@@ -397,6 +397,28 @@ async def test_try_lock_without_waiting_leaves_no_queue_entry(
     assert await no_queue_keys(redis, holder)
 
 
+async def test_a_caller_that_will_not_wait_is_never_granted_from_the_queue(
+    aiolock_client: aiolock.Client, make_client: Callable[..., aiolock.Client], redis: Redis
+) -> None:
+    """A refused one-shot try (``try_lock(wait=0)``, a composite's part: its try carries
+    ``once``) stays queued until its withdraw lands; a release meanwhile only wakes it, so the
+    lock is free right after.  The try is replayed here with its withdraw not yet sent."""
+    holder = aiolock_client.fair_lock("once", owner="holder")
+    await holder.lock()
+    seam = Seam(make_client().fair_lock("once", owner="once"))
+    owner, services = seam.owner()[0], seam.services
+    script, keys, args = seam.attempt_call(owner, services.owners.next_request(), 30_000)
+    assert not isinstance(await services.calls.run(script, keys, (*args, "once")), list)
+    await holder.unlock()
+    assert not await redis.exists(fair_keys(holder).lock)  # woken, not granted
+    assert await queue(redis, holder) == [owner]
+    withdraw = seam.withdraw_call(owner)
+    assert withdraw is not None
+    await services.calls.run(*withdraw)
+    assert await no_queue_keys(redis, holder)
+    assert not await redis.exists(fair_keys(holder).lock)
+
+
 async def test_a_newcomer_does_not_barge_in_ahead_of_the_queue(
     aiolock_client: aiolock.Client, make_client: Callable[..., aiolock.Client], redis: Redis
 ) -> None:
