@@ -48,6 +48,18 @@ local function bound(owner, ms)
     redis.call('PUBLISH', KEYS[5] .. client, '+' .. ms .. ' ' .. owner)
 end
 
+-- Wake the waiter at the head of the queue, if any, without granting it the lock (force.lua:
+-- a grant could reach the forcing client's own waiter before the force's reply, which then
+-- takes every hold of the lock in that client for lost).  Its deadline is not checked here: if
+-- it vanished, the keep-alive of a client waiting behind it drops it once its deadline passes
+-- (keep.lua), and hands the lock over then.
+local function wake_next()
+    local next_owner = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+    if next_owner then
+        wake(next_owner)
+    end
+end
+
 -- The lock has just become free (released, withdrawn from, or found free by a keep-alive):
 -- grant it to the first live waiter of the queue itself, so that the waiter starts with no
 -- further call, and tell its client so in one message, '=<token> <lease ms> <server time ms>

@@ -1,20 +1,19 @@
--- Delete a fair lock whoever holds it, and hand it over to the next waiter (see hand_over in
--- _queue.lua).
+-- Delete a fair lock whoever holds it, and wake the next waiter (woken, not granted: see
+-- wake_next in _queue.lua).
 --
 -- KEYS[1]  the lock hash
 -- KEYS[2]  the meta hash (unused here: every fair script takes the same keys)
 -- KEYS[3]  the queue: owner -> ticket
 -- KEYS[4]  the queue deadlines: owner -> server time in ms
 -- KEYS[5]  the prefix of the per-client wake-up channels
--- KEYS[6]  the fencing token counter (a grant from the queue takes a token)
--- KEYS[7]  the queued tries' args: owner -> '<lease ms> <request n> <wait ms>' (see
---          acquire.lua)
+-- KEYS[6]  the fencing token counter (unused here: every fair script takes the same keys)
+-- KEYS[7]  the queued tries' args (unused here: every fair script takes the same keys)
 --
 -- Returns 1 if the lock existed, else 0.
 --@include common/_time
 --@include fair/_queue
 if redis.call('DEL', KEYS[1]) == 1 then
-    hand_over(now_ms())
+    wake_next()
     return 1
 end
 return 0

@@ -709,3 +709,34 @@ async def test_a_lost_grant_is_adopted_by_the_next_try_as_one_hold(
     for each in (aiolock_client, client):
         await assert_clean(redis, each)
     assert await no_queue_keys(redis, holder)
+
+
+async def test_a_force_unlock_wakes_the_next_waiter_of_its_own_client_without_a_loss(
+    aiolock_client: aiolock.Client, redis: Redis
+) -> None:
+    """A force wakes the head rather than granting it: a grant's message could reach the
+    forcing client's own waiter before the force's reply, which takes every hold of the lock
+    in that client for lost."""
+    holder = aiolock_client.fair_lock("forced", owner="holder")
+    lock = aiolock_client.fair_lock("forced")
+    for _ in range(3):
+        await holder.lock()
+        waiter = asyncio.create_task(lock.try_lock(wait=10))
+        await queued(redis, holder, 1)
+        await eventually(lambda: parked_on(aiolock_client, lock) == 1, what="parked")
+        assert await holder.force_unlock()
+        assert await asyncio.wait_for(waiter, 5)
+        owner = await owner_of(redis, lock)
+        hold = Seam(lock).hold(owner)
+        assert hold is not None
+        assert not hold.lost
+        assert await Seam(lock).release(owner) == 0
+    await assert_clean(redis, aiolock_client)
+    assert await no_queue_keys(redis, holder)
+
+
+async def owner_of(redis: Redis, lock: aiolock.AsyncFairLock) -> str:
+    """The owner holding ``lock`` now, read from its hash."""
+    fields = await redis.hgetall(fair_keys(lock).lock)
+    [owner] = [key for key in fields if not key.startswith((":", "x:"))]
+    return str(owner)
