@@ -18,6 +18,7 @@ from redis.asyncio import Redis
 
 import aiolock
 from aiolock._core.base import Seam
+from aiolock._redis.pubsub import NamedEntry
 from aiolock.fair import FairKeys
 from aiolock.testing.pytest_plugin import ServerInfo
 from tests.helpers import (
@@ -618,17 +619,36 @@ async def test_a_release_grants_the_next_waiter_with_no_call_of_its_own(
     assert await no_queue_keys(redis, holder)
 
 
+@pytest.mark.parametrize("when", ["message-delivered", "release-returned"])
 async def test_a_waiter_cancelled_as_it_is_granted_leaves_the_lock_to_the_next(
-    aiolock_client: aiolock.Client, make_client: Callable[..., aiolock.Client], redis: Redis
+    aiolock_client: aiolock.Client,
+    make_client: Callable[..., aiolock.Client],
+    redis: Redis,
+    monkeypatch: pytest.MonkeyPatch,
+    when: str,
 ) -> None:
-    """Cancelled in the loop step the release that grants it returns: whether its client had
-    the message already (its parked future done, not yet recorded) or not (a grant for an
-    owner no longer waiting), its withdraw takes the grant back and hands the lock on."""
+    """A waiter cancelled as the release grants it: right after its client handed it the
+    grant's message (its parked future done, the grant not yet recorded: certain), or in the
+    loop step the release returns (the message there already, or not yet: a grant for an
+    owner no longer waiting).  Its withdraw takes the grant back and hands the lock on."""
     holder = aiolock_client.fair_lock("cancelled-grant", owner="holder")
     quitter_client, next_client = make_client(), make_client()
     quitter_lock = quitter_client.fair_lock("cancelled-grant")
     next_lock = next_client.fair_lock("cancelled-grant", owner="next")
     loop = asyncio.get_running_loop()
+    quitter: asyncio.Task[None] | None = None
+    delivered = 0
+    if when == "message-delivered":
+        deliver = NamedEntry.deliver
+
+        def deliver_then_cancel(entry: NamedEntry, payload: bytes) -> None:
+            nonlocal delivered
+            deliver(entry, payload)
+            if payload.startswith(b"=") and quitter is not None and not quitter.done():
+                delivered += 1
+                quitter.cancel()  # before the task resumes from its parked future
+
+        monkeypatch.setattr(NamedEntry, "deliver", deliver_then_cancel)
     for _ in range(3):
         await holder.lock()
         quitter = asyncio.create_task(quitter_lock.lock())
@@ -636,15 +656,17 @@ async def test_a_waiter_cancelled_as_it_is_granted_leaves_the_lock_to_the_next(
         follower = asyncio.create_task(next_lock.try_lock(wait=30))
         await queued(redis, holder, 2)
         await eventually(lambda: parked_on(quitter_client, quitter_lock) == 1, what="parked")
-        await holder.unlock()
-        quitter.cancel()
         released = loop.time()
-        with pytest.raises(asyncio.CancelledError):
-            await quitter
+        await holder.unlock()
+        if when == "release-returned":
+            quitter.cancel()
+        with pytest.raises(asyncio.CancelledError):  # else cancelled as its message came
+            await asyncio.wait_for(quitter, 5)
         assert await asyncio.wait_for(follower, 5)
         assert loop.time() - released < 1.0  # far sooner than the grant's 5 s lease
         assert quitter_lock.statistics().held == 0
         await next_lock.unlock()
+    assert delivered == (3 if when == "message-delivered" else 0)
     for client in (aiolock_client, quitter_client, next_client):
         await assert_clean(redis, client)
     assert await no_queue_keys(redis, holder)
