@@ -3,9 +3,23 @@
 A kind on the shared base (:mod:`aiolock._core.base`) with the scripts in ``scripts/fair/``: the
 lock hash of the plain lock, plus a queue of waiting owners (tickets) and their deadlines on
 the server's clock.  A try that does not get the lock takes (or keeps) the owner's place and
-moves its deadline on; a release wakes exactly the next waiter, with one message on the
-channel of that waiter's client, naming it (:class:`~aiolock._core.waiting.NamedWait`), so there is
-no herd however many clients wait, and no channel per waiting task.
+moves its deadline on; a release grants the lock to exactly the next waiter itself, and tells
+it with one message on the channel of that waiter's client, naming it and carrying the grant
+(:class:`~aiolock._core.waiting.NamedWait`), so there is no herd however many clients wait, no
+channel per waiting task, and the waiter starts with no further call.
+
+**The hand-off by message.**  The grant's lease is counted on the waiter's clock from a safe
+lower bound of the moment the server made it (:class:`~aiolock._core.clock.ServerClock`,
+sampled by every queued try, whose reply carries the server's time), never from the message's
+arrival.  Its lease is the one the waiter's last try asked for, at most ``fair_wait_timeout``
+(a grant to a waiter that vanished blocks the lock no longer than a vanished head did); a
+``lease=None`` hold so granted has its first renewal brought forward.  A grant the waiter
+cannot count on (no clock sample, too little lease left, a capped explicit lease, an owner
+its client holds already) is taken by a try instead: the server marks grants from the queue
+(``':q'``), and a try of an owner its client knows no hold of (``fresh``) adopts such a grant
+as its one hold, which also covers a lost message and a try in flight when the release
+granted.  A waiter that leaves without the lock (timeout, cancellation) withdraws with
+``fresh`` too, which takes back a grant its client never took.
 
 Waiters that give up withdraw from the queue at once (a ``withdraw`` script, settled in the
 background like any call whose caller has gone); one whose process died stops having its
@@ -33,10 +47,13 @@ from redis.exceptions import RedisError
 
 from . import _scripts
 from ._core.base import Call, LockKind, release_args
+from ._core.clock import ServerClock
 from ._core.holds import Hold
 from ._core.keys import LockKeys
 from ._core.services import Services
+from ._core.settlement import Attempt
 from ._core.waiting import NamedWait, Waiting
+from ._redis.pubsub import Grant
 
 __all__ = ["AsyncFairLock", "KeepAlive"]
 
@@ -45,19 +62,32 @@ logger = logging.getLogger("aiolock.lock")
 _TRIES_IN_FLIGHT = 4
 """Tries of one fair lock name a client has in flight at once (see KeepAlive.tries)."""
 
+_SHORTEST_GRANT = 0.05
+"""The least lease (s), as the client counts it, a grant by message must have left to be taken
+without a try (and at least a third of its lease)."""
+
 
 @dataclass(frozen=True, slots=True)
 class FairKeys(LockKeys):
     """The plain lock's keys, plus the queue: ``queue`` (owner -> ticket), ``deadlines`` (owner
-    -> server time in ms), and the wake-up channels ``<wake_prefix><client id>``; ``channel``
-    is this client's."""
+    -> server time in ms), ``queued`` (owner -> what a grant from the queue needs), and the
+    wake-up channels ``<wake_prefix><client id>``; ``channel`` is this client's."""
 
     queue: str
     deadlines: str
     wake_prefix: str
+    queued: str
 
     def script_keys(self) -> tuple[str, ...]:
-        return (self.lock, self.meta, self.queue, self.deadlines, self.wake_prefix, self.fence)
+        return (
+            self.lock,
+            self.meta,
+            self.queue,
+            self.deadlines,
+            self.wake_prefix,
+            self.fence,
+            self.queued,
+        )
 
 
 class KeepAlive:
@@ -74,7 +104,17 @@ class KeepAlive:
     the next one comes a third of the timeout later (the places last the whole timeout).
     """
 
-    __slots__ = ("__weakref__", "_keys", "_services", "_task", "_timer", "_waiters", "tries")
+    __slots__ = (
+        "__weakref__",
+        "_keys",
+        "_services",
+        "_task",
+        "_timer",
+        "_waiters",
+        "clock",
+        "once",
+        "tries",
+    )
 
     def __init__(self, services: Services, keys: tuple[str, ...]) -> None:
         self._services = services
@@ -83,6 +123,13 @@ class KeepAlive:
         # arriving at once each queue with a try; one waiting here costs a future, one waiting
         # for a connection inside the call costs its whole chain of call frames.
         self.tries = asyncio.Semaphore(_TRIES_IN_FLIGHT)
+        # The server's clock against the loop's, from the name's queued tries: per name, so
+        # that on a Cluster it is the clock of the node the name lives on.
+        self.clock = ServerClock()
+        # Owners making one attempt that will not wait (try_lock(wait=0), a composite's part),
+        # with how many such calls each has in flight: their tries ask for no grant from the
+        # queue (the withdraw that follows a refusal would have to take it back).
+        self.once: dict[str, int] = {}
         self._waiters: dict[str, NamedWait] = {}  # the parked owners, and how to wake them
         self._timer: asyncio.TimerHandle | None = None
         self._task: asyncio.Task[None] | None = None  # a keep-alive call in flight
@@ -165,6 +212,7 @@ class AsyncFairLock(LockKind):
             queue=f"{base.lock}:q",
             deadlines=f"{base.lock}:qd",
             wake_prefix=wake_prefix,
+            queued=f"{base.lock}:qa",
         )
 
     def _script_keys(self) -> tuple[str, ...]:
@@ -174,8 +222,72 @@ class AsyncFairLock(LockKind):
 
     def _attempt(self, owner: str, request: int, lease_ms: int) -> Call:
         wait_ms = round(self._services.fair_wait_timeout * 1000)
-        args = (lease_ms, owner, request, wait_ms, *self._late_args(owner))
+        args = (lease_ms, owner, request, wait_ms, *self._late_args(owner), *self._fresh(owner))
+        if owner in self._keeper().once:
+            args = (*args, "once")
         return _scripts.FAIR_ACQUIRE, self._script_keys(), args
+
+    def _fresh(self, owner: str) -> tuple[str, ...]:
+        """``fresh`` when the client knows no hold of ``owner`` on this lock: the server may
+        then count a grant from the queue it marked as this call's (see the module doc)."""
+        return ("fresh",) if self._services.holds.get(self._hold_key, owner) is None else ()
+
+    async def _acquire_as(
+        self, owner: str, task: asyncio.Task[Any] | None, lease: float | None
+    ) -> Hold | float:
+        keeper = self._keeper()  # kept alive by this frame, with its record of the call
+        once = keeper.once
+        once[owner] = once.get(owner, 0) + 1
+        try:
+            return await super()._acquire_as(owner, task, lease)
+        finally:
+            if once[owner] == 1:
+                del once[owner]
+            else:
+                once[owner] -= 1
+
+    def _busy(self, attempt: Attempt, reply: Any) -> float:
+        """A queued try answers ``'<pause ms> <server time ms>'``: the pause, and a sample of
+        the server's clock (a late copy's refusal answers the pause alone)."""
+        if isinstance(reply, bytes):
+            reply = reply.decode()
+        if isinstance(reply, str):
+            pause, _, server_ms = reply.partition(" ")
+            if server_ms:
+                self._keeper().clock.sample(attempt.sent_at, int(server_ms))
+            reply = int(pause)
+        return super()._busy(attempt, reply)
+
+    def _accept(
+        self,
+        owner: str,
+        task: asyncio.Task[Any] | None,
+        lease: float | None,
+        started: float,
+        grant: Grant,
+    ) -> Hold | None:
+        """Record a grant from the queue its message brought, counting its lease from a lower
+        bound of the moment the server made it; ``None`` when it cannot be counted on (the
+        wait loop then tries, which adopts it: see the module docstring)."""
+        services = self._services
+        if services.holds.get(self._hold_key, owner) is not None:
+            return None  # an explicit owner another task holds with: a try re-enters
+        now = asyncio.get_running_loop().time()
+        granted_at = self._keeper().clock.lower_bound(grant.server_ms, now)
+        if granted_at is None:
+            return None
+        asked = round((services.watchdog_timeout if lease is None else lease) * 1000)
+        if grant.lease_ms > asked or (grant.lease_ms < asked and lease is not None):
+            return None  # capped at the wait timeout: a try gets the lease asked for
+        left = granted_at + grant.lease_ms / 1000 - now
+        if left < max(grant.lease_ms / 3000, _SHORTEST_GRANT):
+            return None
+        attempt = Attempt(owner, grant.request, asked / 1000, granted_at)
+        reply = [grant.token, 1, grant.lease_ms]
+        hold = self._record(attempt, reply, task, started, watchdog=lease is None)
+        if grant.lease_ms < asked:  # a lease=None hold, granted for the wait timeout
+            services.watchdog.renew_by(now + left / 3)
+        return hold
 
     def _release_call(self, owner: str, request: int, undo: int | None) -> Call:
         args = release_args(owner, request, undo)
@@ -201,4 +313,5 @@ class AsyncFairLock(LockKind):
             return await super()._try_acquire(owner, task, lease, started)
 
     def _withdraw_call(self, owner: str) -> Call:
-        return _scripts.FAIR_WITHDRAW, self._script_keys(), (owner,)
+        # With fresh, it also takes back a grant from the queue its client never took.
+        return _scripts.FAIR_WITHDRAW, self._script_keys(), (owner, *self._fresh(owner))

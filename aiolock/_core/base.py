@@ -30,6 +30,7 @@ from typing import Any, ClassVar, TypeVar
 
 from .. import _scripts
 from .._redis.calls import not_sent
+from .._redis.pubsub import Grant
 from .._scripts import Call, Script
 from ..errors import LockNotOwnedError, LockTimeoutError
 from .guard import Guarded, Holding
@@ -180,6 +181,18 @@ class HoldKind(Guarded[int]):
 
     def _withdraw_call(self, owner: str) -> Call | None:
         """What a waiter that gives up sends, if its kind keeps waiters on the server."""
+        return None
+
+    def _accept(
+        self,
+        owner: str,
+        task: asyncio.Task[Any] | None,
+        lease: float | None,
+        started: float,
+        grant: Grant,
+    ) -> Hold | None:
+        """Record a grant a message brought the waiting ``owner`` (the fair lock's hand-off),
+        if it can be counted on: the hold, or ``None`` to try instead."""
         return None
 
     def _gave_up(self, owner: str) -> None:
@@ -446,9 +459,15 @@ class HoldKind(Guarded[int]):
                 try:
                     await waiter
                 except asyncio.CancelledError:
+                    # A grant a message brought meanwhile is left untaken: the withdraw that
+                    # leaving without the lock sends takes it back (see _gave_up).
                     waiting.unpark(waiter)
                     raise
-                waiting.woken()
+                grant = waiting.woken()
+                if grant is not None:
+                    granted = self._accept(owner, task, lease, started, grant) is not None
+                    if granted:
+                        return
         finally:
             waiting.leave(granted)
             if not granted:

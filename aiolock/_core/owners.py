@@ -23,7 +23,7 @@ __all__ = ["Owners", "current_task"]
 class Owners:
     """One client's owner ids and request ids (see the module docstring)."""
 
-    __slots__ = ("_callback_context", "_forget", "_numbers", "_requests", "_tasks", "client_id")
+    __slots__ = ("_callback_context", "_forget", "_numbers", "_request", "_tasks", "client_id")
 
     def __init__(self, client_id: str) -> None:
         self.client_id = client_id
@@ -35,7 +35,7 @@ class Owners:
         self._forget: Callable[[asyncio.Task[Any]], object] = lambda t: tasks.pop(t, None)
         self._callback_context = contextvars.Context()
         self._numbers = itertools.count(1)
-        self._requests = itertools.count(1)
+        self._request = 0  # the last request id handed out
 
     def __len__(self) -> int:
         """Tasks with an identity now."""
@@ -59,7 +59,12 @@ class Owners:
         return f"{self.client_id}:x:{owner}"
 
     def next_request(self) -> int:
-        return next(self._requests)
+        self._request += 1
+        return self._request
+
+    def last_request(self) -> int:
+        """The last request id handed out (0: none yet): every later call's id is greater."""
+        return self._request
 
     def clear(self) -> None:
         """Forget every task identity (the client closed); numbers are still never reused."""

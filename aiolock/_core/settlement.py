@@ -171,13 +171,16 @@ class Settlement:
                 f"{lock.name!r} within {services.sync[1]}s; it was undone"
             )
         count = int(reply[1])
-        if count <= 1 or holds.get(lock.registry_key, owner) is not None:
+        if holds.get(lock.registry_key, owner) is not None or (
+            count <= 1 and holds.lost_token(lock.registry_key, owner) != int(reply[0])
+        ):
             return reply
         # The server has more holds of this owner than the client knows of: a grant the client
         # never saw (a late copy of an earlier request, applied after its resend was answered),
         # or the very hold the client already took for lost (its deadlines run a little ahead
-        # of the server's).  The unknown holds are dropped as a settlement (a cancelled caller
-        # leaves none behind).
+        # of the server's; a fair lock's try adopts such a hold, if it was a grant from the
+        # queue, as one hold with its old token).  The unknown holds are dropped as a
+        # settlement (a cancelled caller leaves none behind).
         if holds.lost_token(lock.registry_key, owner) == int(reply[0]):
             # Its token was handed out before: not a fresh grant.  Drop them all, retry.
             holds.defer(lock.keys.lock, owner, self.drop_holds(owner, count))

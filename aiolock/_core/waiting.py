@@ -7,7 +7,7 @@ parked task carries no extra coroutine frame.
 - :class:`ChannelWait`: park on the lock's pub/sub channel, one wake-up per release, FIFO among
   the tasks of this client (the plain lock).
 - :class:`NamedWait`: park on the lock's channel for this client; a hand-off message names
-  the one waiter it wakes (the fair lock, whose queue is in Redis).
+  the one waiter it wakes, or grants it the lock (the fair lock, whose queue is in Redis).
 - :class:`Backoff`: never subscribe; sleep a full-jitter exponential backoff (the spin lock).
 """
 
@@ -17,7 +17,7 @@ import asyncio
 import random
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .._redis.pubsub import Entry, NamedEntry
+from .._redis.pubsub import Entry, Grant, NamedEntry
 from .holds import NameCounters
 
 if TYPE_CHECKING:
@@ -41,8 +41,12 @@ class Waiting(Protocol):
         """The caller was cancelled while awaiting ``waiter``."""
         ...
 
-    def woken(self) -> None:
-        """Called after each wake-up, before the next try; raises if trying again is futile."""
+    def woken(self) -> Grant | None:
+        """Called after each wake-up, before the next try; raises if trying again is futile.
+
+        Returns the grant a message brought this call, if any (the fair lock's hand-off): the
+        wait loop records it instead of trying, if it can.
+        """
         ...
 
     def leave(self, granted: bool) -> None:
@@ -117,10 +121,11 @@ class ChannelWait:
         if self._entry is not None:
             self._entry.unpark(waiter)
 
-    def woken(self) -> None:
+    def woken(self) -> Grant | None:
         if self._entry is not None:
             self._entry.raise_refusal()  # the server refused the channel: waiting is futile
         self._services.check_open()  # woken because the client closes: no more tries
+        return None
 
     def leave(self, granted: bool) -> None:
         pubsub = self._services.pubsub
@@ -153,9 +158,14 @@ class NamedWait:
     first waiter of a client subscribes after its try, and the subscription's confirmation
     wakes every waiter to try (a hand-off may have been published before it).  While parked,
     its place is kept by ``keeper``, which wakes it (:meth:`wake`) if it lost it.
+
+    A release may grant the lock to the owner from the queue, and its message carries the
+    grant (:class:`~aiolock._redis.pubsub.Grant`): :meth:`woken` hands it to the wait loop.  A
+    grant naming a request of the owner made before this call began is from an earlier wait
+    of it (given up, and taken back by its withdraw): it is dropped.
     """
 
-    __slots__ = ("_channel", "_counters", "_entry", "_keeper", "_owner", "_services")
+    __slots__ = ("_channel", "_counters", "_entry", "_keeper", "_owner", "_services", "_since")
 
     def __init__(
         self,
@@ -170,6 +180,7 @@ class NamedWait:
         self._counters = counters
         self._owner = owner
         self._keeper = keeper
+        self._since = services.owners.last_request()  # this call's tries come after it
         counters.contenders += 1
         entry = services.pubsub.join_existing(channel)
         if entry is not None:
@@ -207,10 +218,16 @@ class NamedWait:
         if self._entry is not None:
             self._entry.unpark(waiter)
 
-    def woken(self) -> None:
-        if self._entry is not None:
-            self._entry.raise_refusal()
+    def woken(self) -> Grant | None:
+        entry = self._entry
+        if entry is not None:
+            entry.raise_refusal()
         self._services.check_open()
+        if entry is None:
+            return None
+        assert isinstance(entry, NamedEntry)
+        grant = entry.take_grant(self._owner)
+        return grant if grant is not None and grant.request > self._since else None
 
     def leave(self, granted: bool) -> None:
         if self._keeper is not None:
@@ -263,8 +280,9 @@ class Backoff:
         if self._handle is not None:
             self._handle.cancel()
 
-    def woken(self) -> None:
+    def woken(self) -> Grant | None:
         self._services.check_open()
+        return None
 
     def leave(self, granted: bool) -> None:
         if self._handle is not None:

@@ -60,6 +60,7 @@ class Watchdog:
         self.period = lease / 3
         self._task: asyncio.Task[None] | None = None
         self._renewing: dict[_Group, asyncio.Task[None]] = {}
+        self._early: asyncio.TimerHandle | None = None  # a round due before the next period
         self.renewals = 0
         self.failures = 0
 
@@ -70,7 +71,24 @@ class Watchdog:
                 self._run(), name="aiolock-watchdog"
             )
 
+    def renew_by(self, when: float) -> None:
+        """A watched hold's lease ends sooner than the next round may come (a fair lock's
+        grant from the queue, whose lease is at most the wait timeout): one round starts at
+        loop time ``when`` at the latest."""
+        if self._early is not None:
+            if self._early.when() <= when:
+                return
+            self._early.cancel()
+        self._early = asyncio.get_running_loop().call_at(when, self._early_round)
+
+    def _early_round(self) -> None:
+        self._early = None
+        self._start_round()
+
     async def aclose(self) -> None:
+        if self._early is not None:
+            self._early.cancel()
+            self._early = None
         tasks = [*self._renewing.values()]
         if self._task is not None:
             tasks.append(self._task)

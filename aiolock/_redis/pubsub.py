@@ -43,6 +43,7 @@ from .tasks import Background
 __all__ = [
     "BroadcastEntry",
     "Entry",
+    "Grant",
     "Home",
     "NamedEntry",
     "OneServer",
@@ -272,18 +273,32 @@ class BroadcastEntry(Entry):
         self.wake_all()
 
 
+class Grant(NamedTuple):
+    """A grant from the fair lock's queue, as its message told it (``=<token> <lease ms>
+    <server time ms> <request n> <owner>``, see ``fair/_queue.lua``): the lock was granted to
+    the owner at ``server_ms`` of the server's clock, for ``lease_ms``, on behalf of its
+    acquire request ``request``."""
+
+    token: int
+    lease_ms: int
+    server_ms: int
+    request: int
+
+
 class NamedEntry(Entry):
     """A channel whose messages name the one waiter to wake (the fair lock's hand-off).
 
     Each waiting owner registers its name for the whole of its wait (:meth:`add` ..
     :meth:`discard`), so that a message naming it while it is between two tries is kept for its
     next park instead of lost.  A bound message (``+<ms> <owner>``) shortens that owner's park
-    instead of waking it.  Anything else that is not a named hand-off (the confirmation of the
-    SUBSCRIBE, a reconnect, a loss) wakes every waiter: each tries, and only the next in the
-    queue can win.
+    instead of waking it.  A grant message (``=<token> ...``, :class:`Grant`) wakes its owner
+    and is kept for it until it takes it (:meth:`take_grant`) or leaves; one for an owner not
+    waiting here is dropped (its withdraw takes the grant back on the server).  Anything else
+    that is not a named hand-off (the confirmation of the SUBSCRIBE, a reconnect, a loss) wakes
+    every waiter: each tries, and only the next in the queue can win.
     """
 
-    __slots__ = ("_bounds", "_named")
+    __slots__ = ("_bounds", "_grants", "_named")
 
     def __init__(self, channel: bytes, contention: Contention | None = None) -> None:
         super().__init__(channel, contention)
@@ -292,6 +307,8 @@ class NamedEntry(Entry):
         self._named: dict[str, asyncio.Future[bool] | bool | None] = {}
         # owner -> the loop time its next park ends by at the latest (see bound_named).
         self._bounds: dict[str, float] = {}
+        # owner -> the last grant from the queue a message brought it, not taken yet.
+        self._grants: dict[str, Grant] = {}
 
     def add(self, name: str) -> None:
         self._named.setdefault(name, None)
@@ -299,8 +316,21 @@ class NamedEntry(Entry):
     def discard(self, name: str) -> None:
         self._named.pop(name, None)
         self._bounds.pop(name, None)
+        self._grants.pop(name, None)
+
+    def take_grant(self, name: str) -> Grant | None:
+        """The grant a message brought the owner ``name`` since it last took one, if any."""
+        return self._grants.pop(name, None) if self._grants else None
 
     def deliver(self, payload: bytes) -> None:
+        if payload[:1] == b"=":  # '=<token> <lease ms> <server ms> <n> <owner>': a grant
+            fields = payload[1:].split(b" ", 4)
+            if len(fields) == 5 and all(field.isdigit() for field in fields[:4]):
+                owner = fields[4].decode(errors="replace")
+                if owner in self._named:
+                    self._grants[owner] = Grant(*(int(field) for field in fields[:4]))
+                    self.wake_named(owner)
+            return
         ms, _, name = payload.partition(b" ")
         if ms[:1] == b"+" and ms[1:].isdigit():  # '+<ms> <owner>': a bound, not a hand-off
             self.bound_named(name.decode(errors="replace"), int(ms[1:]) / 1000)

@@ -2,8 +2,8 @@
 
 Each strategy runs against the real pub/sub service and its real entries; only the server is
 missing: the topology never says where a channel lives, so every SUBSCRIBE stays pending and
-nothing is sent.  The services are a stand-in with the four things a strategy reads (the
-watchdog lease, the pub/sub service, ``closed`` and ``check_open``).
+nothing is sent.  The services are a stand-in with the five things a strategy reads (the
+watchdog lease, the pub/sub service, the owners' request ids, ``closed`` and ``check_open``).
 """
 
 from __future__ import annotations
@@ -16,9 +16,11 @@ from typing import Any
 import pytest
 from redis.exceptions import NoPermissionError
 
+from aiolock._core.clock import DRIFT, ServerClock
 from aiolock._core.holds import NameCounters
+from aiolock._core.owners import Owners
 from aiolock._core.waiting import Backoff, ChannelWait, NamedWait
-from aiolock._redis.pubsub import Home, NamedEntry, PubSub
+from aiolock._redis.pubsub import Grant, Home, NamedEntry, PubSub
 
 pytestmark = pytest.mark.anyio
 
@@ -46,6 +48,7 @@ class _Services:
 
     def __init__(self, pubsub: PubSub) -> None:
         self.pubsub = pubsub
+        self.owners = Owners("c")
         self.watchdog_timeout = WATCHDOG
         self.closed = False
 
@@ -262,6 +265,54 @@ async def test_a_named_waiter_leaving_forgets_its_name(services: Any) -> None:
     assert not again.park(60).done()  # no stale wake-up from before
     for wait in (staying, again):
         wait.leave(granted=False)
+
+
+async def test_a_grant_message_wakes_its_owner_and_is_handed_to_the_wait_loop(
+    services: Any,
+) -> None:
+    counters = NameCounters()
+    waits = {name: NamedWait(services, CHANNEL, counters, name) for name in ("a", "b c")}
+    request = services.owners.next_request()  # the waiters' tries come after they began
+    parked = {name: wait.park(60) for name, wait in waits.items()}
+    entry = entry_of(services)
+    entry.deliver(f"=7 2000 1700000000123 {request} b c".encode())  # an owner with a space
+    assert [name for name, waiter in parked.items() if waiter.done()] == ["b c"]
+    assert waits["b c"].woken() == Grant(7, 2000, 1700000000123, request)
+    assert waits["b c"].woken() is None  # taken once
+    entry.deliver(f"=8 2000 1 {request} nobody-here".encode())  # not waiting here: dropped
+    entry.deliver(b"=9 2000 junk 1 a")  # malformed: dropped
+    assert not parked["a"].done()
+    for wait in waits.values():
+        wait.leave(granted=False)
+
+
+async def test_a_grant_arriving_between_two_parks_is_kept_and_a_stale_one_dropped(
+    services: Any,
+) -> None:
+    counters = NameCounters()
+    earlier = services.owners.next_request()  # a try of an earlier wait of the same owner
+    wait = NamedWait(services, CHANNEL, counters, "a")
+    wait.park(60).cancel()
+    entry = entry_of(services)
+    entry.deliver(f"=3 1000 5 {earlier} a".encode())  # from before this wait: stale
+    assert wait.park(60).result() is True  # it still wakes it: a try then finds out
+    assert wait.woken() is None
+    request = services.owners.next_request()
+    entry.deliver(f"=4 1000 5 {request} a".encode())  # while its try is out
+    assert wait.park(60).result() is True  # its next park returns at once
+    assert wait.woken() == Grant(4, 1000, 5, request)
+    wait.leave(granted=False)
+
+
+def test_the_server_clock_maps_server_time_to_an_earlier_loop_time() -> None:
+    clock = ServerClock()
+    assert clock.lower_bound(5_000, now=10.0) is None  # no sample: no bound
+    clock.sample(sent_at=10.0, server_ms=1_000)  # the server read 1.000 s at loop time >= 10
+    assert clock.lower_bound(1_500, now=10.0) == pytest.approx(10.5)
+    # Aged for clock drift: a second later, the bound is a millisecond earlier.
+    assert clock.lower_bound(1_500, now=11.0) == pytest.approx(10.5 - DRIFT)
+    clock.sample(sent_at=20.0, server_ms=9_000)  # the latest sample replaces it
+    assert clock.lower_bound(9_000, now=20.0) == pytest.approx(20.0)
 
 
 # -- Backoff: the spin lock's full-jitter sleeps ------------------------------------------------

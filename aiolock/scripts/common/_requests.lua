@@ -86,19 +86,25 @@ end
 -- the window).
 
 -- The optional ARGV after a script's own, from index first on: the resent releases whose late
--- copies the hold must refuse ('late:' .. their request ids, comma-separated), and, last, a
--- resend's mark (the resend window in ms: Calls.run's mark_resends appends it).  Returns the
--- ids (or nil) and the mark (or nil).  Neither is there on the fault-free path.
+-- copies the hold must refuse ('late:' .. their request ids, comma-separated), the fair
+-- lock's flags 'fresh' and 'once' (see fair/acquire.lua), and, last, a resend's mark (the
+-- resend window in ms: Calls.run's mark_resends appends it).  Returns the ids (or nil), the
+-- mark (or nil), and whether 'fresh' and 'once' were there.  Neither ids nor mark is there on
+-- the fault-free path.
 local function optional_args(first)
-    local late, resent
+    local late, resent, fresh, once
     for i = first, #ARGV do
         if string.sub(ARGV[i], 1, 5) == 'late:' then
             late = string.sub(ARGV[i], 6)
+        elseif ARGV[i] == 'fresh' then
+            fresh = true
+        elseif ARGV[i] == 'once' then
+            once = true
         else
             resent = ARGV[i]
         end
     end
-    return late, resent
+    return late, resent, fresh, once
 end
 
 -- Whether request (owner/n) is a late copy of a release its client resent: n is one of the

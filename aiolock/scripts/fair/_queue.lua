@@ -1,14 +1,17 @@
 -- The fair lock's queue helpers, included by the scripts of this folder (not run alone).
 --
 -- The queue is two sorted sets of waiting owners: KEYS[3] scores each by its ticket (first
--- ask first), KEYS[4] by its deadline in ms of the server's clock.  A try sets it, and the
--- keep-alive of the waiter's client (keep.lua) moves it on; a waiter whose client stopped (its
+-- ask first), KEYS[4] by its deadline in ms of the server's clock.  A try sets the deadline,
+-- and the keep-alive of the waiter's client (keep.lua) moves it on; a waiter whose client stopped (its
 -- process died) is dropped once its deadline passes and it is next: expiry is lazy, only the
 -- head is ever checked, and only while the lock is free (a vanished waiter in the middle
 -- delays nobody until it is next).  The hand-off message goes to the next waiter's client
 -- only: on the channel KEYS[5] .. <client id>, naming the waiter.  That channel is not a
 -- declared key (the next waiter is only known here), but it starts with KEYS[5], which carries
--- the lock's hash tag: it lives in the lock's Cluster slot.  Needs common/_time first.
+-- the lock's hash tag: it lives in the lock's Cluster slot.  KEYS[7], a hash, keeps what a
+-- grant from the queue needs of each waiter ('<lease ms> <request n> <wait ms>', written by its
+-- last try, see acquire.lua); it never outlives the queue: an owner leaves all three together,
+-- and the hash expires with the queue.  Needs common/_time first.
 
 -- The first live waiter of the queue, dropping at most 100 vanished ones ahead of it (their
 -- deadline passed, as of now): returns the owner and its deadline, or nil.
@@ -24,6 +27,7 @@ local function live_head(now)
         end
         redis.call('ZREM', KEYS[3], first)
         redis.call('ZREM', KEYS[4], first)
+        redis.call('HDEL', KEYS[7], first)
     end
     local first = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
     return first, first and (tonumber(redis.call('ZSCORE', KEYS[4], first)) or now)
@@ -44,12 +48,54 @@ local function bound(owner, ms)
     redis.call('PUBLISH', KEYS[5] .. client, '+' .. ms .. ' ' .. owner)
 end
 
--- Wake the waiter at the head of the queue, if any (the lock has just become free).  Its
--- deadline is not checked here: if it vanished, the keep-alive of a client waiting behind it
--- drops it once its deadline passes (keep.lua), and that client asks again at that time.
+-- Wake the waiter at the head of the queue, if any, without granting it the lock (force.lua:
+-- a grant could reach the forcing client's own waiter before the force's reply, which then
+-- takes every hold of the lock in that client for lost).  Its deadline is not checked here: if
+-- it vanished, the keep-alive of a client waiting behind it drops it once its deadline passes
+-- (keep.lua), and hands the lock over then.
 local function wake_next()
     local next_owner = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
     if next_owner then
         wake(next_owner)
+    end
+end
+
+-- The lock has just become free (released, withdrawn from, or found free by a keep-alive):
+-- grant it to the first live waiter of the queue itself, so that the waiter starts with no
+-- further call, and tell its client so in one message, '=<token> <lease ms> <server time ms>
+-- <request n> <owner>' (a client id never starts with '=').  The lock hash marks such a grant
+-- with ':q' = n until the owner's client takes it as its own by a try (acquire.lua): the
+-- message may be lost, or come after the waiter gave up (its withdraw then takes the grant
+-- back, withdraw.lua).  The lease is the one the waiter's last try asked for, at most the
+-- wait timeout: a waiter that vanished blocks the lock no longer than a vanished head does.
+-- A waiter whose try asked for no grant from the queue (lease 0: a fault path) is only woken.
+-- Vanished waiters at the head are dropped first (their deadline passed).
+local function hand_over(now)
+    local head = live_head(now)
+    if not head then
+        return
+    end
+    local ms, n, wait = string.match(
+        redis.call('HGET', KEYS[7], head) or '', '^(%d+) (%d+) (%d+)$')
+    ms = tonumber(ms)
+    if not ms or ms < 1 then
+        wake(head)
+        return
+    end
+    redis.call('ZREM', KEYS[3], head)
+    redis.call('ZREM', KEYS[4], head)
+    redis.call('HDEL', KEYS[7], head)
+    -- A hold as common/_hold.lua's grant() makes it, with ':q' in the same write.
+    local token = redis.call('INCR', KEYS[6])
+    redis.call('HSET', KEYS[1], head, 1, ':fence', token, ':req', head .. '/' .. n, ':q', n)
+    redis.call('PEXPIRE', KEYS[1], ms)
+    local client = string.match(head, '^[^:]*')
+    redis.call('PUBLISH', KEYS[5] .. client,
+        '=' .. token .. ' ' .. ms .. ' ' .. now .. ' ' .. n .. ' ' .. head)
+    -- As acquire.lua's grant from the queue: a lease shorter than the wait timeout may end
+    -- before the keep-alive of the next in line sees it.
+    local next_owner = ms < tonumber(wait) and redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+    if next_owner then
+        bound(next_owner, ms)
     end
 end

@@ -7,18 +7,31 @@
 -- KEYS[4]  the queue deadlines: owner -> server time in ms after which it is dropped
 -- KEYS[5]  the prefix of the per-client wake-up channels (<prefix><client id>)
 -- KEYS[6]  the fencing token counter, shared by every lock name (never expires)
+-- KEYS[7]  the queued tries' args: owner -> '<lease ms> <request n> <wait ms>', what a grant
+--          from the queue needs (see hand_over in _queue.lua)
 -- ARGV[1]  lease in milliseconds
 -- ARGV[2]  owner id (<client id>:<task or explicit owner>)
 -- ARGV[3]  request id, unique per call of this owner; a resent call carries the same id
 -- ARGV[4]  the fair wait timeout in milliseconds: how long a silent waiter keeps its place
 -- ARGV[5..] optional, as for lock/acquire.lua: 'late:<ids>', releases of this owner its client
---          resent lately, whose late copies the hold must refuse; and last, set on a resend,
---          the client's resend window in ms, for which the request is then voided
+--          resent lately, whose late copies the hold must refuse; 'fresh' when the client knows
+--          no hold of this owner on this lock; 'once' when the caller will not wait (one
+--          attempt: it withdraws at once if refused); and last, set on a resend, the client's
+--          resend window in ms, for which the request is then voided
 --
--- Returns {fencing token, hold count, PTTL} when granted, else how many ms to wait before the
--- next try: the lock's lease, or the wait timeout (the client keeps the place of a waiting
--- owner with keep.lua every third of the wait timeout; a hand-off message wakes it sooner, and
--- a grant from the queue tells the next in line when its lease ends, see _queue.lua).
+-- Returns {fencing token, hold count, PTTL} when granted, else '<ms> <server time ms>': how
+-- many ms to wait before the next try (the lock's lease, or the wait timeout: the client keeps
+-- the place of a waiting owner with keep.lua every third of the wait timeout; a hand-off
+-- message comes sooner, and a grant from the queue tells the next in line when its lease
+-- ends, see _queue.lua), and the server's clock when it queued, which the client relates to
+-- its own (the time a grant by message was made is on the server's clock).
+--
+-- A release grants the lock to the head of the queue itself (hand_over in _queue.lua), with
+-- the lease and request id its last try stored here, and marks it ':q'.  A 'fresh' try of an
+-- owner that holds such a grant takes it as its own (its message was lost or late, or the
+-- try was in flight when the release granted): one hold, now of this request, the lease at
+-- least the one asked for.  Without 'fresh' (the client knows its hold) a try re-enters.
+-- A try carrying 'late:', 'once' or a resend mark stores lease 0: it is woken, not granted.
 --
 -- Granted only when the lock is free and the queue is empty or starts with this owner.  A
 -- resend never counts a second hold or takes a second place.  Every command is paid per
@@ -31,7 +44,7 @@
 --@include fair/_queue
 local owner = ARGV[2]
 local request = owner .. '/' .. ARGV[3]
-local late, resent = optional_args(5)
+local late, resent, fresh, once = optional_args(5)
 local lease = tonumber(ARGV[1])
 local wait = tonumber(ARGV[4])
 if not lease or lease < 1 or lease > 1e12 then
@@ -52,6 +65,22 @@ local function attempt()
     end
     local held = {map[owner], map[':req'], map[':fence'], map['x:' .. owner]}
     local first
+    if locked and fresh and map[':q'] and held[1] and held[4] ~= request
+            and not older(owner, request, held[2]) then
+        -- A grant from the queue the client has not taken (see above): adopt it.
+        if late then
+            redis.call('HSET', KEYS[1], ':req', request, ':late:' .. owner, late)
+        else
+            redis.call('HSET', KEYS[1], ':req', request)
+        end
+        redis.call('HDEL', KEYS[1], ':q')
+        local pttl = redis.call('PTTL', KEYS[1])
+        if pttl < lease then
+            redis.call('PEXPIRE', KEYS[1], lease)
+            pttl = lease
+        end
+        return {tonumber(held[3]), tonumber(held[1]), pttl}
+    end
     if locked then
         local again = reenter_read(KEYS[1], held, owner, request, lease, nil, late)
         if again then
@@ -70,6 +99,7 @@ local function attempt()
             end
             redis.call('ZREM', KEYS[3], owner)
             redis.call('ZREM', KEYS[4], owner)
+            redis.call('HDEL', KEYS[7], owner)
             local reply = grant(KEYS[1], KEYS[6], owner, request, lease, late)
             -- A lease that runs out publishes nothing, and the next in line may be parked past
             -- this one's end (until the end of a longer hold it first met, released early).
@@ -90,11 +120,18 @@ local function attempt()
     local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
     redis.call('ZADD', KEYS[3], 'NX', last[2] and tonumber(last[2]) + 1 or 1, owner)
     redis.call('ZADD', KEYS[4], now + wait, owner)
+    -- What a grant from the queue needs (hand_over): lease 0 after a fault (the grant must carry
+    -- 'late:' ids, or the request was resent) or for a caller that will not wait (its withdraw
+    -- follows), else at most the wait timeout, so that a grant to a waiter that vanished blocks
+    -- the lock no longer than a vanished head does.
+    local queued = (late or resent or once) and 0 or math.min(lease, wait)
+    redis.call('HSET', KEYS[7], owner, queued .. ' ' .. ARGV[3] .. ' ' .. wait)
     if not last[1] then
         -- A new queue: it outlives its last live waiter by one to two wait timeouts, re-armed by
         -- the keep-alives of the clients waiting (keep.lua), not by every try.
         redis.call('PEXPIRE', KEYS[3], 2 * wait)
         redis.call('PEXPIRE', KEYS[4], 2 * wait)
+        redis.call('PEXPIRE', KEYS[7], 2 * wait)
     end
 
     -- Parked until the hand-off message names this owner; meanwhile its client's keep-alive keeps
@@ -107,7 +144,7 @@ local function attempt()
             pause = pttl
         end
     end
-    return math.max(pause, 1)
+    return math.max(pause, 1) .. ' ' .. now
 end
 
 local reply = attempt()

@@ -1,4 +1,5 @@
--- Delete a fair lock whoever holds it, and wake the next waiter.
+-- Delete a fair lock whoever holds it, and wake the next waiter (woken, not granted: see
+-- wake_next in _queue.lua).
 --
 -- KEYS[1]  the lock hash
 -- KEYS[2]  the meta hash (unused here: every fair script takes the same keys)
@@ -6,6 +7,7 @@
 -- KEYS[4]  the queue deadlines: owner -> server time in ms
 -- KEYS[5]  the prefix of the per-client wake-up channels
 -- KEYS[6]  the fencing token counter (unused here: every fair script takes the same keys)
+-- KEYS[7]  the queued tries' args (unused here: every fair script takes the same keys)
 --
 -- Returns 1 if the lock existed, else 0.
 --@include common/_time

@@ -5,7 +5,9 @@
 -- KEYS[3]  the queue: owner -> ticket
 -- KEYS[4]  the queue deadlines: owner -> server time in ms after which it is dropped
 -- KEYS[5]  the prefix of the per-client wake-up channels
--- KEYS[6]  the fencing token counter (unused here: every fair script takes the same keys)
+-- KEYS[6]  the fencing token counter (a grant from the queue takes a token)
+-- KEYS[7]  the queued tries' args: owner -> '<lease ms> <request n> <wait ms>' (see
+--          acquire.lua)
 -- ARGV[1]  the fair wait timeout in milliseconds
 -- ARGV[2..] the owners of this client waiting for the lock
 --
@@ -15,9 +17,9 @@
 --
 -- Each client runs it every third of the wait timeout while it has waiters, instead of each
 -- waiter re-trying: it moves their deadlines on, keeps the queue's keys alive, and, while the
--- lock is free, drops vanished waiters at the head and wakes the first live one (releases
--- wake the head unchecked: one that vanished, or a lost message, would otherwise stall the
--- queue).  A free lock whose head is still within its deadline: the client calls again when
+-- lock is free (its lease ran out, which publishes nothing, or the head was only woken),
+-- drops vanished waiters at the head and hands the lock over to the first live one (see
+-- hand_over in _queue.lua).  A free lock whose head is still within its deadline: the client calls again when
 -- it runs out, so a vanished head delays the queue by at most the wait timeout.
 --@include common/_time
 --@include fair/_queue
@@ -49,19 +51,24 @@ local pttl = redis.call('PTTL', KEYS[4])
 if pttl ~= -2 and pttl < wait then
     redis.call('PEXPIRE', KEYS[3], 2 * wait)
     redis.call('PEXPIRE', KEYS[4], 2 * wait)
+    redis.call('PEXPIRE', KEYS[7], 2 * wait)
 end
 local due = 0
 local held = redis.call('PTTL', KEYS[1])
 if held == -2 then
     local head, deadline = live_head(now)
     if head then
-        wake(head)
-        due = math.max(deadline - now + 1, 1)
+        hand_over(now)
+        held = redis.call('PTTL', KEYS[1])
+        if held == -2 then  -- only woken: the next call comes at its deadline (it may vanish)
+            due = math.max(deadline - now + 1, 1)
+        end
     end
-elseif held > 0 then
+end
+if held > 0 then
     -- A lease that runs out publishes nothing, and these waiters may be parked past it (until
-    -- the end of a longer hold released early): the next call comes when it runs out, and
-    -- wakes the head then.
+    -- the end of a longer hold released early, or of a grant to a waiter that vanished): the
+    -- next call comes when it runs out, and hands over then.
     due = held + 1
 end
 return {missing, due}

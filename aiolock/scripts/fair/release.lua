@@ -1,4 +1,5 @@
--- Release one hold of a fair lock; the last release deletes it and wakes the next waiter.
+-- Release one hold of a fair lock; the last release deletes it and grants it to the next
+-- waiter (or wakes it: see hand_over in _queue.lua).
 --
 -- KEYS[1]  the lock hash
 -- KEYS[2]  the meta hash: an undo of an acquire that was not applied marks '<owner>/<n>'
@@ -6,13 +7,15 @@
 -- KEYS[3]  the queue: owner -> ticket
 -- KEYS[4]  the queue deadlines: owner -> server time in ms
 -- KEYS[5]  the prefix of the per-client wake-up channels
--- KEYS[6]  the fencing token counter (unused here: every fair script takes the same keys)
+-- KEYS[6]  the fencing token counter (a grant from the queue takes a token)
+-- KEYS[7]  the queued tries' args: owner -> '<lease ms> <request n> <wait ms>' (see
+--          acquire.lua)
 -- ARGV[1]  owner id
 -- ARGV[2]  request id, unique per call of this owner; a resent call carries the same id
 -- ARGV[3]  optional: undo mode, the id of an acquire request whose outcome the caller never
 --          saw; release only if that acquire was the owner's last request
 --
--- Returns the holds the owner has left (0: the lock was deleted and the next waiter woken),
+-- Returns the holds the owner has left (0: the lock was deleted and handed over),
 -- or nil when the owner does not hold the lock.  Idempotent per request, and a late copy of a
 -- resent release changes nothing, as the plain lock's.
 --@include common/_time
@@ -22,6 +25,6 @@
 local undo = ARGV[3] and ARGV[1] .. '/' .. ARGV[3]
 local left, deleted = release_one(KEYS[1], KEYS[2], ARGV[1], ARGV[1] .. '/' .. ARGV[2], undo)
 if deleted then
-    wake_next()
+    hand_over(now_ms())
 end
 return left

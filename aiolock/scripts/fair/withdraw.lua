@@ -5,17 +5,34 @@
 -- KEYS[3]  the queue: owner -> ticket
 -- KEYS[4]  the queue deadlines: owner -> server time in ms
 -- KEYS[5]  the prefix of the per-client wake-up channels
--- KEYS[6]  the fencing token counter (unused here: every fair script takes the same keys)
+-- KEYS[6]  the fencing token counter (a grant from the queue takes a token)
+-- KEYS[7]  the queued tries' args: owner -> '<lease ms> <request n> <wait ms>' (see
+--          acquire.lua)
 -- ARGV[1]  owner id
+-- ARGV[2]  optional: 'fresh' when the client knows no hold of the owner on this lock
 --
--- Returns 1 if the owner was queued, else 0.  If it was next and the lock is free, the waiter
--- after it is woken.  Idempotent: withdrawing twice changes nothing.
+-- Returns 1 if the owner was queued, or held a grant from the queue its client never took,
+-- else 0.  If it was next and the lock is free, the lock is handed over to the waiter after it.
+-- With 'fresh', a grant from the queue to this owner that its client never took (':q' in the
+-- lock hash: its message came after the waiter gave up, or was lost) is taken back: the lock
+-- is deleted and handed over, as a release would.  Idempotent: withdrawing twice changes
+-- nothing.
 --@include common/_time
 --@include fair/_queue
-local was_next = redis.call('ZRANGE', KEYS[3], 0, 0)[1] == ARGV[1]
-local removed = redis.call('ZREM', KEYS[3], ARGV[1])
-redis.call('ZREM', KEYS[4], ARGV[1])
+local owner = ARGV[1]
+if ARGV[2] == 'fresh' then
+    local held = redis.call('HMGET', KEYS[1], owner, ':q')
+    if held[1] and held[2] then
+        redis.call('DEL', KEYS[1])
+        hand_over(now_ms())
+        return 1
+    end
+end
+local was_next = redis.call('ZRANGE', KEYS[3], 0, 0)[1] == owner
+local removed = redis.call('ZREM', KEYS[3], owner)
+redis.call('ZREM', KEYS[4], owner)
+redis.call('HDEL', KEYS[7], owner)
 if was_next and redis.call('EXISTS', KEYS[1]) == 0 then
-    wake_next()
+    hand_over(now_ms())
 end
 return removed

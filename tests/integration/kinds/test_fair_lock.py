@@ -1,5 +1,6 @@
-"""The fair lock's own behaviour: FIFO across clients, one named wake-up per hand-off, a queue
-that waiters leave at once when they give up, vanished waiters dropped after
+"""The fair lock's own behaviour: FIFO across clients, one named message per hand-off that
+grants the next waiter the lock with no call of its own, a queue that waiters leave at once
+when they give up (taking back a grant they never took), vanished waiters dropped after
 ``fair_wait_timeout``, live waiters never dropped, and nothing left behind."""
 
 from __future__ import annotations
@@ -16,12 +17,15 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
+from aiolock._core.base import Seam
+from aiolock._redis.pubsub import NamedEntry
 from aiolock.fair import FairKeys
 from aiolock.testing.pytest_plugin import ServerInfo
 from tests.helpers import (
     assert_clean,
     channels,
     entry_of,
+    evalsha_calls,
     eventually,
     keys_of,
     services_of,
@@ -54,7 +58,7 @@ async def queued(redis: Redis, lock: aiolock.AsyncFairLock, count: int) -> None:
 
 async def no_queue_keys(redis: Redis, lock: aiolock.AsyncFairLock) -> bool:
     keys = fair_keys(lock)
-    return int(await redis.exists(keys.queue, keys.deadlines)) == 0
+    return int(await redis.exists(keys.queue, keys.deadlines, keys.queued)) == 0
 
 
 async def publish_calls(redis: Redis) -> int:
@@ -394,6 +398,28 @@ async def test_try_lock_without_waiting_leaves_no_queue_entry(
     assert await no_queue_keys(redis, holder)
 
 
+async def test_a_caller_that_will_not_wait_is_never_granted_from_the_queue(
+    aiolock_client: aiolock.Client, make_client: Callable[..., aiolock.Client], redis: Redis
+) -> None:
+    """A refused one-shot try (``try_lock(wait=0)``, a composite's part: its try carries
+    ``once``) stays queued until its withdraw lands; a release meanwhile only wakes it, so the
+    lock is free right after.  The try is replayed here with its withdraw not yet sent."""
+    holder = aiolock_client.fair_lock("once", owner="holder")
+    await holder.lock()
+    seam = Seam(make_client().fair_lock("once", owner="once"))
+    owner, services = seam.owner()[0], seam.services
+    script, keys, args = seam.attempt_call(owner, services.owners.next_request(), 30_000)
+    assert not isinstance(await services.calls.run(script, keys, (*args, "once")), list)
+    await holder.unlock()
+    assert not await redis.exists(fair_keys(holder).lock)  # woken, not granted
+    assert await queue(redis, holder) == [owner]
+    withdraw = seam.withdraw_call(owner)
+    assert withdraw is not None
+    await services.calls.run(*withdraw)
+    assert await no_queue_keys(redis, holder)
+    assert not await redis.exists(fair_keys(holder).lock)
+
+
 async def test_a_newcomer_does_not_barge_in_ahead_of_the_queue(
     aiolock_client: aiolock.Client, make_client: Callable[..., aiolock.Client], redis: Redis
 ) -> None:
@@ -523,3 +549,216 @@ async def test_a_waiter_whose_place_was_lost_takes_one_again(
     await asyncio.wait_for(task, 10)
     await assert_clean(redis, client)
     assert await no_queue_keys(redis, holder)
+
+
+# -- the hand-off by message ------------------------------------------------------------------
+
+
+def token_of(lock: aiolock.AsyncFairLock, owner: str) -> int:
+    hold = Seam(lock).hold(owner)
+    assert hold is not None
+    return hold.token
+
+
+@pytest.mark.parametrize("lease", [2.0, None], ids=["lease", "watchdog"])
+async def test_a_release_grants_the_next_waiter_with_no_call_of_its_own(
+    aiolock_client: aiolock.Client,
+    make_client: Callable[..., aiolock.Client],
+    redis: Redis,
+    lease: float | None,
+) -> None:
+    """The release grants the head of the queue and its message carries the grant: the waiter
+    holds with no try, a newer fencing token and a lease it counts no later than the server's;
+    a nested re-entry then counts a second hold (it does not adopt its own grant)."""
+    holder = aiolock_client.fair_lock("handed", owner="holder")
+    await holder.lock()
+    previous = token_of(holder, Seam(holder).owner()[0])
+    client = make_client()
+    lock = client.fair_lock("handed")
+    holding, done = asyncio.Event(), asyncio.Event()
+
+    async def waiter() -> int:
+        await lock.lock(lease=lease)
+        holding.set()
+        await done.wait()
+        await lock.lock(lease=lease)  # nested: one more hold
+        count = await lock.hold_count()
+        await lock.unlock()
+        await lock.unlock()
+        return count
+
+    task = asyncio.create_task(waiter())
+    await queued(redis, holder, 1)
+    [owner] = await queue(redis, holder)
+    await eventually(lambda: parked_on(client, lock) == 1, what="the waiter parked")
+    calls = await evalsha_calls(redis)
+    await holder.unlock()
+    await asyncio.wait_for(holding.wait(), 5)
+    assert await evalsha_calls(redis) - calls == 1  # the release, and no try of the waiter's
+    assert token_of(lock, owner) > previous
+    hold = Seam(lock).hold(owner)
+    assert hold is not None
+    assert hold.count == 1
+    loop = asyncio.get_running_loop()
+    sent = loop.time()
+    pttl = await redis.pttl(fair_keys(lock).lock)
+    assert 0 < pttl <= (5000 if lease is None else 2000)
+    assert hold.expires_at <= sent + pttl / 1000  # the server's lease ends no sooner
+    assert lock.statistics().acquisitions == 1
+    if lease is None:
+        # Granted for the wait timeout (5 s), not the watchdog's 30 s: renewed early.
+        await eventually(
+            lambda: lock.statistics().renewals >= 1, timeout=4, what="an early renewal"
+        )
+        assert hold.expires_at > loop.time() + 10
+    done.set()
+    assert await asyncio.wait_for(task, 5) == 2
+    assert not await redis.exists(fair_keys(lock).lock)
+    for each in (aiolock_client, client):
+        await assert_clean(redis, each)
+    assert await no_queue_keys(redis, holder)
+
+
+@pytest.mark.parametrize("when", ["message-delivered", "release-returned"])
+async def test_a_waiter_cancelled_as_it_is_granted_leaves_the_lock_to_the_next(
+    aiolock_client: aiolock.Client,
+    make_client: Callable[..., aiolock.Client],
+    redis: Redis,
+    monkeypatch: pytest.MonkeyPatch,
+    when: str,
+) -> None:
+    """A waiter cancelled as the release grants it: right after its client handed it the
+    grant's message (its parked future done, the grant not yet recorded: certain), or in the
+    loop step the release returns (the message there already, or not yet: a grant for an
+    owner no longer waiting).  Its withdraw takes the grant back and hands the lock on."""
+    holder = aiolock_client.fair_lock("cancelled-grant", owner="holder")
+    quitter_client, next_client = make_client(), make_client()
+    quitter_lock = quitter_client.fair_lock("cancelled-grant")
+    next_lock = next_client.fair_lock("cancelled-grant", owner="next")
+    loop = asyncio.get_running_loop()
+    quitter: asyncio.Task[None] | None = None
+    delivered = 0
+    if when == "message-delivered":
+        deliver = NamedEntry.deliver
+
+        def deliver_then_cancel(entry: NamedEntry, payload: bytes) -> None:
+            nonlocal delivered
+            deliver(entry, payload)
+            if payload.startswith(b"=") and quitter is not None and not quitter.done():
+                delivered += 1
+                quitter.cancel()  # before the task resumes from its parked future
+
+        monkeypatch.setattr(NamedEntry, "deliver", deliver_then_cancel)
+    for _ in range(3):
+        await holder.lock()
+        quitter = asyncio.create_task(quitter_lock.lock())
+        await queued(redis, holder, 1)
+        follower = asyncio.create_task(next_lock.try_lock(wait=30))
+        await queued(redis, holder, 2)
+        await eventually(lambda: parked_on(quitter_client, quitter_lock) == 1, what="parked")
+        released = loop.time()
+        await holder.unlock()
+        if when == "release-returned":
+            quitter.cancel()
+        with pytest.raises(asyncio.CancelledError):  # else cancelled as its message came
+            await asyncio.wait_for(quitter, 5)
+        assert await asyncio.wait_for(follower, 5)
+        assert loop.time() - released < 1.0  # far sooner than the grant's 5 s lease
+        assert quitter_lock.statistics().held == 0
+        await next_lock.unlock()
+    assert delivered == (3 if when == "message-delivered" else 0)
+    for client in (aiolock_client, quitter_client, next_client):
+        await assert_clean(redis, client)
+    assert await no_queue_keys(redis, holder)
+
+
+async def test_a_grant_to_a_vanished_waiter_blocks_the_lock_at_most_the_wait_timeout(
+    make_client: Callable[..., aiolock.Client], redis: Redis
+) -> None:
+    """An owner queued by a client that then vanished (a try, and nothing after it) is granted
+    the lock by the release for at most ``fair_wait_timeout``, not the lease it asked for."""
+    fair_wait_timeout = 1.0
+    holder = make_client(fair_wait_timeout=fair_wait_timeout).fair_lock("ghost", owner="holder")
+    await holder.lock()
+    ghost_client = make_client(fair_wait_timeout=fair_wait_timeout)
+    ghost = Seam(ghost_client.fair_lock("ghost", owner="ghost"))
+    ghost_owner = ghost.owner()[0]
+    services = ghost.services
+    try_call = ghost.attempt_call(ghost_owner, services.owners.next_request(), 30_000)
+    assert not isinstance(await services.calls.run(*try_call), list)  # queued
+    await ghost_client.aclose()  # gone, without withdrawing
+    waiter_client = make_client(fair_wait_timeout=fair_wait_timeout)
+    waiter_lock = waiter_client.fair_lock("ghost", owner="waiter")
+    task = asyncio.create_task(waiter_lock.try_lock(wait=10))
+    await queued(redis, holder, 2)
+    loop = asyncio.get_running_loop()
+    released = loop.time()
+    await holder.unlock()
+    keys = fair_keys(holder)
+    assert await redis.hget(keys.lock, ghost_owner) == "1"  # granted to the ghost
+    assert 0 < await redis.pttl(keys.lock) <= fair_wait_timeout * 1000
+    assert await asyncio.wait_for(task, 10)
+    assert loop.time() - released < fair_wait_timeout + 0.5
+    await waiter_lock.unlock()
+    await assert_clean(redis, waiter_client)
+    assert await no_queue_keys(redis, holder)
+
+
+async def test_a_lost_grant_is_adopted_by_the_next_try_as_one_hold(
+    aiolock_client: aiolock.Client, make_client: Callable[..., aiolock.Client], redis: Redis
+) -> None:
+    """A grant whose message nobody heard (the waiter's client not subscribed) is taken by
+    the owner's next try: one hold, whose one release frees the lock."""
+    holder = aiolock_client.fair_lock("unheard", owner="holder")
+    await holder.lock()
+    client = make_client()
+    lock = client.fair_lock("unheard", owner="late")
+    seam = Seam(lock)
+    owner = seam.owner()[0]
+    services = seam.services
+    try_call = seam.attempt_call(owner, services.owners.next_request(), 30_000)
+    assert not isinstance(await services.calls.run(*try_call), list)  # queued, not subscribed
+    await holder.unlock()
+    keys = fair_keys(lock)
+    assert await redis.hget(keys.lock, owner) == "1"  # granted from the queue, unheard
+    assert await redis.hget(keys.lock, ":q") is not None
+    assert await lock.try_lock(wait=0)
+    assert await lock.hold_count() == 1
+    assert await redis.hget(keys.lock, ":q") is None
+    assert await redis.pttl(keys.lock) > 10_000  # the lease asked for (the watchdog's 30 s)
+    await lock.unlock()
+    assert not await redis.exists(keys.lock)
+    for each in (aiolock_client, client):
+        await assert_clean(redis, each)
+    assert await no_queue_keys(redis, holder)
+
+
+async def test_a_force_unlock_wakes_the_next_waiter_of_its_own_client_without_a_loss(
+    aiolock_client: aiolock.Client, redis: Redis
+) -> None:
+    """A force wakes the head rather than granting it: a grant's message could reach the
+    forcing client's own waiter before the force's reply, which takes every hold of the lock
+    in that client for lost."""
+    holder = aiolock_client.fair_lock("forced", owner="holder")
+    lock = aiolock_client.fair_lock("forced")
+    for _ in range(3):
+        await holder.lock()
+        waiter = asyncio.create_task(lock.try_lock(wait=10))
+        await queued(redis, holder, 1)
+        await eventually(lambda: parked_on(aiolock_client, lock) == 1, what="parked")
+        assert await holder.force_unlock()
+        assert await asyncio.wait_for(waiter, 5)
+        owner = await owner_of(redis, lock)
+        hold = Seam(lock).hold(owner)
+        assert hold is not None
+        assert not hold.lost
+        assert await Seam(lock).release(owner) == 0
+    await assert_clean(redis, aiolock_client)
+    assert await no_queue_keys(redis, holder)
+
+
+async def owner_of(redis: Redis, lock: aiolock.AsyncFairLock) -> str:
+    """The owner holding ``lock`` now, read from its hash."""
+    fields = await redis.hgetall(fair_keys(lock).lock)
+    [owner] = [key for key in fields if not key.startswith((":", "x:"))]
+    return str(owner)
