@@ -14,10 +14,12 @@
 -- and the hash expires with the queue.  Needs common/_time first.
 
 -- The first live waiter of the queue, dropping at most 100 vanished ones ahead of it (their
--- deadline passed, as of now): returns the owner and its deadline, or nil.
-local function live_head(now)
+-- deadline passed, as of now): returns the owner and its deadline, or nil.  head: the head of
+-- the queue, if the caller read it already.
+local function live_head(now, head)
     for _ = 1, 100 do
-        local first = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+        local first = head or redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+        head = nil
         if not first then
             return nil, nil
         end
@@ -70,8 +72,8 @@ end
 -- wait timeout: a waiter that vanished blocks the lock no longer than a vanished head does.
 -- A waiter whose try asked for no grant from the queue (lease 0: a fault path) is only woken.
 -- Vanished waiters at the head are dropped first (their deadline passed).
-local function hand_over(now)
-    local head = live_head(now)
+local function hand_over(now, first)
+    local head = live_head(now, first)
     if not head then
         return
     end
