@@ -18,7 +18,8 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
-from tests.helpers import eventually, keys_of
+from aiolock import _scripts
+from tests.helpers import eventually, keys_of, settled
 
 from .proxy import FreezableProxy
 
@@ -52,12 +53,14 @@ async def test_a_release_cancelled_in_flight_wakes_the_clients_parked_waiter(
         return acquired
 
     waiter = asyncio.create_task(wait_for_it())
-    await eventually(lambda: client.statistics().waiters == 1, what="the waiter parked")
+    # Parked for good: its SUBSCRIBE confirmed, and the one more try the confirmation brings
+    # back (that try would set ':w' again, and its reply could be the one held below).
+    await eventually(lambda: settled(client, lock), what="the waiter parked, its channel confirmed")
     # The waiter was refused by an earlier incarnation of the lock, as far as the server knows:
     # the release publishes nothing, and only its own client can wake it.
     await redis.hdel(keys_of(lock).lock, ":w")
 
-    reply = proxy.hold_next_reply(b"EVALSHA")  # the release's
+    reply = proxy.hold_next_reply(_scripts.LOCK_RELEASE.sha.encode())  # the release's
     go.set()
     await reply.arrived  # the server has applied it: the lock is gone
 
