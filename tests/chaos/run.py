@@ -88,7 +88,7 @@ class Profile:
     drain: float = 15.0
 
 
-CI = Profile(workers=4, tasks=25, durable=18.0, volatile=8.0)
+CI = Profile(workers=4, tasks=25, durable=14.0, volatile=7.0)
 # The violation kinds that are the machine's share (see main).
 MACHINE = ("wait-loop", "loss-loop", "late-loop")
 
@@ -112,8 +112,8 @@ PROFILES = {
     "long-2core": LONG_2CORE,
 }
 # The CI run on a Cluster (--cluster --profile ci): six server processes share the machine with
-# the workers, so fewer of them, and one phase of 15 s with the primary killed halfway.
-CLUSTER_CI = Profile(workers=3, tasks=20, durable=15.0, volatile=0.0)
+# the workers, so fewer of them, and one phase of 12 s with the primary killed halfway.
+CLUSTER_CI = Profile(workers=3, tasks=20, durable=12.0, volatile=0.0)
 
 
 @dataclass(frozen=True)

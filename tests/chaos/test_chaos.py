@@ -24,7 +24,7 @@ def test_chaos_ci_mode() -> None:
 
 @pytest.mark.slow
 def test_chaos_cluster_ci_mode() -> None:
-    """About 25 s: 3 workers x 20 tasks for 15 s on 3 primaries with a replica each."""
+    """About 22 s: 3 workers x 20 tasks for 12 s on 3 primaries with a replica each."""
     _chaos("--cluster")
 
 
