@@ -20,6 +20,7 @@ from tests.helpers import (
     keys_of,
     parked,
     services_of,
+    settled,
 )
 
 pytestmark = pytest.mark.anyio
@@ -90,7 +91,9 @@ async def test_one_subscription_for_many_waiters(
             acquired.append(i)
 
     waiters = [asyncio.create_task(waiter(i)) for i in range(50)]
-    await eventually(lambda: lock.statistics().waiters == 50)
+    # The SUBSCRIBE runs in the background after the first waiter parks: wait for its
+    # confirmation (and the tries it brings back), not only for the waiters to park.
+    await eventually(lambda: settled(aiolock_client, lock, 50), what="50 waiters settled")
     numsub = dict(await redis.pubsub_numsub(keys_of(lock).channel))
     assert numsub[keys_of(lock).channel] == 1
     assert await channels(redis, aiolock_client) == [keys_of(lock).channel]
