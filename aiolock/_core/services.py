@@ -19,6 +19,7 @@ from redis.asyncio.cluster import ClusterNode
 from .._redis.calls import Calls
 from .._redis.cluster import ClusterCalls
 from .._redis.pubsub import PubSub
+from .._redis.redispy import retry_policy
 from .holds import Holds
 from .metrics import Metrics, Tracing
 from .owners import Owners
@@ -126,9 +127,8 @@ def resend_window(redis: Redis | RedisCluster) -> float:
     timeout, connect = conn.socket_timeout, conn.socket_connect_timeout or conn.socket_timeout
     if timeout is None or connect is None:
         return _UNBOUNDED_WINDOW
-    retry = conn.retry
-    retries = max(0, int(retry.get_retries())) if retry is not None else 0
-    backoff = getattr(retry, "_backoff", None)
-    pause = max(getattr(backoff, "_cap", 0) or 0, getattr(backoff, "_backoff", 0) or 0)
+    retries, pause = retry_policy(conn.retry) if conn.retry is not None else (0, 0.0)
+    if retries < 0:  # retries without end: nothing bounds a copy's arrival
+        return _UNBOUNDED_WINDOW
     window = (retries + 1) * (float(timeout) + float(connect)) + retries * float(pause)
     return window if math.isfinite(window) and window > _WINDOW_FLOOR else _WINDOW_FLOOR

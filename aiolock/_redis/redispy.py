@@ -14,16 +14,22 @@ Cluster client routes by (``redis._parsers.commands.AsyncCommandsParser``: the s
 
 The check for a dirty idle connection is public but renamed: ``can_read_destructive`` up to
 redis-py 7, ``can_read`` from 8.0 (where the old name still works, with a deprecation warning).
+
+The resend window (``aiolock._core.services.resend_window``) reads the client's retry policy:
+``Retry.get_retries()`` is public from redis-py 5.1 (5.0 keeps the count in ``_retries`` only),
+and no version exposes a backoff's longest pause (``_cap`` of the exponential backoffs,
+``_backoff`` of the constant one).
 """
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 from redis._parsers.commands import AsyncCommandsParser
 from redis.asyncio.connection import AbstractConnection
 
-__all__ = ["AsyncCommandsParser", "commands_parser", "has_data", "stream_writer"]
+__all__ = ["AsyncCommandsParser", "commands_parser", "has_data", "retry_policy", "stream_writer"]
 
 
 def stream_writer(conn: AbstractConnection) -> asyncio.StreamWriter | None:
@@ -40,6 +46,18 @@ async def has_data(conn: AbstractConnection) -> bool:
         check = conn.can_read_destructive
     result: bool = await check()
     return result
+
+
+def retry_policy(retry: Any) -> tuple[int, float]:
+    """A redis-py ``Retry``'s number of retries (``-1``: without end) and the longest pause (s)
+    its backoff makes between two attempts (``0.0`` for a backoff this does not know)."""
+    count = getattr(retry, "get_retries", None)
+    retries = int(count() if count is not None else getattr(retry, "_retries", 0))  # 5.0
+    backoff = getattr(retry, "_backoff", None)
+    pause = getattr(backoff, "_cap", None)
+    if pause is None:  # ConstantBackoff and NoBackoff keep their one pause as _backoff
+        pause = getattr(backoff, "_backoff", 0.0)
+    return retries, float(pause or 0.0)
 
 
 def commands_parser() -> AsyncCommandsParser:

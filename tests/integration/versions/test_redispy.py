@@ -100,3 +100,42 @@ async def test_the_commands_parser_finds_the_keys_of_a_command(aiolock_server: S
         assert list(keys or ()) == ["members"], f"redis-py {redis.__version__}: keys {keys!r}"
         moving = await parser.get_keys("ZUNIONSTORE", "out", 2, "a", "b")
         assert sorted(moving or ()) == ["a", "b", "out"], f"redis-py {redis.__version__}"
+
+
+async def test_the_retry_policy_is_read_from_every_backoff() -> None:
+    """The resend window bounds a late copy by the client's retry policy (retries, pauses)."""
+    from redis.asyncio.retry import Retry
+    from redis.backoff import ConstantBackoff, ExponentialBackoff, NoBackoff
+
+    from aiolock._redis.redispy import retry_policy
+
+    version = f"redis-py {redis.__version__}"
+    assert retry_policy(Retry(ExponentialBackoff(cap=2.5, base=0.1), 4)) == (4, 2.5), version
+    assert retry_policy(Retry(ConstantBackoff(0.3), 2)) == (2, 0.3), version
+    assert retry_policy(Retry(NoBackoff(), 0)) == (0, 0.0), version
+    assert retry_policy(Retry(NoBackoff(), -1)) == (-1, 0.0), version
+
+
+async def test_the_resend_window_follows_the_clients_retry_policy(
+    aiolock_server: ServerInfo,
+) -> None:
+    """Two attempts of 1 s socket + 0.5 s connect, a 0.75 s pause: 3.75 s; without end: 60 s."""
+    from redis.asyncio import Redis
+    from redis.asyncio.retry import Retry
+    from redis.backoff import ConstantBackoff
+
+    from aiolock._core.services import resend_window
+
+    def client(retries: int) -> Redis:
+        return Redis.from_url(
+            aiolock_server.url, socket_timeout=1.0, socket_connect_timeout=0.5,
+            retry=Retry(ConstantBackoff(0.75), retries),
+        )  # fmt: skip
+
+    bounded, endless = client(1), client(-1)
+    try:
+        assert resend_window(bounded) == pytest.approx(3.75), f"redis-py {redis.__version__}"
+        assert resend_window(endless) == 60.0, f"redis-py {redis.__version__}"
+    finally:
+        await bounded.aclose()
+        await endless.aclose()
