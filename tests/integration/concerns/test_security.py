@@ -23,7 +23,7 @@ from redis.exceptions import AuthenticationError, NoPermissionError, RedisError
 
 import aiolock
 from aiolock.testing.embedded import EmbeddedServer, free_port, redis_server_binary
-from tests.helpers import keys_of
+from tests.helpers import eventually, keys_of, settled
 
 pytestmark = pytest.mark.anyio
 
@@ -151,17 +151,19 @@ def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsServer]:
 async def test_locks_work_over_tls_as_the_minimal_acl_user(tls_server: TlsServer) -> None:
     admin = tls_server.admin()
     await admin.script_flush()  # so the EVAL fallback (NOSCRIPT) runs too
-    async with tls_server.client(watchdog_timeout=0.3) as client:
+    # A lease of 1 s, renewed every third of it: a renewal late by half a second under load
+    # (a TLS handshake costs CPU) still comes in time.
+    async with tls_server.client(watchdog_timeout=1.0) as client:
         lock = client.lock("orders:42")
         async with lock.acquire(wait=1) as guard:
             assert await lock.is_locked()
             assert await lock.is_held()
             assert await lock.hold_count() == 1
             assert (await lock.remaining_lease() or 0) > 0
-            waiter = asyncio.create_task(client.lock("orders:42").try_lock(wait=5, lease=1))
-            await asyncio.sleep(0.5)  # the watchdog renews; the waiter subscribes
+            waiter = asyncio.create_task(client.lock("orders:42").try_lock(wait=10, lease=1))
+            await eventually(lambda: settled(client, lock), what="the waiter subscribed")
+            await eventually(lambda: lock.statistics().renewals > 0, what="a renewal")
             assert not waiter.done()
-        assert lock.statistics().renewals > 0
         assert not guard.lost
         assert await waiter  # woken through pub/sub over TLS
         assert await client.lock("orders:42").force_unlock()

@@ -184,7 +184,8 @@ async def test_waiters_survive_a_killed_pubsub_connection(
     await ready.wait()
     waiter = asyncio.create_task(acquire_and_release())
     await eventually(lambda: aiolock_client.statistics().subscriptions == 1)
-    await eventually(lambda: entry_of(aiolock_client, lock).parked == 1)
+    # Settled: the server confirmed the SUBSCRIBE, so it counts the connection as pub/sub.
+    await eventually(lambda: settled(aiolock_client, lock))
     reconnects = services_of(aiolock_client).pubsub.statistics().reconnects
     assert await redis.client_kill_filter(_type="pubsub") >= 1
     await eventually(
