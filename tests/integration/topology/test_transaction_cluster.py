@@ -77,8 +77,14 @@ async def test_a_key_outside_the_locks_slot_is_refused_before_any_io(
 ) -> None:
     client = clients()
     tag = lock_of(client, kind, "group").hash_tag
-    inside, outside = f"{client.key_prefix}-m:{tag}", f"{client.key_prefix}-elsewhere"
-    assert key_slot(outside.encode()) != key_slot(tag.encode())
+    inside = f"{client.key_prefix}-m:{tag}"
+    # The prefix is random: one name in 16,384 would share the lock's slot, so take the first
+    # that does not.
+    outside = next(
+        key
+        for key in (f"{client.key_prefix}-elsewhere-{i}" for i in range(100))
+        if key_slot(key.encode()) != key_slot(tag.encode())
+    )
     async with held(client, kind, "group") as guard:
         async with guard.transaction() as tx:  # loads nothing more: the Cluster's own table
             tx.sadd(inside, "first")
