@@ -4,9 +4,11 @@ A fair lock's release may grant the lock to a waiter itself (``fair/_queue.lua``
 hears of it by a message that names the server time of the grant, and must count the lease
 from a moment no later than the grant's on its own clock, whatever the message's delay.  A
 call sent at loop time ``t0`` whose script read the server's clock as ``S`` (ms) and whose
-reply came at ``t1`` says that ``S`` happened within ``[t0, t1]``: so every server moment
-``S'`` happened no earlier than ``t0 + (S' - S) / 1000``, up to the rate at which the two
-clocks drift apart, which the bound pays for by ageing (:data:`DRIFT`).
+reply came at ``t1`` says that ``S`` happened within ``[t0, t1]``.  Scripts read the clock in
+whole milliseconds, rounded down: the moment read as ``S`` fell before ``S + 1`` and the one
+read as ``S'`` at or after ``S'``.  So every server moment ``S'`` happened no earlier than
+``t0 + (S' - S - 1) / 1000``, up to the rate at which the two clocks drift apart, which the
+bound pays for by ageing (:data:`DRIFT`).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ a sample's bound is aged: NTP keeps real clocks two orders of magnitude closer."
 class ServerClock:
     """The latest sample of one server's clock against the loop's (see the module docstring).
 
-    Invariant: ``offset`` is ``None`` (no sample yet) or ``t0 - S / 1000`` of the latest
+    Invariant: ``offset`` is ``None`` (no sample yet) or ``t0 - (S + 1) / 1000`` of the latest
     sample, taken at loop time ``at``; a later sample replaces it, so that a server the name
     moved to (a Cluster slot migrated) counts from its own clock after one call.
     """
@@ -40,7 +42,7 @@ class ServerClock:
 
     def sample(self, sent_at: float, server_ms: int) -> None:
         """A call written at loop time ``sent_at`` read the server's clock as ``server_ms``."""
-        self._offset = sent_at - server_ms / 1000
+        self._offset = sent_at - (server_ms + 1) / 1000  # read rounded down: before S + 1
         self._at = sent_at
 
     def lower_bound(self, server_ms: int, now: float) -> float | None:

@@ -308,11 +308,12 @@ def test_the_server_clock_maps_server_time_to_an_earlier_loop_time() -> None:
     clock = ServerClock()
     assert clock.lower_bound(5_000, now=10.0) is None  # no sample: no bound
     clock.sample(sent_at=10.0, server_ms=1_000)  # the server read 1.000 s at loop time >= 10
-    assert clock.lower_bound(1_500, now=10.0) == pytest.approx(10.5)
+    # Read in whole ms, rounded down: 1.000 may have been 1.000999, and 1.500 exactly.
+    assert clock.lower_bound(1_500, now=10.0) == pytest.approx(10.499)
     # Aged for clock drift: a second later, the bound is a millisecond earlier.
-    assert clock.lower_bound(1_500, now=11.0) == pytest.approx(10.5 - DRIFT)
+    assert clock.lower_bound(1_500, now=11.0) == pytest.approx(10.499 - DRIFT)
     clock.sample(sent_at=20.0, server_ms=9_000)  # the latest sample replaces it
-    assert clock.lower_bound(9_000, now=20.0) == pytest.approx(20.0)
+    assert clock.lower_bound(9_000, now=20.0) == pytest.approx(19.999)
 
 
 # -- Backoff: the spin lock's full-jitter sleeps ------------------------------------------------
