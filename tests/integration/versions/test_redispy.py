@@ -116,10 +116,9 @@ async def test_the_retry_policy_is_read_from_every_backoff() -> None:
     assert retry_policy(Retry(NoBackoff(), -1)) == (-1, 0.0), version
 
 
-async def test_the_resend_window_follows_the_clients_retry_policy(
-    aiolock_server: ServerInfo,
-) -> None:
-    """Two attempts of 1 s socket + 0.5 s connect, a 0.75 s pause: 3.75 s; without end: 60 s."""
+async def test_the_resend_window_follows_the_clients_retry_policy() -> None:
+    """Two attempts of 1 s socket + 0.5 s connect, a 0.75 s pause: 3.75 s; without end: 60 s.
+    The window is read from the client's settings: the clients never connect."""
     from redis.asyncio import Redis
     from redis.asyncio.retry import Retry
     from redis.backoff import ConstantBackoff
@@ -127,8 +126,8 @@ async def test_the_resend_window_follows_the_clients_retry_policy(
     from aiolock._core.services import resend_window
 
     def client(retries: int) -> Redis:
-        return Redis.from_url(
-            aiolock_server.url, socket_timeout=1.0, socket_connect_timeout=0.5,
+        return Redis(
+            port=1, socket_timeout=1.0, socket_connect_timeout=0.5,
             retry=Retry(ConstantBackoff(0.75), retries),
         )  # fmt: skip
 
