@@ -121,7 +121,7 @@ class AsyncSemaphore:
         seam = self._seam
         services = seam.services.check_open()
         taking = self._take_as(services, wait, lease)
-        if services.tracing is None:
+        if services.tracing is None or not services.tracing.recording():
             return await taking
         return await services.tracing.acquire(
             taking,

@@ -249,10 +249,10 @@ class HoldKind(Guarded[int]):
         self, work: Coroutine[Any, Any, _T], granted: Callable[[_T], bool]
     ) -> Coroutine[Any, Any, _T]:
         """``work``, one acquire call of the calling owner, in an ``aiolock.acquire`` span
-        when the client traces (``granted(result)``: whether it holds the lock); else
-        ``work`` itself, at no cost."""
+        when the client traces and a tracer provider may record (``granted(result)``: whether
+        it holds the lock); else ``work`` itself, at no cost."""
         tracing = self._services.tracing
-        if tracing is None:
+        if tracing is None or not tracing.recording():
             return work
 
         def hold_of(result: _T) -> Hold | None:

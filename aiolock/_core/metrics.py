@@ -28,7 +28,9 @@ cannot disagree.
 ``aiolock.outcome`` (``granted``, ``timeout``, ``cancelled`` or ``error``), ``aiolock.wait``
 (seconds the call took) and ``aiolock.reentrant`` (a granted call re-entered a hold the owner
 had), and ``aiolock.name`` only for a client made with ``trace_names=True`` (names are
-unbounded: a tracing backend may index attributes).  When a hold is lost, an event
+unbounded: a tracing backend may index attributes).  While no provider that may record is
+set (the API alone, or a no-op provider) an acquire makes no span at all: its context
+manager costs the caller some 15 µs even when nothing records.  When a hold is lost, an event
 ``aiolock.lost`` goes on the span current then if it is recording (the holder's own code
 found the loss: a transaction, a release), else on the span that was current when the hold
 was granted (the holder's operation, while it lasts): a timer or the watchdog finds most
@@ -165,11 +167,22 @@ def metrics() -> Metrics | None:
 class Tracing:
     """A client's spans (see the module docstring); ``names``: its ``trace_names`` option."""
 
-    __slots__ = ("_names", "_tracer")
+    __slots__ = ("_names", "_provider", "_silent", "_tracer")
 
     def __init__(self, tracer: Tracer, names: bool) -> None:
+        from opentelemetry import trace
+
         self._tracer = tracer
         self._names = names
+        self._provider = trace.get_tracer_provider
+        self._silent = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
+
+    def recording(self) -> bool:
+        """Whether a tracer provider is set that may record (the API alone, or a no-op
+        provider, hands out spans that record nothing): only then is an acquire worth a span,
+        which costs some 15 µs of the caller's CPU even unrecorded.  Asked per call, so that
+        a provider set after the client was made is used."""
+        return not isinstance(self._provider(), self._silent)
 
     async def acquire(
         self,
