@@ -740,7 +740,6 @@ class Worker:
         self.current: dict[int, Attempt] = {}  # each task's attempt in progress
         self.stopping = asyncio.Event()
         prefix, watchdog = config.key_prefix, config.watchdog_timeout
-        shape = {"cluster": config.cluster, "sync_replicas": config.sync_replicas}
         # redis-py 8's Redis.from_url makes connections that never resend (Retry with 0
         # retries, unlike the Redis() constructor's 10): the steady and twitchy clients ask for
         # resends explicitly, so that the scripts' idempotence per request id is exercised.
@@ -750,7 +749,8 @@ class Worker:
                 key_prefix=prefix,
                 watchdog_timeout=watchdog,
                 retry=_resends(),
-                **shape,
+                cluster=config.cluster,
+                sync_replicas=config.sync_replicas,
             ),
             "twitchy": aiolock.Client.from_url(
                 config.url,
@@ -759,7 +759,8 @@ class Worker:
                 socket_timeout=config.twitchy_timeout,
                 socket_connect_timeout=config.twitchy_timeout,
                 retry=_resends(),
-                **shape,
+                cluster=config.cluster,
+                sync_replicas=config.sync_replicas,
             ),
             # No resends: a reply cut off after the script ran (the cut-request fault) reaches
             # the library as an unknown outcome, which it must settle, not as a resend.
@@ -768,7 +769,8 @@ class Worker:
                 key_prefix=prefix,
                 watchdog_timeout=watchdog,
                 retry=Retry(NoBackoff(), 0),
-                **shape,
+                cluster=config.cluster,
+                sync_replicas=config.sync_replicas,
             ),
         }
         # A RedLock's servers for each client: the client, then clients sharing its connections
