@@ -22,7 +22,7 @@ from . import _scripts
 from ._core.base import Call, HoldKind, LockStatistics, Seam, release_args
 from ._core.guard import LockGuard
 from ._core.holds import Hold
-from ._core.keys import hash_tag
+from ._core.keys import hash_tag, marks_of
 from ._core.owners import current_task
 from ._core.services import Services
 from ._core.validate import check_lease, check_wait
@@ -50,7 +50,7 @@ class _Permits(HoldKind):
     def _attempt(self, owner: str, request: int, lease_ms: int) -> Call:
         return (
             _scripts.SEMAPHORE_ACQUIRE,
-            (self._keys.lock, self._keys.meta),
+            (self._keys.lock, self._marks),
             (lease_ms, owner, request, self.limit),
         )
 
@@ -58,7 +58,7 @@ class _Permits(HoldKind):
         keys = self._keys
         return (
             _scripts.SEMAPHORE_RELEASE,
-            (keys.lock, keys.meta, keys.channel),
+            (keys.lock, self._marks, keys.channel),
             release_args(owner, request, undo),
         )
 
@@ -67,9 +67,14 @@ class _Permits(HoldKind):
         return _scripts.SEMAPHORE_TRANSACT, (self._keys.lock,), (hold.owner, 0)
 
     def _void_call(self, owner: str, requests: list[int]) -> Call:
-        # The marks live with the permits (the meta key is unused).
         window = self._services.resend_window_ms
-        return (_scripts.SEMAPHORE_VOID, (self._keys.lock,), (owner, window, *requests))
+        return (_scripts.SEMAPHORE_VOID, (self._marks,), (owner, window, *requests))
+
+    @property
+    def _marks(self) -> str:
+        """The void marks' key (written after a fault only, for the resend window: see
+        ``scripts/semaphore/_permits.lua``), in the permits' slot."""
+        return marks_of(self._keys)
 
     def _channels(self) -> tuple[str, ...]:
         return (self._keys.channel,)

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from redis.crc import key_slot
 
-__all__ = ["LockKeys", "channel_of", "fence_of", "hash_tag", "slot_tag"]
+__all__ = ["LockKeys", "channel_of", "fence_of", "hash_tag", "marks_of", "slot_tag"]
 
 # Percent-encoding the three characters below keeps the tag free of braces (so Redis Cluster
 # hashes exactly the tag) and keeps the mapping injective (so two names never share keys).
@@ -17,6 +17,13 @@ _ESCAPES = str.maketrans({"%": "%25", "{": "%7B", "}": "%7D"})
 def channel_of(lock_key: str) -> str:
     """The channel where releases of the lock at ``lock_key`` are published."""
     return f"{lock_key}:released"
+
+
+def marks_of(keys: LockKeys) -> str:
+    """A semaphore's void marks (a sorted set, in the permits' slot): written after a fault
+    only, and kept for the client's resend window, apart from the permits, whose set lives as
+    long as the longest lease granted."""
+    return f"{keys.lock}:marks"
 
 
 def fence_of(prefix: str, lock_key: str | None = None) -> str:

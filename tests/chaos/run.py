@@ -338,8 +338,9 @@ async def leftovers_on(
     seconds for in-flight expiries.  Only markers written after a fault, for a resend window,
     may stay: a meta hash of per-request marks alone (``<owner>/<n>`` -> the server time until
     which it is kept, at most ``MARKER_WINDOW_MS`` from now, the hash living no longer than its
-    last mark), a sorted set holding no live lease (void marks, with negative scores, keep it
-    alive for the window; the next call drops them and the leases that ended); and the fencing
+    last mark), a semaphore's set of the same marks (``<prefix>:semaphore:{name}:marks``), a
+    sorted set holding no live lease (void marks of earlier versions, with negative scores,
+    kept it alive; the next call drops them and the leases that ended); and the fencing
     counters (one per key prefix: the RedLocks' servers have their own; on a Cluster one per
     slot and prefix).  Anything else is left behind: a lock hash of any kind, a meta hash with
     any other field (a marker of a fault-free call) or kept past its marks, a fair lock's queue
@@ -381,6 +382,15 @@ async def leftovers_on(
                 bad = _bad_marks(await redis.hgetall(key), now, pttl)
                 if bad:
                     found.append(f"meta hash left behind: {key!r} (pttl {pttl} ms, {bad})")
+                continue
+            if key.startswith(f"{PREFIX}:semaphore:".encode()) and key.endswith(b":marks"):
+                # A semaphore's void marks: request -> until when (server ms), like a meta hash.
+                seconds, micros = await redis.time()
+                now = seconds * 1000 + micros // 1000
+                marks = dict(await redis.zrange(key, 0, -1, withscores=True))
+                bad = _bad_marks({m: int(s) for m, s in marks.items()}, now, pttl)
+                if bad:
+                    found.append(f"semaphore marks left behind: {key!r} (pttl {pttl} ms, {bad})")
                 continue
             if key.startswith(f"{PREFIX}:fair:".encode()) and key.endswith((b":q", b":qd")):
                 waiters: list[Any] = await redis.zrange(key, 0, -1, withscores=True)

@@ -38,6 +38,34 @@ async def test_a_permits_set_with_no_live_lease_is_not_left_behind(
         await redis.delete(key)
 
 
+async def test_a_semaphores_marks_stay_only_for_a_window(
+    aiolock_server: ServerInfo, redis: Redis
+) -> None:
+    """A semaphore's void marks (request -> until when) may stay for a resend window, as a
+    meta hash's; a mark kept for a lease, or a set kept past its last mark, is a leftover."""
+    server = aiolock_server.server
+    if server is None:
+        pytest.skip("reads every key of the embedded server")
+    key = f"{PREFIX}:semaphore:{{leftover-marks}}:marks"
+    seconds, micros = await redis.time()
+    now = seconds * 1000 + micros // 1000
+    try:
+        await redis.zadd(key, {"permit/7": now + 5_000})
+        await redis.pexpire(key, 5_000)
+        assert await leftovers_on(server, {}, grace=0) == []
+        for member, until, ttl in [
+            ("permit/9", now + 600_000, 600_000),
+            ("permit/7", now + 5_000, 600_000),
+        ]:
+            await redis.delete(key)
+            await redis.zadd(key, {member: until})
+            await redis.pexpire(key, ttl)
+            [found] = await leftovers_on(server, {}, grace=0)
+            assert "semaphore marks left behind" in found, found
+    finally:
+        await redis.delete(key)
+
+
 async def test_a_meta_hash_stays_only_with_resend_marks_for_a_window(
     aiolock_server: ServerInfo, redis: Redis
 ) -> None:

@@ -2,14 +2,18 @@
 -- (not run alone).
 --
 -- KEYS[1] is a sorted set: permit id -> the server time in ms at which its lease ends.  A
--- permit past its lease is no longer held: it is dropped by the next call that looks.  It
--- also keeps void marks, '<permit id>/<request>' -> minus the server time until which that
--- acquire request must grant nothing (a late copy of it may still arrive: it was resent, or
--- undone before it was applied); a negative score, so that marks never count as permits.
--- Marks are written on those fault paths only, for the client's resend window; the set goes
--- with its last permit and its last mark.
+-- permit past its lease is no longer held: it is dropped by the next call that looks; the set
+-- goes with its last permit.  The void marks live in a sorted set of their own (the marks key,
+-- passed by the scripts that read or write them): '<permit id>/<request>' -> the server time
+-- until which that acquire request must grant nothing (a late copy of it may still arrive: it
+-- was resent, or undone before it was applied).  Marks are written on those fault paths only,
+-- and their key lives for the client's resend window: kept in the permits set, they lived as
+-- long as the longest lease granted since (ten minutes for lease=600), after every permit was
+-- gone.  Earlier versions kept them in the permits set with negative scores: drop_expired
+-- still drops those past their time.
 
--- Drop the permits whose lease ended and the marks past their time; returns the time used.
+-- Drop the permits whose lease ended (and marks of earlier versions past their time);
+-- returns the time used.
 local function drop_expired()
     local now = now_ms()
     redis.call('ZREMRANGEBYSCORE', KEYS[1], '(' .. -now, now)
@@ -21,8 +25,10 @@ local function held()
     return redis.call('ZCOUNT', KEYS[1], '(0', '+inf')
 end
 
--- Mark acquire request (permit id/request id) as one that must never grant, for ms.
-local function void_permit_request(request, now, ms)
-    redis.call('ZADD', KEYS[1], -(now + ms), request)
-    keep(KEYS[1], ms)
+-- Mark acquire request (permit id/request id) as one that must never grant, for ms, in the
+-- marks key; marks past their time are dropped here, where marks are added (after faults).
+local function void_permit_request(marks, request, now, ms)
+    redis.call('ZREMRANGEBYSCORE', marks, '-inf', now)
+    redis.call('ZADD', marks, now + ms, request)
+    keep(marks, ms)
 end

@@ -1,7 +1,8 @@
 -- Take a permit of a semaphore, if fewer than the caller's limit are held.
 --
--- KEYS[1]  the permits: permit id -> lease end (server time, ms); void marks (see _permits)
--- KEYS[2]  unused (the list of the last releases of earlier versions)
+-- KEYS[1]  the permits: permit id -> lease end (server time, ms) (see _permits)
+-- KEYS[2]  the void marks: '<permit id>/<request>' -> until when (see _permits); it exists
+--          only for a resend window after a fault
 -- ARGV[1]  lease in milliseconds
 -- ARGV[2]  the permit id (unique per acquisition; the owner of the permit)
 -- ARGV[3]  request id (the permit id makes the call idempotent; a void mark names both)
@@ -35,7 +36,7 @@ local function attempt()
         end
         return {0, 1, ends - now}
     end
-    if redis.call('ZSCORE', KEYS[1], ARGV[2] .. '/' .. ARGV[3]) then
+    if redis.call('ZSCORE', KEYS[2], ARGV[2] .. '/' .. ARGV[3]) then
         return 1  -- a late copy of an acquisition that was undone or voided
     end
     if held() < limit then
@@ -49,6 +50,6 @@ end
 
 local reply = attempt()
 if ARGV[5] then  -- a resend: its first copy may still arrive
-    void_permit_request(ARGV[2] .. '/' .. ARGV[3], now, resend_ms(ARGV[5]))
+    void_permit_request(KEYS[2], ARGV[2] .. '/' .. ARGV[3], now, resend_ms(ARGV[5]))
 end
 return reply

@@ -1,6 +1,6 @@
 -- How many permits of a semaphore are held now.
 --
--- KEYS[1]  the permits: permit id -> lease end (server time, ms); void marks (see _permits)
+-- KEYS[1]  the permits: permit id -> lease end (server time, ms) (see _permits)
 --
 -- Returns the number of permits whose lease has not ended (dropping those that have).
 --@include common/_time

@@ -1,7 +1,7 @@
 -- Give a permit back, and wake one waiter.
 --
--- KEYS[1]  the permits: permit id -> lease end (server time, ms); void marks (see _permits)
--- KEYS[2]  unused (the list of the last releases of earlier versions)
+-- KEYS[1]  the permits: permit id -> lease end (server time, ms) (see _permits)
+-- KEYS[2]  the void marks (see _permits): an undo that finds its acquire not applied marks it
 -- KEYS[3]  the semaphore's channel
 -- ARGV[1]  the permit id
 -- ARGV[2]  request id, unique per call; a resent call carries the same id
@@ -25,6 +25,6 @@ if ends then
 end
 if ARGV[3] then
     -- That acquire was not applied (or its lease ended): a late copy of it must not grant.
-    void_permit_request(ARGV[1] .. '/' .. ARGV[3], now, resend_ms(ARGV[4]))
+    void_permit_request(KEYS[2], ARGV[1] .. '/' .. ARGV[3], now, resend_ms(ARGV[4]))
 end
 return nil

@@ -3,19 +3,19 @@
 -- that copy can still arrive after the permit was released (or, for a try that was refused,
 -- once a permit is free).  From then on a copy of any of these requests grants nothing.
 --
--- KEYS[1]  the permits: permit id -> lease end (server time, ms); void marks (see _permits)
+-- KEYS[1]  the void marks: '<permit id>/<request>' -> until when (see _permits)
 -- ARGV[1]  the permit id
 -- ARGV[2]  the client's resend window in ms: how long the marks live
 -- ARGV[3..] the acquire request ids to void
 --
--- Returns how many were voided.  Each mark lives the window; they are dropped past their time
--- by the next call that looks, and the key lives at least as long as its marks.
+-- Returns how many were voided.  Each mark lives the window; marks past their time are dropped
+-- when marks are added, and the key lives as long as its latest mark.
 --@include common/_time
 --@include common/_requests
 --@include semaphore/_permits
-local now = drop_expired()
+local now = now_ms()
 local ms = resend_ms(ARGV[2])
 for i = 3, #ARGV do
-    void_permit_request(ARGV[1] .. '/' .. ARGV[i], now, ms)
+    void_permit_request(KEYS[1], ARGV[1] .. '/' .. ARGV[i], now, ms)
 end
 return #ARGV - 2

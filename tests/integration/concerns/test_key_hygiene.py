@@ -23,10 +23,11 @@ from redis.exceptions import ResponseError
 
 import aiolock
 from aiolock._core.base import Seam
+from aiolock._core.keys import marks_of
 from aiolock.semaphore import seam_of
 from aiolock.testing.embedded import EmbeddedServer
 from aiolock.testing.pytest_plugin import ServerInfo
-from tests.helpers import evalsha_calls, eventually, keys_of, services_of, stall_server, use_once
+from tests.helpers import evalsha_calls, eventually, services_of, stall_server, use_once
 
 pytestmark = pytest.mark.anyio
 
@@ -82,13 +83,29 @@ async def test_every_kind_leaves_no_key_per_name(
     await eventually(only_the_counter, timeout=2.0, what=f"no {kind} key per name left")
 
 
+def _long_hold(client: aiolock.Client, kind: str) -> Any:
+    """An acquire of ``kind`` (``acquire(wait=..., lease=...)``, every kind has it)."""
+    makers: dict[str, Callable[[], Any]] = {
+        "lock": lambda: client.lock("long-hold"),
+        "fair": lambda: client.fair_lock("long-hold"),
+        "spin": lambda: client.spin_lock("long-hold"),
+        "read": lambda: client.rw_lock("long-hold").read_lock(),
+        "write": lambda: client.rw_lock("long-hold").write_lock(),
+        "semaphore": lambda: client.semaphore("long-hold", 2),
+    }
+    return makers[kind]()
+
+
+@pytest.mark.parametrize("kind", ["lock", "fair", "spin", "read", "write", "semaphore"])
 async def test_a_long_hold_released_after_a_resend_leaves_nothing_after_the_window(
-    aiolock_server: ServerInfo, aiolock_client: aiolock.Client, redis: Redis
+    aiolock_server: ServerInfo, aiolock_client: aiolock.Client, redis: Redis, kind: str
 ) -> None:
     """A ``lease=600`` acquire that redis-py resent (the server stalled past a short socket
     timeout) voids its request, and the client voids it again before the release: the
     marker lives for the client's resend window (from its retry policy: here the two-second
-    floor), not for the ten minutes of the lease, and then nothing is left."""
+    floor), not for the ten minutes of the lease, and then nothing is left.  (A semaphore kept
+    its marks in its permits set, which lives as long as the longest lease granted: ten
+    minutes.)"""
     address = urlsplit(aiolock_server.url)
     flaky = Redis(
         host=address.hostname or "127.0.0.1",
@@ -98,35 +115,39 @@ async def test_a_long_hold_released_after_a_resend_leaves_nothing_after_the_wind
         retry=Retry(ConstantBackoff(0.01), 20),
     )
     client = aiolock.Client(flaky, key_prefix=aiolock_client.key_prefix)
+    prefix = client.key_prefix
     window = services_of(client).resend_window_ms
     assert window == 2_300  # 21 attempts x (0.05 + 0.05) s + 20 pauses of 0.01 s
-    lock = client.lock("long-hold")
-    meta = keys_of(lock).meta
+    lock = _long_hold(client, kind)
+
+    async def left() -> dict[str, int]:
+        """Each key of the run but the fencing counter, with its PTTL."""
+        keys = [key for key in await keys_under(redis, prefix) if key != f"{prefix}:fence"]
+        return {key: await redis.pttl(key) for key in keys}
+
     try:
         await redis.execute_command("DEBUG", "SLEEP", 0)
     except ResponseError:
         pytest.skip("this server does not allow DEBUG (enable-debug-command)")
     try:
-        await lock.lock(lease=600)  # warm up: scripts loaded, connection open
-        await lock.unlock()
-        assert not await redis.exists(meta)  # a fault-free cycle marks nothing
+        async with lock.acquire(wait=5, lease=600):  # warm up: scripts loaded, connection open
+            pass
+        assert await left() == {}  # a fault-free cycle marks nothing
         before = await evalsha_calls(redis)
         started = asyncio.Event()
         stall = asyncio.create_task(stall_server(aiolock_server.url, 0.3, started))
         await started.wait()
-        await lock.lock(lease=600)
-        await stall
-        assert await evalsha_calls(redis) - before >= 2, "redis-py did not resend"
-        assert 0 < await redis.pttl(meta) <= window  # the resend's own mark: for the window
-        await lock.unlock()
-        assert not await redis.exists(keys_of(lock).lock)
-        assert 0 < await redis.pttl(meta) <= window  # voided again at the release
-        assert await redis.hlen(meta) == 1  # the one resent request, nothing else
+        async with lock.acquire(wait=5, lease=600):
+            await stall
+            assert await evalsha_calls(redis) - before >= 2, "redis-py did not resend"
+        marks = await left()
+        assert marks, "the resend left no mark"
+        assert all(0 < pttl <= window for pttl in marks.values()), marks  # for the window
 
         async def only_the_counter() -> bool:
-            return await keys_under(redis, client.key_prefix) == [f"{client.key_prefix}:fence"]
+            return await left() == {}
 
-        await eventually(only_the_counter, timeout=window / 1000 + 2, what="the mark expired")
+        await eventually(only_the_counter, timeout=window / 1000 + 2, what="the marks expired")
     finally:
         await client.aclose()
         await flaky.aclose()
@@ -192,7 +213,7 @@ async def test_an_undo_marks_for_the_resend_window_only(
         if kind == "semaphore":
             seam = seam_of(client.semaphore(name, 1))  # its permits lock's
             owner = "undone-permit"
-            marked = seam.keys.lock  # the marks live with the permits
+            marked = marks_of(seam.keys)  # apart from the permits: theirs lives for a lease
         else:
             lock: Any = {
                 "lock": client.lock,

@@ -458,20 +458,34 @@ async def test_a_late_copy_of_a_permit_acquire_grants_nothing(
 async def test_permit_marks_past_their_time_are_dropped(
     aiolock_client: aiolock.Client, redis: Redis
 ) -> None:
-    """A void mark lives a minute: past its time the next call that looks drops it, and the
-    permits set goes with its last mark (no key outlives its semaphore for long)."""
+    """Void marks live in a key of their own, for the resend window: marks past their time go
+    when marks are added, and the key lives as long as its latest mark, however long the
+    leases of the permits (whose set goes with its last permit).  Marks that earlier versions
+    kept in the permits set, with negative scores, are dropped past their time and are never
+    counted as permits."""
     semaphore = aiolock_client.semaphore("old-marks", 2)
-    key = keys_of(semaphore).lock
+    seam = seam_of(semaphore)
+    services = services_of(aiolock_client)
+    permits, marks = seam.keys.lock, f"{seam.keys.lock}:marks"
     seconds, micros = await redis.time()
     now = seconds * 1000 + micros // 1000
-    await redis.zadd(key, {"gone/1": -(now - 1), "kept/2": -(now + 60_000)})
-    await redis.pexpire(key, 60_000)
+    await redis.zadd(permits, {"gone/1": -(now - 1), "kept/2": -(now + 60_000)})
+    await redis.pexpire(permits, 60_000)
     assert await semaphore.available() == 2
-    assert await redis.zrange(key, 0, -1) == ["kept/2"]
-    async with semaphore.acquire(wait=1):
-        assert await semaphore.available() == 1  # the mark is no permit
-    assert await redis.zrange(key, 0, -1) == ["kept/2"]
-    assert 0 < await redis.pttl(key) <= 60_000
+    assert await redis.zrange(permits, 0, -1) == ["kept/2"]
+    await redis.delete(permits)
+
+    await redis.zadd(marks, {"gone/1": now - 1})
+    await redis.pexpire(marks, 60_000)
+    async with semaphore.acquire(wait=1, lease=600) as permit:
+        assert await semaphore.available() == 1  # marks are no permits
+        await services.calls.run(*seam.void_call(permit.id, [services.owners.next_request()]))
+    assert not await redis.exists(permits)  # its last permit gone: no ten-minute key
+    [(mark, until)] = await redis.zrange(marks, 0, -1, withscores=True)
+    assert mark.startswith(f"{permit.id}/")  # the old one dropped
+    assert until > now
+    window = services.resend_window_ms
+    assert 0 < await redis.pttl(marks) <= window
 
 
 @pytest.mark.parametrize("outcome", ["refused", "granted"])
