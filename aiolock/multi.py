@@ -19,8 +19,15 @@ from collections.abc import Coroutine
 from typing import Any
 
 from ._core.base import LockKind, Seam
-from ._core.composite import CompositeHold, CompositeStatistics, release_all, start_releases
+from ._core.composite import (
+    CompositeHold,
+    CompositeStatistics,
+    release_all,
+    start_releases,
+    traced,
+)
 from ._core.guard import Guarded, Holding
+from ._core.holds import Hold
 from ._core.validate import check_lease, check_wait
 from .errors import LockNotOwnedError, LockTimeoutError
 
@@ -66,7 +73,7 @@ class MultiLock(Guarded[tuple[int, ...]]):
 
         :returns: ``True`` once all are held, ``False`` (none held) if ``wait`` ran out.
         """
-        return await self._take(check_wait(wait), check_lease(lease))
+        return await self._traced_take(check_wait(wait), check_lease(lease))
 
     def lock(self, lease: float | None = None) -> Coroutine[Any, Any, None]:
         """Hold every part, waiting as long as it takes: ``await multi.lock()``.
@@ -76,10 +83,10 @@ class MultiLock(Guarded[tuple[int, ...]]):
         return self._hold_all(check_lease(lease))
 
     async def _hold_all(self, lease: float | None) -> None:
-        await self._take(None, lease)
+        await self._traced_take(None, lease)
 
     async def _enter(self, wait: float | None, lease: float | None) -> Holding[tuple[int, ...]]:
-        if not await self._take(wait, lease):
+        if not await self._traced_take(wait, lease):
             raise LockTimeoutError(f"could not acquire {self.name!r} within {wait}s")
         parts = [seam.held() for seam in self._seams]
         token = tuple(part.token for part in parts)
@@ -88,6 +95,13 @@ class MultiLock(Guarded[tuple[int, ...]]):
     async def _exit(self, holding: Holding[tuple[int, ...]]) -> None:
         assert isinstance(holding, CompositeHold)
         await holding.release()
+
+    def _traced_take(self, wait: float | None, lease: float | None) -> Coroutine[Any, Any, bool]:
+        return traced(self._seams[0], self._take(wait, lease), "multi", self.name, self._holds_of)
+
+    def _holds_of(self, taken: bool) -> tuple[Hold, ...]:
+        """The parts' holds, right after ``_take`` returned ``taken``."""
+        return tuple(seam.held() for seam in self._seams) if taken else ()
 
     async def _take(self, wait: float | None, lease: float | None) -> bool:
         loop = asyncio.get_running_loop()

@@ -19,7 +19,13 @@ from typing import TYPE_CHECKING, Any, Final
 from redis.exceptions import RedisError
 
 from ._core.base import Seam
-from ._core.composite import CompositeHold, CompositeStatistics, release_all, start_releases
+from ._core.composite import (
+    CompositeHold,
+    CompositeStatistics,
+    release_all,
+    start_releases,
+    traced,
+)
 from ._core.guard import Guarded, Holding
 from ._core.holds import Hold
 from ._core.validate import check_lease, check_name, check_wait
@@ -88,17 +94,17 @@ class RedLock(Guarded[int]):
 
     async def try_lock(self, wait: float | None = 0, lease: float | None = None) -> bool:
         """Hold the lock on a majority, retrying until ``wait`` runs out (``None``: forever)."""
-        return await self._take(check_wait(wait), check_lease(lease)) is not None
+        return await self._traced_take(check_wait(wait), check_lease(lease)) is not None
 
     def lock(self, lease: float | None = None) -> Coroutine[Any, Any, None]:
         """Hold the lock on a majority, waiting as long as it takes."""
         return self._hold(check_lease(lease))
 
     async def _hold(self, lease: float | None) -> None:
-        await self._take(None, lease)
+        await self._traced_take(None, lease)
 
     async def _enter(self, wait: float | None, lease: float | None) -> Holding[int]:
-        holding = await self._take(wait, lease)
+        holding = await self._traced_take(wait, lease)
         if holding is None:
             raise LockTimeoutError(f"could not acquire {self.name!r} within {wait}s")
         return holding
@@ -106,6 +112,11 @@ class RedLock(Guarded[int]):
     async def _exit(self, holding: Holding[int]) -> None:
         assert isinstance(holding, CompositeHold)
         await holding.release()
+
+    def _traced_take(
+        self, wait: float | None, lease: float | None
+    ) -> Coroutine[Any, Any, CompositeHold[int] | None]:
+        return traced(self._seams[0], self._take(wait, lease), "redlock", self.name, _parts)
 
     async def _take(self, wait: float | None, lease: float | None) -> CompositeHold[int] | None:
         loop = asyncio.get_running_loop()
@@ -259,3 +270,8 @@ def _hold(call: asyncio.Future[Hold | float]) -> Hold:
     hold = call.result()
     assert isinstance(hold, Hold)
     return hold
+
+
+def _parts(holding: CompositeHold[int] | None) -> tuple[Hold, ...]:
+    """The servers' holds of a RedLock acquire's result (none: the wait ran out)."""
+    return () if holding is None else holding.parts

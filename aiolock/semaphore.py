@@ -132,7 +132,7 @@ class AsyncSemaphore:
             taking,
             seam.lock.kind,
             self.name,
-            lambda permit: None if permit is None else permit._hold,
+            lambda permit: () if permit is None else (permit._hold,),
         )
 
     async def _take_as(

@@ -255,12 +255,13 @@ class HoldKind(Guarded[int]):
         if tracing is None or not tracing.recording():
             return work
 
-        def hold_of(result: _T) -> Hold | None:
+        def holds_of(result: _T) -> tuple[Hold, ...]:
             if not granted(result):
-                return None
-            return self._services.holds.get(self._hold_key, self._owner()[0])
+                return ()
+            hold = self._services.holds.get(self._hold_key, self._owner()[0])
+            return () if hold is None else (hold,)
 
-        return tracing.acquire(work, self.kind, self.name, hold_of)
+        return tracing.acquire(work, self.kind, self.name, holds_of)
 
     def _transaction(self, holding: Holding[int]) -> TransactionContext:
         assert isinstance(holding, Hold)

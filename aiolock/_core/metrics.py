@@ -23,7 +23,8 @@ The one attribute is ``aiolock.kind`` (``lock``, ``fair``, ``spin``, ``rw-read``
 event is recorded at the one place that also counts it for ``statistics()``, so the two
 cannot disagree.
 
-**Traces** (the same extra): a span ``aiolock.acquire`` per acquire call on the tracer
+**Traces** (the same extra): a span ``aiolock.acquire`` per acquire call (a ``MultiLock``'s and
+a ``RedLock``'s too, kinds ``multi`` and ``redlock``) on the tracer
 ``aiolock`` of the global tracer provider, with the attributes ``aiolock.kind``,
 ``aiolock.outcome`` (``granted``, ``timeout``, ``cancelled`` or ``error``), ``aiolock.wait``
 (seconds the call took) and ``aiolock.reentrant`` (a granted call re-entered a hold the owner
@@ -44,7 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
 from ..errors import LockTimeoutError
@@ -189,12 +190,12 @@ class Tracing:
         work: Awaitable[_T],
         kind: str,
         name: str,
-        hold_of: Callable[[_T], Hold | None],
+        holds_of: Callable[[_T], Sequence[Hold]],
     ) -> _T:
         """Await one acquire call ``work`` in an ``aiolock.acquire`` span.
 
-        ``hold_of(result)``: the hold a call that returned ``result`` holds (``None``: the
-        wait ran out), read at once, in the calling task.
+        ``holds_of(result)``: the holds a call that returned ``result`` holds (none: the wait
+        ran out; a composite's: its parts), read at once, in the calling task.
         """
         from opentelemetry.trace import StatusCode, get_current_span
 
@@ -224,10 +225,11 @@ class Tracing:
                 span.set_status(StatusCode.ERROR, type(exc).__name__)
                 raise
             else:
-                hold = hold_of(result)
-                outcome = "timeout" if hold is None else "granted"
-                if hold is not None:
-                    span.set_attribute("aiolock.reentrant", hold.count > 1)
+                holds = holds_of(result)
+                outcome = "granted" if holds else "timeout"
+                if holds:
+                    span.set_attribute("aiolock.reentrant", any(h.count > 1 for h in holds))
+                for hold in holds:
                     if hold.span is None:
                         hold.span = holder_span
             finally:

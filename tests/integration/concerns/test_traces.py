@@ -235,3 +235,50 @@ async def test_a_loss_a_timer_finds_is_an_event_on_the_holders_span(
     assert dict(job.events[0].attributes or {})["aiolock.reason"] == (
         "its lease ran out while it was held"
     )
+
+
+async def test_a_multilock_and_a_redlock_acquire_are_one_span_each(
+    aiolock_client: aiolock.Client,
+    make_client: MakeClient,
+    spans: Callable[[], list[ReadableSpan]],
+) -> None:
+    """A composite's acquire call is one span (its parts' attempts have none): granted, or
+    timed out when a part is held elsewhere (by a task whose own acquire has its span)."""
+    client = aiolock_client
+    multi = aiolock.MultiLock(client.lock("m1"), client.fair_lock("m2"))
+    servers = [client, *(make_client(key_prefix=f"{client.key_prefix}-{i}") for i in (2, 3))]
+    redlock = aiolock.RedLock(servers, "r")  # three "servers": key prefixes of one
+    with tracer.start_as_current_span("job") as job:
+        async with multi.acquire(wait=5):
+            pass
+        async with redlock.acquire(wait=5):
+            pass
+        async with held_by_another_task(client.lock("m2x")):
+            blocked = aiolock.MultiLock(client.lock("m1"), client.lock("m2x"))
+            assert not await blocked.try_lock(wait=0.05)
+    composite = [s for s in spans() if attributes(s)["aiolock.kind"] in ("multi", "redlock")]
+    assert len(spans()) == len(composite) + 1  # and the holder's: the parts' tries have none
+    found = [attributes(span) for span in composite]
+    assert [(a["aiolock.kind"], a["aiolock.outcome"]) for a in found] == [
+        ("multi", "granted"),
+        ("redlock", "granted"),
+        ("multi", "timeout"),
+    ]
+    assert [a.get("aiolock.reentrant") for a in found] == [False, False, None]
+    assert all(
+        span.parent is not None and span.parent.span_id == job.get_span_context().span_id
+        for span in composite
+    )
+
+
+async def test_a_multilock_parts_loss_is_an_event_on_the_holders_span(
+    aiolock_client: aiolock.Client, exporter: InMemorySpanExporter
+) -> None:
+    client = aiolock_client
+    multi = aiolock.MultiLock(client.lock("ma"), client.lock("mb"))
+    with tracer.start_as_current_span("job"):
+        with pytest.raises(aiolock.LockLostError):
+            async with multi.acquire(wait=5, lease=0.05) as guard:
+                await eventually(lambda: guard.lost, what="a part's lease ran out")
+    (job,) = [s for s in exporter.get_finished_spans() if s.name == "job"]
+    assert "aiolock.lost" in [event.name for event in job.events]
