@@ -261,6 +261,7 @@ class Client:
 
     @property
     def closed(self) -> bool:
+        """``True`` once :meth:`aclose` was called: new acquires then raise ``RuntimeError``."""
         return self._services.closed
 
     async def aclose(self) -> None:
@@ -300,6 +301,7 @@ class Client:
     # -- observability -----------------------------------------------------------------------
 
     def statistics(self) -> ClientStatistics:
+        """What the client holds, waits for and renews now, read from memory (no I/O)."""
         services = self._services
         pubsub = services.pubsub.statistics()
         return ClientStatistics(
