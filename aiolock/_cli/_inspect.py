@@ -305,15 +305,15 @@ def _pairs(reply: Any) -> list[tuple[Any, int]]:
 
 def _hash_holders(raw: dict[Any, Any], pttl: int) -> list[Holder]:
     """The holder of a lock hash (see scripts/common/_hold.lua): fields ``<owner> -> count``
-    beside ``:fence``, ``:req``, ``:late:<owner>`` and ``x:<owner>``; the whole hash expires
-    with the lease."""
+    beside its ``f:<owner>`` (the token) and ``r:<owner>``, and ``:w``, ``:q``,
+    ``:late:<owner>`` and ``x:<owner>``; the whole hash expires with the lease.  (An owner id
+    starts with its client's hex id: never with one of those prefixes.)"""
     fields = {_str(key): _str(value) for key, value in raw.items()}
     lease = pttl / 1000 if pttl >= 0 else None
-    token = _int(fields.get(":fence"))
     return [
-        Holder(owner, int(count), lease, token)
+        Holder(owner, int(count), lease, _int(fields.get(f"f:{owner}")))
         for owner, count in sorted(fields.items())
-        if not owner.startswith((":", "x:"))
+        if not owner.startswith((":", "x:", "f:", "r:"))
     ]
 
 

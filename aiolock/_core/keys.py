@@ -86,8 +86,8 @@ def hash_tag(name: str) -> str:
 class LockKeys:
     """The Redis names used by one lock.
 
-    ``lock``: a hash holding ``<owner> -> hold count`` plus the fields ``:fence`` (the current
-    hold's fencing token) and ``:req`` (the last request applied, for resend safety); after a
+    ``lock``: a hash holding ``<owner> -> hold count`` plus the fields ``f:<owner>`` (that
+    hold's fencing token) and ``r:<owner>`` (its last request applied, for resend safety); after a
     fault only, ``:late:<owner>`` (releases its client resent, whose late copies it refuses).
     ``meta``: a hash written only after a fault, for the client's resend window
     (``<owner>/<n>``: an acquire undone before it arrived, or resent and voided by its

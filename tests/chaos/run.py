@@ -407,7 +407,7 @@ async def leftovers_on(
                 owners = [
                     f"{whose(field)} x{_text(count)}"
                     for field, count in fields.items()
-                    if not field.startswith(b":")
+                    if not field.startswith((b":", b"f:", b"r:", b"x:"))
                 ]
                 if kind == b"zset":  # a semaphore's permits (or readers): id -> lease end
                     seconds, micros = await redis.time()
@@ -418,7 +418,9 @@ async def leftovers_on(
                         continue
                     members = await redis.zrangebyscore(key, "(0", "+inf", 0, 5, withscores=True)
                     owners = [f"{_text(m)} ({score - now:+.0f} ms)" for m, score in members]
-                token = _text(fields.get(b":fence", b"?"))
+                # The token: a read-write lock's ':fence', a reentrant hold's 'f:<owner>'.
+                tokens = [v for f, v in fields.items() if f == b":fence" or f.startswith(b"f:")]
+                token = ", ".join(_text(v) for v in tokens) or "?"
                 found.append(
                     f"lock key left behind: {key!r} (pttl {pttl} ms, token {token}, held by "
                     f"{', '.join(owners) or 'nobody'})"

@@ -76,9 +76,13 @@ def grant(reply: bytes) -> tuple[int, int]:
 
 
 async def server_counts(redis: Redis, lock: aiolock.AsyncRLock) -> list[int]:
-    """The hold counts in the lock hash, one per owner (its ``:fence``/``:req`` fields aside)."""
+    """The hold counts in the lock hash, one per owner (its ``f:``/``r:`` fields aside)."""
     fields = await redis.hgetall(keys_of(lock).lock)
-    return [int(count) for field, count in fields.items() if not str(field).startswith(":")]
+    return [
+        int(count)
+        for field, count in fields.items()
+        if not str(field).startswith((":", "f:", "r:", "x:"))
+    ]
 
 
 async def settled(client: aiolock.Client) -> None:

@@ -2,8 +2,11 @@
 -- spin and fair locks); included by their scripts after common/_time and common/_requests,
 -- never run alone.
 --
--- The lock hash: <owner> -> hold count, ':fence' -> the current hold's fencing token, ':req'
--- -> the last request applied (owner/request id), for resend safety; 'x:<owner>' -> an acquire
+-- The lock hash: <owner> -> hold count, 'f:<owner>' -> that hold's fencing token, 'r:<owner>'
+-- -> the last request of the owner applied (owner/request id), for resend safety: every field
+-- of a hold is named by its owner, so that a release that is a plain command (HDEL of them,
+-- see the plain lock's release in aiolock/_core/base.py) ends that owner's hold and touches no
+-- other owner's; 'x:<owner>' -> an acquire
 -- request of that owner undone before it was applied, which a late copy must not apply;
 -- ':late:<owner>' -> ids of releases of that owner its client resent, whose late copies must
 -- not apply (written by the grant or re-entry that carries them, after such a fault only);
@@ -18,10 +21,10 @@
 local function grant(lock, fence, owner, request, lease, late)
     local token = redis.call('INCR', fence)
     if late then
-        redis.call('HSET', lock, owner, 1, ':fence', token, ':req', request,
+        redis.call('HSET', lock, owner, 1, 'f:' .. owner, token, 'r:' .. owner, request,
             ':late:' .. owner, late)
     else
-        redis.call('HSET', lock, owner, 1, ':fence', token, ':req', request)
+        redis.call('HSET', lock, owner, 1, 'f:' .. owner, token, 'r:' .. owner, request)
     end
     redis.call('PEXPIRE', lock, lease)
     return {token, 1, lease}
@@ -46,9 +49,9 @@ local function reenter_read(lock, held, owner, request, lease, pttl, late)
     if held[2] ~= request then
         count = count + 1
         if late then
-            redis.call('HSET', lock, owner, count, ':req', request, ':late:' .. owner, late)
+            redis.call('HSET', lock, owner, count, 'r:' .. owner, request, ':late:' .. owner, late)
         else
-            redis.call('HSET', lock, owner, count, ':req', request)
+            redis.call('HSET', lock, owner, count, 'r:' .. owner, request)
         end
     end
     pttl = pttl or redis.call('PTTL', lock)
@@ -64,18 +67,18 @@ end
 -- refused by it (':w').  With undo (an acquire request id), release only if that acquire was
 -- the last request applied; an undo that was not applied writes a marker for the window its
 -- release script got as ARGV[4] (every release script of these kinds takes owner, request,
--- undo, window).  A resend of a non-last release returns the same count (':req' names it); a
--- resend of the release that deleted the lock finds it gone and answers nil, like any release
+-- undo, window).  A resend of a non-last release returns the same count ('r:<owner>' names
+-- it); a resend of the release that deleted the lock finds it gone and answers nil, like any release
 -- of a hold that is gone: its client knows it resent, and reads that as released (the
 -- caller's critical section ended before it sent the release).
 --
 -- A late copy of a resent release (its resend was applied, and the owner has acquired since:
--- ':req' no longer names it) would release the newer hold: the acquire that made or re-entered
--- that hold wrote the release's id to ':late:<owner>', and the copy changes nothing.  It
+-- 'r:<owner>' no longer names it) would release the newer hold: the acquire that made or
+-- re-entered that hold wrote the release's id to ':late:<owner>', and the copy changes nothing.  It
 -- answers the holds left, as a resend does; its caller is gone.  held: those four fields, if
 -- the caller read them already.
 local function release_one(lock, meta, owner, request, undo, held)
-    held = held or redis.call('HMGET', lock, owner, ':req', ':w', ':late:' .. owner)
+    held = held or redis.call('HMGET', lock, owner, 'r:' .. owner, ':w', ':late:' .. owner)
     if not held[1] then
         if undo then
             void_request(meta, undo, resend_ms(ARGV[4]))  -- a late copy of it must not grant
@@ -95,7 +98,7 @@ local function release_one(lock, meta, owner, request, undo, held)
     end
     count = count - 1
     if count > 0 then
-        redis.call('HSET', lock, owner, count, ':req', request)
+        redis.call('HSET', lock, owner, count, 'r:' .. owner, request)
         return count, false
     end
     redis.call('DEL', lock)

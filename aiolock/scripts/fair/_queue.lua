@@ -89,7 +89,8 @@ local function hand_over(now, first)
     redis.call('HDEL', KEYS[7], head)
     -- A hold as common/_hold.lua's grant() makes it, with ':q' in the same write.
     local token = redis.call('INCR', KEYS[6])
-    redis.call('HSET', KEYS[1], head, 1, ':fence', token, ':req', head .. '/' .. n, ':q', n)
+    redis.call('HSET', KEYS[1], head, 1, 'f:' .. head, token, 'r:' .. head, head .. '/' .. n,
+        ':q', n)
     redis.call('PEXPIRE', KEYS[1], ms)
     local client = string.match(head, '^[^:]*')
     redis.call('PUBLISH', KEYS[5] .. client,

@@ -1,6 +1,7 @@
 -- Acquire or re-enter a fair lock, or take (and keep) a place in its queue.
 --
--- KEYS[1]  the lock hash: <owner> -> hold count, ':fence' -> token, ':req' -> last request
+-- KEYS[1]  the lock hash: <owner> -> hold count, 'f:<owner>' -> token, 'r:<owner>' -> its last
+--          request (see common/_hold.lua); ':q' marks a grant from the queue not yet taken
 -- KEYS[2]  the meta hash: '<owner>/<n>' -> an acquire undone before it arrived or voided
 --          (see common/_requests.lua); it exists only for a resend window after a fault
 -- KEYS[3]  the queue: owner -> ticket (sorted set)
@@ -63,15 +64,15 @@ local function attempt()
     for i = 1, #fields, 2 do
         map[fields[i]] = fields[i + 1]
     end
-    local held = {map[owner], map[':req'], map[':fence'], map['x:' .. owner]}
+    local held = {map[owner], map['r:' .. owner], map['f:' .. owner], map['x:' .. owner]}
     local first
     if locked and fresh and map[':q'] and held[1] and held[4] ~= request
             and not older(owner, request, held[2]) then
         -- A grant from the queue the client has not taken (see above): adopt it.
         if late then
-            redis.call('HSET', KEYS[1], ':req', request, ':late:' .. owner, late)
+            redis.call('HSET', KEYS[1], 'r:' .. owner, request, ':late:' .. owner, late)
         else
-            redis.call('HSET', KEYS[1], ':req', request)
+            redis.call('HSET', KEYS[1], 'r:' .. owner, request)
         end
         redis.call('HDEL', KEYS[1], ':q')
         local pttl = redis.call('PTTL', KEYS[1])

@@ -19,7 +19,7 @@
 -- or nil when the owner does not hold the lock.  Idempotent per request, and a late copy of a
 -- resent release changes nothing, as the plain lock's.
 local owner, request = ARGV[1], ARGV[1] .. '/' .. ARGV[2]
-local held = redis.call('HMGET', KEYS[1], owner, ':req', ':w', ':late:' .. owner)
+local held = redis.call('HMGET', KEYS[1], owner, 'r:' .. owner, ':w', ':late:' .. owner)
 local first
 -- The fault-free last release comes first, before the helpers below (defining them costs the
 -- server more than this path): the owner's one hold, no undo, not a resend of the request

@@ -1,6 +1,7 @@
 -- Acquire or re-enter a reentrant lock.
 --
--- KEYS[1]  the lock hash: <owner> -> hold count, ':fence' -> token, ':req' -> last request
+-- KEYS[1]  the lock hash: <owner> -> hold count, 'f:<owner>' -> token, 'r:<owner>' -> its last
+--          request (see common/_hold.lua)
 -- KEYS[2]  the meta hash: '<owner>/<n>' -> an acquire undone before it arrived or voided
 --          (see common/_requests.lua); it exists only for a resend window after a fault
 -- KEYS[3]  the fencing token counter, shared by every lock name (never expires)
@@ -43,7 +44,9 @@ if #ARGV == 4 then
     present = redis.call('EXISTS', KEYS[1], KEYS[2])
     if present == 0 then
         local token = redis.call('INCR', KEYS[3])
-        redis.call('HSET', KEYS[1], ARGV[2], 1, ':fence', token, ':req', ARGV[2] .. '/' .. ARGV[3])
+        local owner = ARGV[2]
+        redis.call('HSET', KEYS[1], owner, 1, 'f:' .. owner, token, 'r:' .. owner,
+            owner .. '/' .. ARGV[3])
         redis.call('PEXPIRE', KEYS[1], lease)
         return {token, 1, lease}
     end
@@ -68,7 +71,7 @@ local function attempt()
         end
         return grant(KEYS[1], KEYS[3], owner, request, lease, late)
     end
-    local held = redis.call('HMGET', KEYS[1], owner, ':req', ':fence', 'x:' .. owner, ':w')
+    local held = redis.call('HMGET', KEYS[1], owner, 'r:' .. owner, 'f:' .. owner, 'x:' .. owner, ':w')
     local again = reenter_read(KEYS[1], held, owner, request, lease, pttl, late)
     if again then
         return again

@@ -25,7 +25,7 @@
 -- answers the holds left.  Commands: HMGET, then DEL (and the publish if a waiter was
 -- refused) for the last hold, HSET for an inner one.
 local owner, request = ARGV[1], ARGV[1] .. '/' .. ARGV[2]
-local held = redis.call('HMGET', KEYS[1], owner, ':req', ':w', ':late:' .. owner)
+local held = redis.call('HMGET', KEYS[1], owner, 'r:' .. owner, ':w', ':late:' .. owner)
 -- The fault-free last release comes first, before the helpers below (defining them costs the
 -- server more than this path): the owner's one hold, no undo, not a resend of the request
 -- applied last, no resent release of this owner around.

@@ -107,8 +107,13 @@ def offline() -> aiolock.Client:
 
 
 async def fence(redis: Redis, lock: aiolock.AsyncRLock) -> int:
-    """The fencing token stored in ``lock``'s hash."""
-    token = await redis.hget(keys_of(lock).lock, ":fence")
+    """The fencing token stored in ``lock``'s hash (its holder's ``f:<owner>``)."""
+    fields = await redis.hgetall(keys_of(lock).lock)
+    [token] = [
+        value
+        for field, value in fields.items()
+        if (field.decode() if isinstance(field, bytes) else field).startswith("f:")
+    ]
     assert token is not None
     return int(token)
 

@@ -543,7 +543,12 @@ RELEASE_KINDS = ["lock", "spin_lock", "fair_lock", "read", "write"]
 
 async def _server_token(redis: Redis, lock: Any, owner: str) -> int:
     """The fencing token of the owner's hold as the lock hash has it."""
-    field = f"t:{owner}" if isinstance(lock, aiolock.AsyncReadLock) else ":fence"
+    if isinstance(lock, aiolock.AsyncReadLock):
+        field = f"t:{owner}"
+    elif isinstance(lock, aiolock.AsyncWriteLock):
+        field = ":fence"  # the read-write lock's hash (scripts/rw/_rw.lua)
+    else:
+        field = f"f:{owner}"  # the reentrant hold's (scripts/common/_hold.lua)
     return int(await redis.hget(keys_of(lock).lock, field))
 
 

@@ -198,7 +198,8 @@ async def test_the_owners_hold_with_another_token_refuses_the_guards_write(
     with pytest.raises(aiolock.LockLostError):
         async with lock.acquire(wait=5) as guard:
             fresh = guard.fencing_token + 1000
-            await redis.hset(keys_of(lock).lock, ":fence", fresh)  # the owner's field stays
+            owner, _ = Seam(lock).owner()
+            await redis.hset(keys_of(lock).lock, f"f:{owner}", fresh)  # the owner's count stays
             with pytest.raises(aiolock.LockLostError, match="ran none"):
                 async with guard.transaction() as tx:
                     tx.sadd(members, "stale")
