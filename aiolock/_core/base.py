@@ -23,10 +23,13 @@ through its :class:`Seam`.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
+
+from redis.exceptions import RedisError
 
 from .. import _scripts
 from .._redis.calls import not_sent
@@ -54,6 +57,8 @@ __all__ = [
 ]
 
 _T = TypeVar("_T")
+
+logger = logging.getLogger("aiolock.lock")
 
 Who = tuple[str, "asyncio.Task[Any] | None"]
 """An owner id and the task whose end stops the watchdog renewing its holds."""
@@ -148,6 +153,14 @@ class HoldKind(Guarded[int]):
     def _release_call(self, owner: str, request: int, undo: int | None) -> Call:
         """Release one hold; with ``undo``, only if that acquire request was applied."""
         raise NotImplementedError
+
+    def _plain_release(self, hold: Hold) -> tuple[Any, ...] | None:
+        """A plain command that ends ``hold``, its owner's last and fault-free (no acquire of
+        it resent, no release of the owner's resent lately), for a kind whose hold fields are
+        all named by their owner; ``None`` for a release script (the default).  Its reply is
+        the number of fields it removed: 3 or more when the hold was there (see
+        :meth:`_release_plainly`)."""
+        return None
 
     def _transact_call(self, hold: Hold) -> Call:
         """The kind's check before a transaction's commands (``<kind>/transact.lua``): its
@@ -380,7 +393,9 @@ class HoldKind(Guarded[int]):
     # -- the wait loop -----------------------------------------------------------------------
 
     def _owner(self) -> tuple[str, asyncio.Task[Any] | None]:
-        return self._services.check_open().owners.current(self._explicit_owner)
+        services = self._services.check_open()
+        owner, task = services.owners.current(self._explicit_owner)
+        return services.holds.alias(self._hold_key, owner), task
 
     def _try_until(
         self, wait: float, lease: float | None, who: Who | None = None
@@ -586,6 +601,9 @@ class HoldKind(Guarded[int]):
             await services.holds.settle(self._keys.lock, owner)
             hold = services.holds.get(key, owner)
             believed = None if hold is None else hold.count - 1
+            plain = None
+            if hold is not None and believed == 0 and not self._late_args(owner):
+                plain = self._plain_release(hold)  # hold.resent: None
             if hold is not None and believed == 0 and hold.resent:
                 # In the background, like a settlement: a cancellation of this call must not
                 # lose it (the release is then settled after it).
@@ -599,9 +617,14 @@ class HoldKind(Guarded[int]):
         # it: the watchdog leaves the verdict to this reply (Holds.in_release).
         sent = asyncio.get_running_loop().time()
         with services.holds.releasing(key, owner):
-            reply = await services.calls.run(
-                *self._release_call(owner, request, None), orphan=unknown, on_send=copies.sending
-            )
+            if plain is not None:
+                reply = await self._release_plainly(plain, owner, request, copies)
+            else:
+                reply = await services.calls.run(
+                    *self._release_call(owner, request, None),
+                    orphan=unknown,
+                    on_send=copies.sending,
+                )
         settlement.released_copies(owner, request, copies)
         remaining, resent = holds_left(reply), copies.resent
         if remaining is None and resent and believed == 0 and hold and sent < hold.expires_at:
@@ -615,6 +638,66 @@ class HoldKind(Guarded[int]):
         if remaining == 0:
             self._released_last(hold)
         return remaining
+
+    async def _release_plainly(
+        self, command: tuple[Any, ...], owner: str, request: int, copies: Copies
+    ) -> int | None:
+        """Send ``command`` (see :meth:`_plain_release`): a release script's reply, 0 when it
+        ended the hold, ``None`` when the owner held nothing.
+
+        It removes the owner's fields and ``:w``, so it answers 3 or more when the hold was
+        there, 1 or 0 when it was not (one other owner's ``:w``, at most: no other field is
+        named by this owner then).  An answer other than 0 or 3 may mean a waiter was refused
+        (``:w``): the client publishes the wake-up the script would have.  A copy of it that
+        may arrive late (it was resent, or its outcome is unknown) would end the owner's next
+        hold, which goes by another id for the resend window (:meth:`Holds.alias`).
+        """
+        services = self._services
+        settlement = self._settlement()
+        window = services.resend_window_ms / 1000
+
+        def unknown(work: asyncio.Future[Any]) -> None:
+            services.holds.realias(self._hold_key, owner, request, window)
+            settlement.release_unknown(owner, request, self._plain_outcome(work, owner), copies)
+
+        removed = int(
+            await services.calls.command(
+                self._keys.lock, command, orphan=unknown, on_send=copies.sending
+            )
+        )
+        if copies.resent:
+            services.holds.realias(self._hold_key, owner, request, window)
+        if removed not in (0, 3):
+            # In the background: the owner's next call on the lock waits for it.
+            services.holds.defer(self._keys.lock, owner, self._wake_others())
+        return 0 if removed >= 3 else None
+
+    def _plain_outcome(self, work: asyncio.Future[Any], owner: str) -> asyncio.Future[Any]:
+        """The outcome of a plain release whose caller never saw it, as its script's reply
+        (and the wake-up it owes, sent once known)."""
+        outcome: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+        def done(work: asyncio.Future[Any]) -> None:
+            if work.cancelled():
+                outcome.cancel()
+            elif (error := work.exception()) is not None:
+                outcome.set_exception(error)
+            else:
+                removed = int(work.result())
+                if removed not in (0, 3):
+                    self._services.holds.defer(self._keys.lock, owner, self._wake_others())
+                outcome.set_result(0 if removed >= 3 else None)
+
+        work.add_done_callback(done)
+        return outcome
+
+    async def _wake_others(self) -> None:
+        """Publish the release that a plain command could not (see :meth:`_release_plainly`)."""
+        for channel in self._channels():
+            try:
+                await self._services.calls.publish(channel, "released")
+            except RedisError as exc:  # the waiters' own pause bounds their wait
+                logger.warning("could not publish a release of %r: %r", self.name, exc)
 
     def _released_last(self, hold: Hold | None) -> None:
         """A release of this client deleted the lock (``hold``: the client's record of it, if

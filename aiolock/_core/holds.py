@@ -97,6 +97,9 @@ class Hold:
     # When (loop time) the fresh grant's reply was read: the server made this incarnation of
     # the lock before then.
     granted_at: float = 0.0
+    # A try of this client for the name was refused while the acquire that made it ran: the
+    # lock is contended, and its release had better publish in the same call.
+    contended: bool = False
 
     def valid_for(self) -> float:
         """Seconds the hold surely lasts by this client's clock (no I/O); 0.0 once it ended.
@@ -140,6 +143,9 @@ class Holds:
         # The releases of each (key, owner) that were resent lately, and the timer that drops
         # them at the end of the resend window (see resent_release): faults only.
         self._late: dict[tuple[str, str], tuple[list[int], asyncio.TimerHandle]] = {}
+        # The id each (key, owner) goes by for a while (see alias), and whose alias each is.
+        self._aliases: dict[tuple[str, str], tuple[str, float]] = {}
+        self._bases: dict[tuple[str, str], str] = {}
         self.changed = asyncio.Event()  # set when a watchdog hold is added
 
     def __len__(self) -> int:
@@ -210,6 +216,7 @@ class Holds:
                 channels,
             )
             hold.granted_at = asyncio.get_running_loop().time()
+            hold.contended = counters.refused_sent_at >= started
             self._holds[(key, owner)] = hold
             counters.acquisitions += 1
             counters.last_lost = False
@@ -395,6 +402,40 @@ class Holds:
         timer = asyncio.get_running_loop().call_later(window, self._late.pop, at, None)
         self._late[at] = (requests, timer)
 
+    def alias(self, key: str, owner: str) -> str:
+        """The id ``owner`` goes by on ``key`` now: itself, but for the resend window after a
+        release of it that was a plain command (an HDEL of its fields) and may still have a
+        copy on its way (it was resent, or its outcome is unknown), and for as long as a hold
+        made under that other id lasts.  A plain command cannot refuse its own late copy, which
+        would end the owner's next hold: that hold goes by another id.  Faults only: without
+        one this is a test of an empty dict."""
+        if not self._aliases:
+            return owner
+        found = self._aliases.get((key, owner))
+        if found is None:
+            return owner
+        alias, until = found
+        at = (key, alias)
+        if asyncio.get_running_loop().time() < until or at in self._holds or at in self._pending:
+            return alias
+        del self._aliases[(key, owner)]
+        self._bases.pop(at, None)
+        return owner
+
+    def realias(self, key: str, owner: str, request: int, window: float) -> None:
+        """``owner`` (an id :meth:`alias` gave, or the owner's own) sent release ``request`` of
+        ``key`` as a plain command that may still arrive late: the owner's holds of ``key`` go
+        by a new id for ``window`` seconds (see :meth:`alias`)."""
+        base = self._bases.get((key, owner), owner)
+        alias = f"{base}~{request}"
+        now = asyncio.get_running_loop().time()
+        for at, (old, until) in list(self._aliases.items()):  # few: one per recent fault
+            if until <= now and (at[0], old) not in self._holds:
+                del self._aliases[at]
+                self._bases.pop((at[0], old), None)
+        self._aliases[(key, base)] = (alias, now + window)
+        self._bases[(key, alias)] = base
+
     def late_releases(self, key: str, owner: str) -> list[int]:
         """The owner's releases on ``key`` resent within the resend window (see
         :meth:`resent_release`); none, without a fault."""
@@ -412,3 +453,5 @@ class Holds:
         for _, timer in self._late.values():
             timer.cancel()
         self._late.clear()
+        self._aliases.clear()
+        self._bases.clear()

@@ -1,4 +1,5 @@
-"""Script calls on the client's own connections, made with its redis-py pool's settings.
+"""Script calls (and the few plain commands) on the client's own connections, made with its
+redis-py pool's settings.
 
 A lock operation is one small script call, and redis-py's ``execute_command`` costs more than
 the round trip itself on loopback: two pool locks, a health check, observability hooks, and,
@@ -165,6 +166,24 @@ class Runner(abc.ABC):
         replicas to have the script's writes: the reply, and how many have them (0 for
         ``sync=None``)."""
 
+    @abc.abstractmethod
+    async def command(
+        self,
+        key: str,
+        command: tuple[Any, ...],
+        *,
+        orphan: Orphan | None = None,
+        on_send: Callable[[bool], object] | None = None,
+    ) -> Any:
+        """Run one plain ``command`` about ``key`` (on a Cluster, on the node of its slot), as
+        :meth:`run` runs a script: resent as redis-py's ``Retry`` says (so only a command that
+        is safe to apply twice), ``orphan`` and ``on_send`` likewise."""
+
+    @abc.abstractmethod
+    async def publish(self, channel: str, message: str) -> None:
+        """Publish ``message`` on a lock's ``channel`` (``SPUBLISH`` on a Cluster whose nodes
+        have sharded pub/sub, as the scripts' variants do)."""
+
 
 class Calls(Runner):
     """Runs one server's scripts for a client (see the module docstring)."""
@@ -212,10 +231,24 @@ class Calls(Runner):
         resent = (*evalsha, int(mark_resends)) if mark_resends else evalsha
         return await self._call((evalsha, resent), script, orphan, sync, on_send, once=once)
 
+    async def command(
+        self,
+        key: str,
+        command: tuple[Any, ...],
+        *,
+        orphan: Orphan | None = None,
+        on_send: Callable[[bool], object] | None = None,
+    ) -> Any:
+        reply, _ = await self._call((command, command), None, orphan, None, on_send)
+        return reply
+
+    async def publish(self, channel: str, message: str) -> None:
+        await self.command(channel, ("PUBLISH", channel, message))
+
     async def _call(
         self,
         commands: tuple[tuple[Any, ...], tuple[Any, ...]],
-        script: Script,
+        script: Script | None,
         orphan: Orphan | None,
         sync: tuple[int, float] | None,
         on_send: Callable[[bool], object] | None = None,
@@ -407,12 +440,13 @@ async def write(conn: AbstractConnection, *commands: tuple[Any, ...]) -> None:
 async def _evaluate(
     conn: AbstractConnection,
     evalsha: tuple[Any, ...],
-    script: Script,
+    script: Script | None,
     wait: tuple[tuple[Any, ...], ...],
     sync: tuple[int, float] | None,
 ) -> tuple[Any, int]:
     """One attempt: EVALSHA, and on NOSCRIPT the source by EVAL on the same connection (EVAL
-    caches it, so the next EVALSHA on this server finds it).
+    caches it, so the next EVALSHA on this server finds it); with no ``script``, the plain
+    command ``evalsha`` is.
 
     Within the attempt, so that NOSCRIPT never reads as "nothing ran" to the caller: a restart
     empties the cache, and an earlier copy of the call may have run before it.
@@ -421,6 +455,8 @@ async def _evaluate(
     try:
         return await _read_replies(conn, sync)
     except NoScriptError:
+        if script is None:
+            raise
         await write(conn, ("EVAL", script.source, *evalsha[2:]), *wait)
         return await _read_replies(conn, sync)
 

@@ -124,6 +124,26 @@ class ClusterCalls(Runner):
             orphan,
         )
 
+    async def command(
+        self,
+        key: str,
+        command: tuple[Any, ...],
+        *,
+        orphan: Orphan | None = None,
+        on_send: Callable[[bool], object] | None = None,
+    ) -> Any:
+        """:meth:`Calls.command` on the node of ``key``'s slot, following redirections."""
+        return await self._routed(
+            key,
+            lambda calls, orphan: calls.command(key, command, orphan=orphan, on_send=on_send),
+            orphan,
+        )
+
+    async def publish(self, channel: str, message: str) -> None:
+        await self.initialize()  # it tells whether the nodes have sharded pub/sub
+        verb = "SPUBLISH" if self.sharded else "PUBLISH"
+        await self.command(channel, (verb, channel, message))
+
     def _variant(self, script: Script) -> Script:
         return sharded(script) if self.sharded else script
 

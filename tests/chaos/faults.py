@@ -61,11 +61,12 @@ RESTARTS = frozenset({"restart", "amnesia-restart"})
 FAILOVER_S = 6.0
 PROXY_FAULTS = frozenset({"freeze", "slow-path", "cut-request"})
 
-# cut-request: which script call the proxy cuts after the server ran it.  "any" is every
-# EVALSHA (acquire, release, renew, leave); "nested" any call naming an explicit owner of the
-# worker's "nested" mode (their reentrant acquires and releases, and theirs only, among
-# others); the others one script, by its SHA in the request.  The plain and the spin lock
-# share the reentrant scripts; the fair lock has its own.
+# cut-request: which call the proxy cuts after the server ran it.  "any" is every EVALSHA
+# (acquire, release, renew, leave); "nested" any call naming an explicit owner of the worker's
+# "nested" mode (their reentrant acquires and releases, and theirs only, among others); the
+# others one script, by its SHA in the request, or "plain-release" the plain command that is
+# the last release of an uncontended plain or spin lock hold (HDEL).  The plain and the spin
+# lock share the reentrant scripts; the fair lock has its own.
 CUT_MATCHES = {
     "any": b"EVALSHA",
     "nested": b":x:" + NESTED_OWNER.encode(),
@@ -73,6 +74,7 @@ CUT_MATCHES = {
     "fair-acquire": _scripts.FAIR_ACQUIRE.sha.encode(),
     "release": _scripts.LOCK_RELEASE.sha.encode(),
     "fair-release": _scripts.FAIR_RELEASE.sha.encode(),
+    "plain-release": b"HDEL",
 }
 CUTS_PER_FAULT = 4  # at most, one after another on one worker's proxy
 
@@ -153,7 +155,9 @@ def _draw(rng: random.Random, kind: str, at: float, lease: float, workers: int) 
             # Up to CUTS_PER_FAULT requests cut one after another within the duration, each
             # matching its own key of CUT_MATCHES.  Nested holders' calls weigh most: a cut
             # reentrant acquire (a reentrant grant whose reply is lost) is issue 15.
-            matches = rng.choices(tuple(CUT_MATCHES), weights=(2, 6, 2, 2, 1, 1), k=CUTS_PER_FAULT)
+            matches = rng.choices(
+                tuple(CUT_MATCHES), weights=(2, 6, 2, 2, 1, 1, 2), k=CUTS_PER_FAULT
+            )
             return Fault(at, kind, round(rng.uniform(0.5, 2.0), 2), target, ",".join(matches))
         case _:
             return Fault(at, kind)

@@ -33,7 +33,9 @@ async def test_a_release_cancelled_in_flight_wakes_the_clients_parked_waiter(
 ) -> None:
     client = proxied(watchdog_timeout=30)  # a parked waiter's own pause: up to 30 s
     lock = client.lock("woken")
-    async with lock.acquire():  # loads the scripts: a held NOSCRIPT reply would prove nothing
+    # Loads the scripts, a held NOSCRIPT reply would prove nothing: the inner release is the
+    # release script (an uncontended last release is a plain HDEL).
+    async with lock.acquire(), lock.acquire():
         pass
     held_it, go = asyncio.Event(), asyncio.Event()
 

@@ -26,6 +26,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ConstantBackoff
 
 import aiolock
+from aiolock.lock import ReentrantKind
 from tests.helpers import eventually, services_of
 
 from .proxy import FreezableProxy, HeldReply
@@ -95,7 +96,9 @@ async def release_with_a_renewal_inside(
         async with lock.acquire() as guard:
             if before is not None:
                 await before()
-            held = proxy.hold_next_reply(b"EVALSHA")  # the release that ends the block
+            # The release that ends the block: the plain and spin locks' is a plain HDEL.
+            plain = isinstance(lock, ReentrantKind)
+            held = proxy.hold_next_reply(b"HDEL" if plain else b"EVALSHA")
             renewer = asyncio.create_task(renew_once_released(client, held))
     finally:
         if renewer is not None:

@@ -1,8 +1,10 @@
 """What a fault-free cycle of the plain lock costs on the server, counted by the server itself.
 
-An uncontended acquire + release is 8 commands (``EVALSHA``, ``EXISTS``, ``INCR``, ``HSET``,
-``PEXPIRE``; ``EVALSHA``, ``HMGET``, ``DEL``) and publishes nothing; a release publishes only
-when a waiter was refused by that incarnation of the lock, and that waiter is then woken by it.
+An uncontended acquire + release is 6 commands (``EVALSHA``, ``EXISTS``, ``INCR``, ``HSET``,
+``PEXPIRE``; ``HDEL``: the release is a plain command) and publishes nothing; a release
+publishes only when a waiter was refused by that incarnation of the lock, and that waiter is
+then woken by it.  The release of a hold whose acquire was refused on the way is the script
+(``EVALSHA``, ``HMGET``, ``DEL``, and ``PUBLISH`` in the same call).
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ async def counted(redis: Redis, work: Callable[[], object]) -> dict[str, int]:
     return {name: calls for name, calls in delta.items() if calls}
 
 
-async def test_an_uncontended_cycle_is_eight_commands_and_publishes_nothing(
+async def test_an_uncontended_cycle_is_six_commands_and_publishes_nothing(
     aiolock_client: aiolock.Client, redis: Redis
 ) -> None:
     lock = aiolock_client.lock("lean")
@@ -46,15 +48,14 @@ async def test_an_uncontended_cycle_is_eight_commands_and_publishes_nothing(
 
     await cycles()  # scripts loaded, connection open
     ran = await counted(redis, cycles)
-    assert sum(ran.values()) == 20 * 8, ran
+    assert sum(ran.values()) == 20 * 6, ran
     assert ran == {
-        "evalsha": 40,
+        "evalsha": 20,
         "exists": 20,
         "incr": 20,
         "hset": 20,
         "pexpire": 20,
-        "hmget": 20,
-        "del": 20,
+        "hdel": 20,
     }
     assert await redis.keys(f"{aiolock_client.key_prefix}:*") == [
         f"{aiolock_client.key_prefix}:fence"
@@ -79,7 +80,32 @@ async def test_a_release_publishes_for_a_waiter_it_refused(
         )
 
     await eventually(parked, what="the waiter refused and parked")
-    ran = await counted(redis, holder.unlock)
+
+    async def handed_over() -> None:
+        await holder.unlock()  # a plain HDEL, which says a waiter was refused: then a PUBLISH
+        assert await asyncio.wait_for(waiting, timeout=10)  # woken by it, not the lease
+
+    ran = await counted(redis, handed_over)
     assert ran.get("publish") == 1, ran
-    assert await asyncio.wait_for(waiting, timeout=10)  # woken by the message, not the lease
+    assert ran.get("hdel") == 1, ran
     await other.unlock()
+
+
+async def test_a_hold_whose_acquire_was_refused_is_released_by_the_script(
+    aiolock_client: aiolock.Client, make_client: Callable[..., aiolock.Client], redis: Redis
+) -> None:
+    """The lock is contended: its release publishes in the same call (the script), rather
+    than after the reply of a plain HDEL, a round trip later."""
+    other = make_client().lock("contended", owner="first")
+    await other.lock(lease=60)
+    lock = aiolock_client.lock("contended", owner="second")  # acquired in a task of its own
+    waiting = asyncio.create_task(lock.try_lock(wait=30))
+    await eventually(lambda: aiolock_client.statistics().waiters == 1, what="refused and parked")
+    await other.unlock()
+    assert await asyncio.wait_for(waiting, timeout=10)
+    ran = await counted(redis, lock.unlock)
+    assert ran.get("evalsha") == 1, ran
+    assert "hdel" not in ran, ran
+    async with lock.acquire(wait=5):  # uncontended again: the plain command
+        pass
+    assert not await lock.is_locked()
