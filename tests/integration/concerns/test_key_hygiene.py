@@ -84,28 +84,33 @@ async def test_every_kind_leaves_no_key_per_name(
 
 
 def _long_hold(client: aiolock.Client, kind: str) -> Any:
-    """An acquire of ``kind`` (``acquire(wait=..., lease=...)``, every kind has it)."""
+    """An acquire of ``kind`` (``acquire(wait=..., lease=...)``, every kind has it), under a
+    name of its own."""
+    name = f"long-hold-{kind}"
     makers: dict[str, Callable[[], Any]] = {
-        "lock": lambda: client.lock("long-hold"),
-        "fair": lambda: client.fair_lock("long-hold"),
-        "spin": lambda: client.spin_lock("long-hold"),
-        "read": lambda: client.rw_lock("long-hold").read_lock(),
-        "write": lambda: client.rw_lock("long-hold").write_lock(),
-        "semaphore": lambda: client.semaphore("long-hold", 2),
+        "lock": lambda: client.lock(name),
+        "fair": lambda: client.fair_lock(name),
+        "spin": lambda: client.spin_lock(name),
+        "read": lambda: client.rw_lock(name).read_lock(),
+        "write": lambda: client.rw_lock(name).write_lock(),
+        "semaphore": lambda: client.semaphore(name, 2),
     }
     return makers[kind]()
 
 
-@pytest.mark.parametrize("kind", ["lock", "fair", "spin", "read", "write", "semaphore"])
+LONG_HOLD_KINDS = ["lock", "fair", "spin", "read", "write", "semaphore"]
+
+
 async def test_a_long_hold_released_after_a_resend_leaves_nothing_after_the_window(
-    aiolock_server: ServerInfo, aiolock_client: aiolock.Client, redis: Redis, kind: str
+    aiolock_server: ServerInfo, aiolock_client: aiolock.Client, redis: Redis
 ) -> None:
     """A ``lease=600`` acquire that redis-py resent (the server stalled past a short socket
     timeout) voids its request, and the client voids it again before the release: the
     marker lives for the client's resend window (from its retry policy: here the two-second
     floor), not for the ten minutes of the lease, and then nothing is left.  (A semaphore kept
     its marks in its permits set, which lives as long as the longest lease granted: ten
-    minutes.)"""
+    minutes.)  Every kind at once, each under a name of its own, in one stall: the window is
+    waited for once."""
     address = urlsplit(aiolock_server.url)
     flaky = Redis(
         host=address.hostname or "127.0.0.1",
@@ -113,35 +118,52 @@ async def test_a_long_hold_released_after_a_resend_leaves_nothing_after_the_wind
         socket_timeout=0.05,
         socket_connect_timeout=0.05,
         retry=Retry(ConstantBackoff(0.01), 20),
+        max_connections=64,
     )
     client = aiolock.Client(flaky, key_prefix=aiolock_client.key_prefix)
     prefix = client.key_prefix
     window = services_of(client).resend_window_ms
     assert window == 2_300  # 21 attempts x (0.05 + 0.05) s + 20 pauses of 0.01 s
-    lock = _long_hold(client, kind)
+    locks = {kind: _long_hold(client, kind) for kind in LONG_HOLD_KINDS}
 
     async def left() -> dict[str, int]:
         """Each key of the run but the fencing counter, with its PTTL."""
         keys = [key for key in await keys_under(redis, prefix) if key != f"{prefix}:fence"]
         return {key: await redis.pttl(key) for key in keys}
 
+    entered: list[Any] = []
+
+    async def hold(lock: Any, stalled: asyncio.Event) -> None:
+        async with lock.acquire(wait=5, lease=600):
+            entered.append(lock)
+            await stalled.wait()
+
     try:
         await redis.execute_command("DEBUG", "SLEEP", 0)
     except ResponseError:
         pytest.skip("this server does not allow DEBUG (enable-debug-command)")
     try:
-        async with lock.acquire(wait=5, lease=600):  # warm up: scripts loaded, connection open
-            pass
+        # Warm up, all at once: scripts loaded, and a connection open for each kind (one
+        # opened during the stall would send its acquire after it, never resent).
+        warm = asyncio.Event()
+        warming = [asyncio.create_task(hold(lock, warm)) for lock in locks.values()]
+        await eventually(lambda: len(entered) == len(locks), what="every kind held at once")
+        warm.set()
+        await asyncio.gather(*warming)
         assert await left() == {}  # a fault-free cycle marks nothing
         before = await evalsha_calls(redis)
-        started = asyncio.Event()
+        started, stalled = asyncio.Event(), asyncio.Event()
         stall = asyncio.create_task(stall_server(aiolock_server.url, 0.3, started))
         await started.wait()
-        async with lock.acquire(wait=5, lease=600):
-            await stall
-            assert await evalsha_calls(redis) - before >= 2, "redis-py did not resend"
+        holders = [asyncio.create_task(hold(lock, stalled)) for lock in locks.values()]
+        await stall
+        stalled.set()
+        await asyncio.gather(*holders)
+        assert await evalsha_calls(redis) - before >= 2 * len(locks), "redis-py did not resend"
         marks = await left()
-        assert marks, "the resend left no mark"
+        for kind, lock in locks.items():
+            tag = lock.hash_tag
+            assert any(tag in key for key in marks), f"the resend of {kind} left no mark"
         assert all(0 < pttl <= window for pttl in marks.values()), marks  # for the window
 
         async def only_the_counter() -> bool:
