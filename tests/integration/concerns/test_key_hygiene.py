@@ -28,6 +28,7 @@ from aiolock.semaphore import seam_of
 from aiolock.testing.embedded import EmbeddedServer
 from aiolock.testing.pytest_plugin import ServerInfo
 from tests.helpers import evalsha_calls, eventually, services_of, stall_server, use_once
+from tests.integration.concerns.test_transaction import lock_of
 
 pytestmark = pytest.mark.anyio
 
@@ -83,22 +84,7 @@ async def test_every_kind_leaves_no_key_per_name(
     await eventually(only_the_counter, timeout=2.0, what=f"no {kind} key per name left")
 
 
-def _long_hold(client: aiolock.Client, kind: str) -> Any:
-    """An acquire of ``kind`` (``acquire(wait=..., lease=...)``, every kind has it), under a
-    name of its own."""
-    name = f"long-hold-{kind}"
-    makers: dict[str, Callable[[], Any]] = {
-        "lock": lambda: client.lock(name),
-        "fair": lambda: client.fair_lock(name),
-        "spin": lambda: client.spin_lock(name),
-        "read": lambda: client.rw_lock(name).read_lock(),
-        "write": lambda: client.rw_lock(name).write_lock(),
-        "semaphore": lambda: client.semaphore(name, 2),
-    }
-    return makers[kind]()
-
-
-LONG_HOLD_KINDS = ["lock", "fair", "spin", "read", "write", "semaphore"]
+LONG_HOLD_KINDS = ["lock", "fair", "spin", "read", "write", "permit"]
 
 
 async def test_a_long_hold_released_after_a_resend_leaves_nothing_after_the_window(
@@ -124,7 +110,7 @@ async def test_a_long_hold_released_after_a_resend_leaves_nothing_after_the_wind
     prefix = client.key_prefix
     window = services_of(client).resend_window_ms
     assert window == 2_300  # 21 attempts x (0.05 + 0.05) s + 20 pauses of 0.01 s
-    locks = {kind: _long_hold(client, kind) for kind in LONG_HOLD_KINDS}
+    locks = {kind: lock_of(client, kind, f"long-hold-{kind}") for kind in LONG_HOLD_KINDS}
 
     async def left() -> dict[str, int]:
         """Each key of the run but the fencing counter, with its PTTL."""
