@@ -24,10 +24,10 @@ from ._core.composite import (
     CompositeStatistics,
     release_all,
     start_releases,
-    traced,
 )
 from ._core.guard import Guarded, Holding
 from ._core.holds import Hold
+from ._core.metrics import traced
 from ._core.validate import check_lease, check_wait
 from .errors import LockNotOwnedError, LockTimeoutError
 
@@ -97,7 +97,8 @@ class MultiLock(Guarded[tuple[int, ...]]):
         await holding.release()
 
     def _traced_take(self, wait: float | None, lease: float | None) -> Coroutine[Any, Any, bool]:
-        return traced(self._seams[0], self._take(wait, lease), "multi", self.name, self._holds_of)
+        tracing = self._seams[0].services.tracing  # the first part's client
+        return traced(tracing, self._take(wait, lease), "multi", self.name, self._holds_of)
 
     def _holds_of(self, taken: bool) -> tuple[Hold, ...]:
         """The parts' holds, right after ``_take`` returned ``taken``."""

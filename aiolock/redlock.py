@@ -24,10 +24,10 @@ from ._core.composite import (
     CompositeStatistics,
     release_all,
     start_releases,
-    traced,
 )
 from ._core.guard import Guarded, Holding
 from ._core.holds import Hold
+from ._core.metrics import traced
 from ._core.validate import check_lease, check_name, check_wait
 from .errors import LockNotOwnedError, LockTimeoutError
 from .lock import AsyncRLock
@@ -116,7 +116,8 @@ class RedLock(Guarded[int]):
     def _traced_take(
         self, wait: float | None, lease: float | None
     ) -> Coroutine[Any, Any, CompositeHold[int] | None]:
-        return traced(self._seams[0], self._take(wait, lease), "redlock", self.name, _parts)
+        tracing = self._seams[0].services.tracing  # the first part's client
+        return traced(tracing, self._take(wait, lease), "redlock", self.name, _parts)
 
     async def _take(self, wait: float | None, lease: float | None) -> CompositeHold[int] | None:
         loop = asyncio.get_running_loop()

@@ -23,6 +23,7 @@ from ._core.base import Call, HoldKind, LockStatistics, Seam, release_args
 from ._core.guard import LockGuard
 from ._core.holds import Hold
 from ._core.keys import hash_tag, marks_of
+from ._core.metrics import traced
 from ._core.owners import current_task
 from ._core.services import Services
 from ._core.validate import check_lease, check_wait
@@ -126,9 +127,8 @@ class AsyncSemaphore:
         seam = self._seam
         services = seam.services.check_open()
         taking = self._take_as(services, wait, lease)
-        if services.tracing is None or not services.tracing.recording():
-            return await taking
-        return await services.tracing.acquire(
+        return await traced(
+            services.tracing,
             taking,
             seam.lock.kind,
             self.name,

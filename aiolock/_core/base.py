@@ -39,6 +39,7 @@ from ..errors import LockNotOwnedError, LockTimeoutError
 from .guard import Guarded, Holding
 from .holds import Hold, NameCounters
 from .keys import LockKeys, hash_tag
+from .metrics import traced
 from .services import Services
 from .settlement import Attempt, Copies, Settlement, holds_left
 from .transaction import TransactionContext
@@ -264,9 +265,6 @@ class HoldKind(Guarded[int]):
         """``work``, one acquire call of the calling owner, in an ``aiolock.acquire`` span
         when the client traces and a tracer provider may record (``granted(result)``: whether
         it holds the lock); else ``work`` itself, at no cost."""
-        tracing = self._services.tracing
-        if tracing is None or not tracing.recording():
-            return work
 
         def holds_of(result: _T) -> tuple[Hold, ...]:
             if not granted(result):
@@ -274,7 +272,7 @@ class HoldKind(Guarded[int]):
             hold = self._services.holds.get(self._hold_key, self._owner()[0])
             return () if hold is None else (hold,)
 
-        return tracing.acquire(work, self.kind, self.name, holds_of)
+        return traced(self._services.tracing, work, self.kind, self.name, holds_of)
 
     def _transaction(self, holding: Holding[int]) -> TransactionContext:
         assert isinstance(holding, Hold)

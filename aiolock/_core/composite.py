@@ -1,5 +1,4 @@
-"""What ``MultiLock`` and ``RedLock`` share: a hold made of parts, its statistics, and the span
-of an acquire call.
+"""What ``MultiLock`` and ``RedLock`` share: a hold made of parts, and its statistics.
 
 A composite hold is held while at least ``needed`` of its parts are (all of them for a
 ``MultiLock``, a majority for a ``RedLock``); it is lost, once, the moment that stops being
@@ -9,37 +8,19 @@ true, and then tells its own listeners (a guard's ``cancel_on_loss``).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from .base import LockKind, LockStatistics, Seam
 from .holds import Hold
 
-__all__ = ["CompositeHold", "CompositeStatistics", "release_all", "start_releases", "traced"]
+__all__ = ["CompositeHold", "CompositeStatistics", "release_all", "start_releases"]
 
 TokenT = TypeVar("TokenT")
-_R = TypeVar("_R")
 
 # Releases whose caller was cancelled, finishing in the background (a reference keeps them).
 _finishing: set[asyncio.Future[list[Any]]] = set()
-
-
-def traced(
-    first: Seam,
-    work: Coroutine[Any, Any, _R],
-    kind: str,
-    name: str,
-    holds_of: Callable[[_R], Sequence[Hold]],
-) -> Coroutine[Any, Any, _R]:
-    """``work``, one acquire call of a composite, in an ``aiolock.acquire`` span when the client
-    of its ``first`` part traces and a tracer provider may record, as a single lock's call is
-    (``HoldKind._traced``); else ``work`` itself.  Its parts' own attempts have no span:
-    ``holds_of(result)`` gives the parts it holds, whose losses then go on the caller's span."""
-    tracing = first.services.tracing
-    if tracing is None or not tracing.recording():
-        return work
-    return tracing.acquire(work, kind, name, holds_of)
 
 
 def start_releases(releases: Sequence[Awaitable[Any]]) -> asyncio.Future[list[Any]]:
