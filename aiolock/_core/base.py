@@ -625,17 +625,46 @@ class HoldKind(Guarded[int]):
                 )
         settlement.released_copies(owner, request, copies)
         remaining, resent = holds_left(reply), copies.resent
-        if remaining is None and resent and believed == 0 and hold and sent < hold.expires_at:
-            # No marker outlives the lock, so a resend of the release that deleted it finds it
-            # gone.  The owner's critical section ended before it sent the release, and its
-            # lease had not run out as the client counts: only a force_unlock or a failover in
-            # between would have made it a loss, and either reports itself to its own caller.
-            remaining = 0
-        services.holds.released(key, owner, remaining)
-        settlement.check_count(owner, believed, remaining)
+        # No marker outlives the lock, so a resend of the release that deleted it finds it
+        # gone.  The owner's critical section ended before it sent the release, and its lease
+        # had not run out as the client counts: only a force_unlock (which reports itself to
+        # its own caller) or a server that lost the hold in between would have made it a loss.
+        # The resend usually follows a restart: the server is asked.
+        try:
+            if (
+                remaining is None
+                and resent
+                and believed == 0
+                and hold is not None
+                and sent < hold.expires_at
+                and await self._server_kept(hold)
+            ):
+                remaining = 0
+        finally:  # a cancellation of that question leaves it a loss, recorded all the same
+            services.holds.released(key, owner, remaining)
+            settlement.check_count(owner, believed, remaining)
         if remaining == 0:
             self._released_last(hold)
         return remaining
+
+    async def _server_kept(self, hold: Hold) -> bool:
+        """Whether the server that answers for the lock now has been up since ``hold`` was
+        last found on it (so it may not have lost it since); ``False`` when it cannot tell.
+
+        Asked only after a resend.  The server counts ``uptime_in_seconds`` between two
+        whole-second clock readings, so it may have started up to a second after now less
+        that: counted against it.
+        """
+        try:
+            info = await self._services.calls.command(self._keys.lock, ("INFO", "server"))
+        except RedisError:
+            return False
+        text = info.decode() if isinstance(info, bytes) else str(info)
+        for line in text.splitlines():
+            if line.startswith("uptime_in_seconds:"):
+                uptime = int(line.partition(":")[2]) - 1
+                return asyncio.get_running_loop().time() - uptime < hold.confirmed_at
+        return False
 
     async def _release_plainly(
         self, command: tuple[Any, ...], owner: str, request: int, copies: Copies

@@ -100,6 +100,9 @@ class Hold:
     # A try of this client for the name was refused while the acquire that made it ran: the
     # lock is contended, and its release had better publish in the same call.
     contended: bool = False
+    # When (loop time) the last call that found the hold on the server (its grant, a renewal)
+    # was sent: a server that started after it may have lost the hold (see HoldKind._release).
+    confirmed_at: float = 0.0
 
     def valid_for(self) -> float:
         """Seconds the hold surely lasts by this client's clock (no I/O); 0.0 once it ended.
@@ -216,6 +219,7 @@ class Holds:
                 channels,
             )
             hold.granted_at = asyncio.get_running_loop().time()
+            hold.confirmed_at = sent_at
             hold.contended = counters.refused_sent_at >= started
             self._holds[(key, owner)] = hold
             counters.acquisitions += 1
@@ -225,6 +229,7 @@ class Holds:
         else:
             hold.count = count
             hold.expires_at = max(hold.expires_at, expires_at)
+            hold.confirmed_at = max(hold.confirmed_at, sent_at)
             hold.watchdog = hold.watchdog or watchdog
         if hold.watchdog:
             self.changed.set()
@@ -233,12 +238,14 @@ class Holds:
         self._arm_timer(hold)
         return hold
 
-    def extend(self, hold: Hold, expires_at: float) -> None:
-        """A renewal landed: the lease now ends no earlier than ``expires_at``."""
+    def extend(self, hold: Hold, sent_at: float, lease: float) -> None:
+        """A renewal sent at ``sent_at`` landed: the lease now ends no earlier than ``lease``
+        seconds after it."""
         hold.counters.renewals += 1
         if self.metrics is not None:
             self.metrics.renewed(hold.kind)
-        expires_at -= CLOCK_MARGIN
+        hold.confirmed_at = max(hold.confirmed_at, sent_at)
+        expires_at = sent_at + lease - CLOCK_MARGIN
         if expires_at > hold.expires_at:
             hold.expires_at = expires_at
             self._arm_timer(hold)

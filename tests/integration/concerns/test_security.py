@@ -33,7 +33,7 @@ PREFIX = "secure"
 # EVALSHA with the EVAL fallback, the inspection calls, and the subscriber connection's.
 AIOLOCK_COMMANDS = (
     "+evalsha +eval +hexists +hget +hmget +hset +hdel +incr +exists +del +pexpire +pttl +publish "
-    "+subscribe +unsubscribe +ping"
+    "+subscribe +unsubscribe +ping +info"
 )
 ACL = f"""\
 user default on nopass -@all +ping
