@@ -29,7 +29,9 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .. import _scripts
 from .._redis.calls import not_sent
@@ -222,8 +224,25 @@ class HoldKind(Guarded[int]):
             self._services.holds.defer(self._keys.lock, owner, self._withdraw(call))
 
     async def _withdraw(self, call: Call) -> None:
-        # Sent also while the client closes: closing waits for it (see Client.aclose).
-        await self._services.calls.run(*call)
+        """Send a withdraw (idempotent) until it lands, the waiter's entry surely ended
+        (``fair_wait_timeout`` after its last try), or the client closed: until then the entry
+        holds others back.  Sent also while the client closes: closing waits for it (see
+        Client.aclose)."""
+        services = self._services
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + services.fair_wait_timeout
+        delay = 0.02
+        while True:
+            try:
+                await services.calls.run(*call)
+                return
+            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
+                now = loop.time()
+                if services.closed or now >= give_up:
+                    logger.warning("could not withdraw a waiter of %r: %r", self.name, exc)
+                    return
+                await asyncio.sleep(min(delay, give_up - now))
+                delay = min(delay * 2, 1.0)
 
     # -- acquiring ---------------------------------------------------------------------------
 
