@@ -39,7 +39,7 @@ end
 -- command tells it: the lock is free and no marker of a recent fault exists (a late copy can
 -- exist only after a fault, which writes one: common/_requests).  A call with optional ARGV
 -- (a fault path) takes the general path.
-local present
+local present, pttl, held
 if #ARGV == 4 then
     present = redis.call('EXISTS', KEYS[1], KEYS[2])
     if present == 0 then
@@ -49,6 +49,20 @@ if #ARGV == 4 then
             owner .. '/' .. ARGV[3])
         redis.call('PEXPIRE', KEYS[1], lease)
         return {token, 1, lease}
+    end
+    -- The fault-free refusal too (a waiter's first try): the lock lives, and this owner has no
+    -- hold in it (a marker of a fault matters only on a free lock, or to its own holder).
+    pttl = redis.call('PTTL', KEYS[1])
+    if pttl ~= -2 then
+        local owner = ARGV[2]
+        held = redis.call('HMGET', KEYS[1], owner, 'r:' .. owner, 'f:' .. owner, 'x:' .. owner,
+            ':w')
+        if not held[1] then
+            if ARGV[4] == '1' and not held[5] then
+                redis.call('HSET', KEYS[1], ':w', 1)  -- the release that deletes it publishes
+            end
+            return pttl
+        end
     end
 end
 
@@ -60,18 +74,18 @@ local late, resent = optional_args(5)
 
 local function attempt()
     local owner = ARGV[2]
-    -- Read above already on a call with no optional ARGV.
+    -- present, pttl and held: read above already on a call with no optional ARGV.
     if (present or redis.call('EXISTS', KEYS[1], KEYS[2])) == 0 then
         return grant(KEYS[1], KEYS[3], owner, request, lease, late)
     end
-    local pttl = redis.call('PTTL', KEYS[1])
+    pttl = pttl or redis.call('PTTL', KEYS[1])
     if pttl == -2 then  -- free: only markers of a recent fault exist
         if stale(KEYS[2], owner, request) then
             return 1  -- a late copy of an undone or answered call: its caller is gone
         end
         return grant(KEYS[1], KEYS[3], owner, request, lease, late)
     end
-    local held = redis.call('HMGET', KEYS[1], owner, 'r:' .. owner, 'f:' .. owner, 'x:' .. owner, ':w')
+    held = held or redis.call('HMGET', KEYS[1], owner, 'r:' .. owner, 'f:' .. owner, 'x:' .. owner, ':w')
     local again = reenter_read(KEYS[1], held, owner, request, lease, pttl, late)
     if again then
         return again
