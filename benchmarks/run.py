@@ -137,11 +137,16 @@ def main(argv: list[str] | None = None) -> int:
             server.stop()
     previous = out_dir / "latest.json"
     merged: dict[str, Any] = {}
+    kept_meta: dict[str, Any] = {}
+    date = time.strftime("%Y-%m-%d %H:%M %Z")
     if args.scenario != "all" and previous.exists():
-        merged = json.loads(previous.read_text()).get("scenarios", {})
+        # A partial run replaces its scenarios' tables only: the header stays the full run's,
+        # and says which scenarios were run again, when.
+        earlier = json.loads(previous.read_text())
+        merged, kept_meta = earlier.get("scenarios", {}), earlier.get("meta", {})
     results = {
         "meta": {
-            "date": time.strftime("%Y-%m-%d %H:%M %Z"),
+            "date": date,
             "machine": _machine(),
             "server": f"{info['name']} {info['version']}"
             + (" (embedded)" if server is not None else f" at {args.url}"),
@@ -156,6 +161,10 @@ def main(argv: list[str] | None = None) -> int:
         },
         "scenarios": {**merged, **scenarios},
     }
+    if kept_meta:
+        reruns = {**kept_meta.get("reruns", {})}
+        reruns.update({name: f"{date}, medians of {args.repeats}" for name in scenarios})
+        results["meta"] = {**kept_meta, "reruns": reruns}
     text = report.write(results, out_dir)
     if not args.quick and args.out is None:
         _update_readme(text)

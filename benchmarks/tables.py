@@ -165,7 +165,8 @@ def markdown(results: dict[str, Any]) -> str:
     out = [
         f"Run {meta['date']} on {meta['machine']}; {meta['server']}; Python {meta['python']}, "
         f"redis-py {meta['redis_py']}, aiolock {meta['aiolock']}. "
-        f"Medians of {meta['repeats']} repeats{' (quick mode)' if meta['quick'] else ''}.",
+        f"Medians of {meta['repeats']} repeats{' (quick mode)' if meta['quick'] else ''}."
+        + "".join(f" Run again: {name} ({when})." for name, when in meta.get("reruns", {}).items()),
         "",
     ]
     checks = check(results)
