@@ -243,6 +243,8 @@ class HoldKind(Guarded[int]):
                     return
                 await asyncio.sleep(min(delay, give_up - now))
                 delay = min(delay * 2, 1.0)
+                if services.closed:  # closed while this slept: its connections are gone
+                    return
 
     # -- acquiring ---------------------------------------------------------------------------
 
@@ -643,36 +645,40 @@ class HoldKind(Guarded[int]):
                     on_send=copies.sending,
                 )
         settlement.released_copies(owner, request, copies)
-        remaining, resent = holds_left(reply), copies.resent
+        remaining = holds_left(reply)
         # No marker outlives the lock, so a resend of the release that deleted it finds it
         # gone.  The owner's critical section ended before it sent the release, and its lease
         # had not run out as the client counts: only a force_unlock (which reports itself to
         # its own caller) or a server that lost the hold in between would have made it a loss.
-        # The resend usually follows a restart: the server is asked.
-        try:
-            if (
-                remaining is None
-                and resent
-                and believed == 0
-                and hold is not None
-                and sent < hold.expires_at
-                and await self._server_kept(hold)
-            ):
-                remaining = 0
-        finally:  # a cancellation of that question leaves it a loss, recorded all the same
-            services.holds.released(key, owner, remaining)
-            settlement.check_count(owner, believed, remaining)
+        # The resend usually follows a restart: the server is asked, after the hold is no
+        # longer tracked (a renewal or a new hold of the owner must not meet it meanwhile).
+        doubted = (
+            remaining is None
+            and copies.resent
+            and believed == 0
+            and hold is not None
+            and sent < hold.expires_at
+        )
+        services.holds.released(key, owner, 0 if doubted else remaining)
+        settlement.check_count(owner, believed, remaining)
+        if doubted and hold is not None:
+            kept = False
+            try:
+                kept = await self._server_kept(hold)
+            finally:  # a cancellation of that question leaves it a loss, recorded all the same
+                if not kept:
+                    services.holds.lose(hold, "the server restarted or changed since it held it")
+            remaining = 0 if kept else None
         if remaining == 0:
             self._released_last(hold)
         return remaining
 
     async def _server_kept(self, hold: Hold) -> bool:
         """Whether the server that answers for the lock now has been up since ``hold`` was
-        last found on it (so it may not have lost it since); ``False`` when it cannot tell.
+        last confirmed on it (so it may not have lost it since); ``False`` when it cannot tell.
 
         Asked only after a resend.  The server counts ``uptime_in_seconds`` between two
-        whole-second clock readings, so it may have started up to a second after now less
-        that: counted against it.
+        whole-second clock readings: it started before now less ``uptime - 1`` seconds.
         """
         try:
             info = await self._services.calls.command(self._keys.lock, ("INFO", "server"))

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import pytest
+from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -61,17 +62,16 @@ async def test_a_release_resent_to_a_server_that_lost_the_hold_reports_the_loss(
         retry=Retry(NoBackoff(), 10),
         retry_on_error=[RedisConnectionError],
     )
-    sent: asyncio.Future[None] | None = None
+    sent: asyncio.Future[asyncio.Future[None]] = asyncio.get_running_loop().create_future()
 
     async def hold() -> None:
-        nonlocal sent
         async with make(client).acquire(wait=5, lease=30):  # no watchdog: no renewal
-            sent = proxy.next_request(release)
+            sent.set_result(proxy.next_request(release))
             proxy.freeze()  # the release's first copy stays in the proxy
 
+    holder = asyncio.create_task(hold())
     try:
-        holder = asyncio.create_task(hold())
-        await eventually(lambda: sent is not None and sent.done(), what="the release sent")
+        await (await sent)  # the release is written, and held at the proxy
         # The server dies with the hold and comes back empty; the first copy never reaches
         # it, and the client's connection breaks: redis-py resends to the new server.
         await asyncio.to_thread(server.restart, kill=True)
@@ -81,28 +81,35 @@ async def test_a_release_resent_to_a_server_that_lost_the_hold_reports_the_loss(
         with pytest.raises(aiolock.LockLostError):
             await holder
     finally:
+        holder.cancel()
         proxy.thaw()
         await client.aclose()
 
 
 async def test_a_release_resent_to_the_same_server_that_finds_the_hold_gone_succeeded(
-    volatile: tuple[EmbeddedServer, FreezableProxy],
+    proxied: Callable[..., aiolock.Client], proxy: FreezableProxy, redis: Redis
 ) -> None:
     """The other side: the first copy applied (the server was up all along), its reply was
-    lost, and the resend finds the hold gone: a release, not a loss."""
-    _, proxy = volatile
-    client = aiolock.Client.from_url(
-        f"redis://127.0.0.1:{proxy.port}/0",
-        retry=Retry(NoBackoff(), 10),
-        retry_on_error=[RedisConnectionError],
-    )
-    lock = client.fair_lock("kept")
-    try:
-        async with lock.acquire(wait=5, lease=30) as guard:
-            # The release runs on the server; its connection is cut before the reply.
-            applied = proxy.cut_next_request(b"EVALSHA")
-        assert await applied  # the server answered the first copy
-        assert not guard.lost
-        assert not await lock.is_locked()
-    finally:
-        await client.aclose()
+    lost, and the resend finds the hold gone: a release, not a loss.  The plain lock's
+    release, a plain HDEL, answers a resend that finds nothing as it answers a loss."""
+
+    async def up_two_seconds() -> bool:  # a server that started within a second or two
+        return int((await redis.info("server"))["uptime_in_seconds"]) >= 2  # vouches for none
+
+    await eventually(up_two_seconds, what="the server up for two seconds")
+    client = proxied(retry=Retry(NoBackoff(), 10), retry_on_error=[RedisConnectionError])
+    lock = client.lock("kept")
+    asked = await info_calls(redis)
+    async with lock.acquire(wait=5, lease=30) as guard:
+        # The release runs on the server; its connection is cut before the reply.
+        applied = proxy.cut_next_request(b"HDEL")
+    assert await applied == b":3\r\n"  # the server ran the first copy: the hold was there
+    # The client asked whether the server had restarted (one INFO more than the reading above).
+    assert await info_calls(redis) >= asked + 2
+    assert not guard.lost
+    assert not await lock.is_locked()
+
+
+async def info_calls(redis: Redis) -> int:
+    stats = await redis.info("commandstats")
+    return int(stats.get("cmdstat_info", {}).get("calls", 0))
