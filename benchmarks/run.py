@@ -163,7 +163,10 @@ def main(argv: list[str] | None = None) -> int:
     }
     if kept_meta:
         reruns = {**kept_meta.get("reruns", {})}
-        reruns.update({name: f"{date}, medians of {args.repeats}" for name in scenarios})
+        how = results["meta"]
+        rerun = f"{date}, {how['server']}, aiolock {how['aiolock']}, medians of {args.repeats}"
+        rerun += ", quick" if args.quick else ""
+        reruns.update({name: rerun for name in scenarios})
         results["meta"] = {**kept_meta, "reruns": reruns}
     text = report.write(results, out_dir)
     if not args.quick and args.out is None:
