@@ -29,9 +29,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
 
-from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .. import _scripts
 from .._redis.calls import not_sent
@@ -43,7 +41,7 @@ from .holds import Hold, NameCounters
 from .keys import LockKeys, hash_tag
 from .metrics import traced
 from .services import Services
-from .settlement import Attempt, Copies, Settlement, holds_left
+from .settlement import Attempt, Copies, Settlement, holds_left, until_it_lands
 from .transaction import TransactionContext
 from .validate import check_lease, check_wait
 from .waiting import Waiting
@@ -229,22 +227,11 @@ class HoldKind(Guarded[int]):
         holds others back.  Sent also while the client closes: closing waits for it (see
         Client.aclose)."""
         services = self._services
-        loop = asyncio.get_running_loop()
-        give_up = loop.time() + services.fair_wait_timeout
-        delay = 0.02
-        while True:
-            try:
-                await services.calls.run(*call)
-                return
-            except (RedisConnectionError, RedisTimeoutError, OSError) as exc:
-                now = loop.time()
-                if services.closed or now >= give_up:
-                    logger.warning("could not withdraw a waiter of %r: %r", self.name, exc)
-                    return
-                await asyncio.sleep(min(delay, give_up - now))
-                delay = min(delay * 2, 1.0)
-                if services.closed:  # closed while this slept: its connections are gone
-                    return
+        give_up = asyncio.get_running_loop().time() + services.fair_wait_timeout
+        try:
+            await until_it_lands(lambda: services.calls.run(*call), give_up, services)
+        except (RedisError, OSError) as exc:
+            logger.warning("could not withdraw a waiter of %r: %r", self.name, exc)
 
     # -- acquiring ---------------------------------------------------------------------------
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
@@ -32,7 +32,7 @@ from .keys import LockKeys
 from .metrics import lock_extra
 from .services import Services
 
-__all__ = ["Attempt", "Copies", "Settled", "Settlement", "holds_left"]
+__all__ = ["Attempt", "Copies", "Settled", "Settlement", "holds_left", "until_it_lands"]
 
 logger = logging.getLogger("aiolock.lock")
 
@@ -41,6 +41,28 @@ _FAILURES: Final = (RedisError, OSError)
 # How long past the lease end the client knows of a background release keeps trying: the
 # server counts a lease from when it applied the call, which a stall may have delayed.
 _SETTLE_MARGIN: Final = 1.0
+
+
+async def until_it_lands(
+    send: Callable[[], Awaitable[Any]], give_up: float, services: Services
+) -> Any:
+    """``send()`` an idempotent call again, with a backoff (20 ms doubling to 1 s), until it
+    is answered (its reply), ``give_up`` (loop time) has passed or the client closed (the last
+    failure is raised).  The last try is at ``give_up``, not a backoff step before it: a
+    settlement that ends early would let the owner's next call meet what it was settling."""
+    loop = asyncio.get_running_loop()
+    delay = 0.02
+    while True:
+        try:
+            return await send()
+        except _FAILURES:
+            now = loop.time()
+            if services.closed or now >= give_up:
+                raise
+            await asyncio.sleep(min(delay, give_up - now))
+            delay = min(delay * 2, 1.0)
+            if services.closed:  # closed while this slept: its connections are gone
+                raise
 
 
 class Settled(Protocol):
@@ -353,39 +375,31 @@ class Settlement:
         """
         lock = self.lock
         services = lock.services
-        loop = asyncio.get_running_loop()
-        give_up = until + _SETTLE_MARGIN
-        delay = 0.02
         copies = Copies() if copies is None else copies
         script, keys, args = lock.release_call(owner, request, undo)
         if undo is not None:
             # An undo that finds its acquire unapplied writes a marker: for the resend window.
             args = (*args, services.resend_window_ms)
-        while True:
-            try:
-                reply = await services.calls.run(script, keys, args, on_send=copies.sending)
-            except _FAILURES as exc:
-                # The last try is at the horizon, not a backoff step before it: a settlement
-                # that ends early would let the owner's next call meet the hold it was undoing.
-                now = loop.time()
-                if services.closed or now >= give_up:
-                    logger.warning(
-                        "gave up releasing %r in the background: %r",
-                        lock.name,
-                        exc,
-                        extra=lock_extra(lock.kind, lock.name, owner),
-                    )
-                    services.holds.abandoned(lock.keys.lock, owner)
-                    self.released_copies(owner, request, copies)  # copies may still land
-                    return
-                await asyncio.sleep(min(delay, give_up - now))
-                delay = min(delay * 2, 1.0)
-                continue
-            self.released_copies(owner, request, copies)
-            services.holds.released(lock.registry_key, owner, holds_left(reply))
-            if reply == 0:
-                lock.released_last(None)
+        try:
+            reply = await until_it_lands(
+                lambda: services.calls.run(script, keys, args, on_send=copies.sending),
+                until + _SETTLE_MARGIN,
+                services,
+            )
+        except _FAILURES as exc:
+            logger.warning(
+                "gave up releasing %r in the background: %r",
+                lock.name,
+                exc,
+                extra=lock_extra(lock.kind, lock.name, owner),
+            )
+            services.holds.abandoned(lock.keys.lock, owner)
+            self.released_copies(owner, request, copies)  # copies may still land
             return
+        self.released_copies(owner, request, copies)
+        services.holds.released(lock.registry_key, owner, holds_left(reply))
+        if reply == 0:
+            lock.released_last(None)
 
     # -- the pieces --------------------------------------------------------------------------
 
