@@ -27,12 +27,12 @@ import redis
 import aiolock
 from aiolock.testing.embedded import EmbeddedServer
 from benchmarks import impls, report
-from benchmarks.scenarios import cluster, contended, fanin, rtt, shared, sweep, uncontended
+from benchmarks.scenarios import cluster, contended, fanin, floor, rtt, shared, sweep, uncontended
 from benchmarks.scenarios import names as many_names
 from benchmarks.stats import ServerProbe
 
 HERE = Path(__file__).resolve().parent
-SCENARIOS = ("rtt", "uncontended", "contended", "sweep", "shared", "fanin", "names")
+SCENARIOS = ("rtt", "floor", "uncontended", "contended", "sweep", "shared", "fanin", "names")
 # Not in ``all``: it starts a 3-primary cluster of its own (``--server`` picks the binary).
 EXTRA = ("cluster",)
 _README_START, _README_END = "<!-- results:start -->", "<!-- results:end -->"
@@ -78,6 +78,7 @@ def _run_scenarios(args: argparse.Namespace, url: str, names: list[str]) -> dict
     ]
     runners: dict[str, Callable[[], dict[str, Any]]] = {
         "rtt": lambda: rtt.run(url, repeats=args.repeats, quick=args.quick),
+        "floor": lambda: floor.run(url, repeats=args.repeats, quick=args.quick),
         "uncontended": lambda: uncontended.run(url, names, repeats=args.repeats, quick=args.quick),
         "contended": lambda: contended.run(url, names, repeats=args.repeats, quick=args.quick),
         "sweep": lambda: sweep.run(url, names, repeats=args.repeats, quick=args.quick),

@@ -180,6 +180,29 @@ def markdown(results: dict[str, Any]) -> str:
             ["PING p50 µs", "PING p99 µs", "SET NX PX + DEL p50 µs", "SET NX PX + DEL p99 µs"],
             [[m["ping_p50_us"], m["ping_p99_us"], m["set_del_p50_us"], m["set_del_p99_us"]]],
         )
+    if "floor" in scenarios:
+        section = scenarios["floor"]
+        ping = scenarios.get("rtt", {}).get("median", {}).get("ping_p50_us")
+        out += [
+            f"**floor**: a token passed round {section['processes']} processes, one PUBLISH "
+            f"per pass, each held {section['hold_s'] * 1e3:g} ms (no lock: the least any "
+            "one-message hand-off costs here)",
+            "",
+        ]
+        floor_rows: list[Sequence[object]] = []
+        for client, figures in section["clients"].items():
+            gap = figures["median"].get("gap_p50_us")
+            ratio = f"{gap / ping:.2f}" if gap is not None and ping else "-"
+            floor_rows.append([client, gap if gap is not None else "-", ratio])
+        pause = section["ping_after_pause_p50_us"]
+        floor_rows.append(
+            [
+                f"PING after a {section['hold_s'] * 1e3:g} ms pause",
+                pause,
+                f"{pause / ping:.2f}" if ping else "-",
+            ]
+        )
+        out += _table(["client", "hand-off gap p50 µs", "x PING p50 (rtt)"], floor_rows)
     if "uncontended" in scenarios:
         section = scenarios["uncontended"]
         out += [f"**uncontended**: one task, {section['cycles']:,} acquire + release cycles", ""]
