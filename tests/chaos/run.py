@@ -376,10 +376,13 @@ async def leftovers_on(
         found = []
         for key in keys:
             pttl = await redis.pttl(key)
+            if pttl == -2:
+                continue  # it expired between the scan and now: not left behind
             if key.endswith(b":meta"):
                 seconds, micros = await redis.time()
                 now = seconds * 1000 + micros // 1000
-                bad = _bad_marks(await redis.hgetall(key), now, pttl)
+                meta = await redis.hgetall(key)
+                bad = meta and _bad_marks(meta, now, pttl)  # none: it expired meanwhile
                 if bad:
                     found.append(f"meta hash left behind: {key!r} (pttl {pttl} ms, {bad})")
                 continue
