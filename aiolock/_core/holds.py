@@ -140,9 +140,13 @@ class Holds:
         # When a background release of each (lock, owner) last gave up (loop time, oldest
         # first): a hold it left may still be met for a while, and that is no bug.
         self._abandoned: dict[tuple[str, str], float] = {}
-        # Releases in flight per (key, owner): a renewal answered meanwhile may find the hold
-        # gone because of one of them, which is no loss (see in_release).
-        self._releasing: dict[tuple[str, str], int] = {}
+        # When each release in flight per (key, owner) began (loop time): a renewal answered
+        # meanwhile may find the hold gone because of one of them, which is no loss (see
+        # in_release), nor is a lease that runs out after one began (see _lease_ran_out).
+        self._releasing: dict[tuple[str, str], list[float]] = {}
+        # The (key, owner)s whose lease ran out while a release was in flight: decided when
+        # the last of those releases has ended (see releasing).
+        self._lapsed: set[tuple[str, str]] = set()
         # The releases of each (key, owner) that were resent lately, and the timer that drops
         # them at the end of the resend window (see resent_release): faults only.
         self._late: dict[tuple[str, str], tuple[list[int], asyncio.TimerHandle]] = {}
@@ -313,22 +317,45 @@ class Holds:
         if hold.timer is not None:
             hold.timer.cancel()
         loop = asyncio.get_running_loop()
-        hold.timer = loop.call_at(
-            hold.expires_at, self.lose, hold, "its lease ran out while it was held"
-        )
+        hold.timer = loop.call_at(hold.expires_at, self._lease_ran_out, hold)
+
+    def _lease_ran_out(self, hold: Hold) -> None:
+        """The hold's lease ran out as the client counts it (its timer, or a check after a
+        release): it is lost, unless its owner began releasing it before then."""
+        at = (hold.key, hold.owner)
+        starts = self._releasing.get(at)
+        if starts and min(starts) < hold.expires_at:
+            # The critical section ended in time.  A loop that was blocked may run this timer
+            # before it reads the release's reply: that reply decides (see releasing).
+            self._lapsed.add(at)
+            return
+        self.lose(hold, "its lease ran out while it was held")
 
     @contextlib.contextmanager
     def releasing(self, key: str, owner: str) -> Iterator[None]:
         """Mark a release of the owner's hold on ``key`` as in flight while the block runs."""
         at = (key, owner)
-        self._releasing[at] = self._releasing.get(at, 0) + 1
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        self._releasing.setdefault(at, []).append(began)
         try:
             yield
         finally:
-            if self._releasing[at] == 1:
+            starts = self._releasing[at]
+            starts.remove(began)
+            if not starts:
                 del self._releasing[at]
-            else:
-                self._releasing[at] -= 1
+                if at in self._lapsed:
+                    self._lapsed.discard(at)
+                    # Once the caller has recorded the reply (no await in between): a hold
+                    # still tracked then (an inner release of a reentrant hold, or a release
+                    # that failed) outlived its lease.
+                    loop.call_soon(self._check_lease, at)
+
+    def _check_lease(self, at: tuple[str, str]) -> None:
+        hold = self._holds.get(at)
+        if hold is not None and asyncio.get_running_loop().time() >= hold.expires_at:
+            self._lease_ran_out(hold)
 
     def in_release(self, hold: Hold) -> bool:
         """Whether a release of ``hold``'s owner on its key is in flight.

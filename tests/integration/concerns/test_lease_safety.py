@@ -5,13 +5,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
+import time
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
 
 import aiolock
 from aiolock._core.base import Seam
+from aiolock._redis import calls
 from tests.helpers import assert_clean, eventually, services_of
 
 pytestmark = pytest.mark.anyio
@@ -113,6 +116,73 @@ async def test_short_lease_running_out_marks_the_guard_lost(
         r for r in caplog.records if "lost" in r.getMessage() and "runs-out" in r.getMessage()
     ]
     assert len(lost_logs) == 1  # said once
+
+
+class _Stall:
+    """Once armed, block the event loop for ``seconds`` at its next turn after the next call's
+    bytes were written (a GC pause, a busy machine): the loop then meets the call's reply and
+    any timer that came due meanwhile in one turn, and runs the timer first."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
+        self.armed = False
+        write = calls.write
+
+        async def stalling(conn: Any, *commands: tuple[Any, ...]) -> None:
+            await write(conn, *commands)
+            if self.armed:
+                self.armed = False
+                asyncio.get_running_loop().call_soon(time.sleep, seconds)
+
+        monkeypatch.setattr(calls, "write", stalling)
+
+
+@pytest.mark.parametrize("kind", ["lock", "fair_lock", "semaphore"])
+async def test_a_lease_that_runs_out_after_the_release_left_is_no_loss(
+    aiolock_client: aiolock.Client, kind: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The body ended and its release went out with lease to spare, then the loop stalled past
+    the lease's end: it runs the lease timer before it reads the reply, which says released.
+    The critical section ended in time: no loss (the chaos run's spurious loss)."""
+    stall = _Stall(monkeypatch, 0.3)
+    if kind == "semaphore":
+        semaphore = aiolock_client.semaphore("lapsed", 2)
+        async with semaphore.acquire(lease=0.4):
+            pass  # the server has the scripts: the release is one call (no NOSCRIPT)
+        async with semaphore.acquire(lease=0.4) as permit:
+            await asyncio.sleep(0.25)
+            stall.armed = True  # the release's
+        assert not permit.lost
+        assert semaphore.statistics().losses == 0
+        assert await semaphore.available() == 2
+        return
+    lock = getattr(aiolock_client, kind)("lapsed")
+    async with lock.acquire(lease=0.4):
+        pass  # the server has the scripts: the release is one call (no NOSCRIPT)
+    async with lock.acquire(lease=0.4) as guard:
+        await asyncio.sleep(0.25)
+        stall.armed = True
+    assert not guard.lost
+    assert lock.statistics().losses == 0
+    assert not await lock.is_locked()
+
+
+async def test_a_reentrant_hold_that_outlives_its_lease_during_an_inner_release_is_lost(
+    aiolock_client: aiolock.Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same stall during an inner release: that release ended in time, but the outer hold
+    is still held once its reply is read, and its lease has run out."""
+    stall = _Stall(monkeypatch, 0.3)
+    lock = aiolock_client.lock("lapsed-reentrant")
+    async with lock.acquire(lease=0.4), lock.acquire(lease=0.4):
+        pass  # the server has the scripts: the inner release is one call (no NOSCRIPT)
+    with pytest.raises(aiolock.LockLostError, match="lease ran out"):
+        async with lock.acquire(lease=0.4) as outer:
+            async with lock.acquire(lease=0.4) as inner:
+                await asyncio.sleep(0.25)
+                stall.armed = True  # the inner release's
+            assert not inner.lost
+            await eventually(lambda: outer.lost, what="the outer hold reported lost")
+    assert lock.statistics().losses == 1
 
 
 async def test_body_error_after_loss_keeps_its_type(make_client: MakeClient) -> None:
