@@ -91,7 +91,7 @@ class ClusterCalls(Runner):
         self._cluster = cluster
         self._nodes: dict[str, Calls] = {}
         self._refreshing: asyncio.Task[None] | None = None
-        self._initializing: asyncio.Lock | None = None
+        self._initializing: asyncio.Task[None] | None = None
         self._ready = False
         self.sharded = False  # every primary has sharded pub/sub (known once initialized)
 
@@ -200,21 +200,31 @@ class ClusterCalls(Runner):
         """Learn the topology once, before any concurrent use.
 
         redis-py 8.1's ``RedisCluster`` may fail (``'NoneType' object has no attribute
-        'writelines'``) when its very first commands run concurrently.
+        'writelines'``) when its very first commands run concurrently: one task learns it, and
+        every caller awaits that task through a shield, as :meth:`refresh` does (redis-py
+        connects through ``asyncio.wait_for``, which on Python 3.11 may swallow a
+        cancellation: the first acquire's deadline would pass unnoticed).  A failed one is
+        started again by the next caller.
         """
         if self._ready:
             return
-        async with self._lock():
-            if not self._ready:
-                await self._cluster.initialize()
-                # Sharded only if every primary that answers has it (a cluster half-way
-                # through an upgrade from Redis 6 would fail the releases' SPUBLISH on the
-                # others); one that cannot be reached (a failover under way) is not asked.
-                primaries = self._cluster.get_primaries()
-                found = await asyncio.gather(*(_has_sharded_pubsub(node) for node in primaries))
-                answers = [answer for answer in found if answer is not None]
-                self.sharded = bool(answers) and all(answers)
-                self._ready = True
+        task = self._initializing
+        if task is None or task.done():
+            task = self._initializing = asyncio.get_running_loop().create_task(self._learn())
+            # Retrieved here too: every caller may have left before it failed.
+            task.add_done_callback(lambda done: done.cancelled() or done.exception())
+        await asyncio.shield(task)
+
+    async def _learn(self) -> None:
+        await self._cluster.initialize()
+        # Sharded only if every primary that answers has it (a cluster half-way through an
+        # upgrade from Redis 6 would fail the releases' SPUBLISH on the others); one that
+        # cannot be reached (a failover under way) is not asked.
+        primaries = self._cluster.get_primaries()
+        found = await asyncio.gather(*(_has_sharded_pubsub(node) for node in primaries))
+        answers = [answer for answer in found if answer is not None]
+        self.sharded = bool(answers) and all(answers)
+        self._ready = True
 
     def nodes(self) -> list[NodeConnections]:
         """Every node the client knows of (primaries first); the startup nodes until the
@@ -257,16 +267,12 @@ class ClusterCalls(Runner):
         except (RedisConnectionError, RedisTimeoutError, RedisClusterException) as exc:
             logger.warning("could not refresh the Cluster topology: %r", exc)
 
-    def _lock(self) -> asyncio.Lock:
-        if self._initializing is None:
-            self._initializing = asyncio.Lock()
-        return self._initializing
-
     async def aclose(self, grace: float) -> None:
         """Close every node's connections (see :meth:`Calls.aclose`)."""
-        if self._refreshing is not None:
-            self._refreshing.cancel()
-            await asyncio.gather(self._refreshing, return_exceptions=True)
+        for task in (self._refreshing, self._initializing):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
         await asyncio.gather(*(calls.aclose(grace) for calls in self._nodes.values()))
 
 
