@@ -143,23 +143,23 @@ async def test_a_lease_that_runs_out_after_the_release_left_is_no_loss(
     """The body ended and its release went out with lease to spare, then the loop stalled past
     the lease's end: it runs the lease timer before it reads the reply, which says released.
     The critical section ended in time: no loss (the chaos run's spurious loss)."""
-    stall = _Stall(monkeypatch, 0.3)
+    stall = _Stall(monkeypatch, 0.9)
     if kind == "semaphore":
         semaphore = aiolock_client.semaphore("lapsed", 2)
-        async with semaphore.acquire(lease=0.4):
+        async with semaphore.acquire(lease=1.0):
             pass  # the server has the scripts: the release is one call (no NOSCRIPT)
-        async with semaphore.acquire(lease=0.4) as permit:
-            await asyncio.sleep(0.25)
+        async with semaphore.acquire(lease=1.0) as permit:
+            await asyncio.sleep(0.3)
             stall.armed = True  # the release's
         assert not permit.lost
         assert semaphore.statistics().losses == 0
         assert await semaphore.available() == 2
         return
     lock = getattr(aiolock_client, kind)("lapsed")
-    async with lock.acquire(lease=0.4):
+    async with lock.acquire(lease=1.0):
         pass  # the server has the scripts: the release is one call (no NOSCRIPT)
-    async with lock.acquire(lease=0.4) as guard:
-        await asyncio.sleep(0.25)
+    async with lock.acquire(lease=1.0) as guard:
+        await asyncio.sleep(0.3)
         stall.armed = True
     assert not guard.lost
     assert lock.statistics().losses == 0
@@ -171,14 +171,14 @@ async def test_a_reentrant_hold_that_outlives_its_lease_during_an_inner_release_
 ) -> None:
     """The same stall during an inner release: that release ended in time, but the outer hold
     is still held once its reply is read, and its lease has run out."""
-    stall = _Stall(monkeypatch, 0.3)
+    stall = _Stall(monkeypatch, 0.9)
     lock = aiolock_client.lock("lapsed-reentrant")
-    async with lock.acquire(lease=0.4), lock.acquire(lease=0.4):
+    async with lock.acquire(lease=1.0), lock.acquire(lease=1.0):
         pass  # the server has the scripts: the inner release is one call (no NOSCRIPT)
     with pytest.raises(aiolock.LockLostError, match="lease ran out"):
-        async with lock.acquire(lease=0.4) as outer:
-            async with lock.acquire(lease=0.4) as inner:
-                await asyncio.sleep(0.25)
+        async with lock.acquire(lease=1.0) as outer:
+            async with lock.acquire(lease=1.0) as inner:
+                await asyncio.sleep(0.3)
                 stall.armed = True  # the inner release's
             assert not inner.lost
             await eventually(lambda: outer.lost, what="the outer hold reported lost")
