@@ -19,8 +19,6 @@ process on the machine.
 
 from __future__ import annotations
 
-import asyncio
-import multiprocessing
 import statistics
 import sys
 import time
@@ -33,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from aiolock import _scripts
 from aiolock._redis import calls, pubsub
 from aiolock.testing.embedded import EmbeddedServer
-from benchmarks.impls import make
+from benchmarks.scenarios.contended import HOLD_S, contend
+from benchmarks.workers import WorkerPool
 
 Log = list[tuple[str, int]]
 
@@ -58,40 +57,16 @@ def _instrument(log: Log) -> None:
         entry.deliver = traced_deliver  # type: ignore[method-assign]
 
 
-def _worker(run: tuple[str, str, str, int, int, int], out: Any) -> None:
-    impl, url, key, tasks, start, end = run
+async def traced(**kwargs: Any) -> dict[str, Any]:
+    """A worker's share: the contended scenario's :func:`~benchmarks.scenarios.contended.
+    contend`, with the internal steps timestamped; its ``(granted, released)`` records give
+    the grant and release steps."""
     log: Log = []
     _instrument(log)
-
-    async def main() -> None:
-        lock_impl = make(impl, url, concurrency=tasks)
-        await lock_impl.open()
-
-        async def cycle(handle: Any) -> None:
-            await handle.acquire()
-            await handle.release()
-
-        await asyncio.gather(*(cycle(lock_impl.handle(f"{key}:warm:{i}")) for i in range(tasks)))
-        await asyncio.sleep(max(0.0, (start - time.perf_counter_ns()) / 1e9))
-
-        async def loop() -> None:
-            handle = lock_impl.handle(key)
-            while time.perf_counter_ns() < end:
-                await handle.acquire()
-                log.append(("granted", time.perf_counter_ns()))
-                await asyncio.sleep(0.001)
-                log.append(("release", time.perf_counter_ns()))
-                await handle.release()
-
-        running = [asyncio.create_task(loop()) for _ in range(tasks)]
-        await asyncio.sleep(max(0.0, (end - time.perf_counter_ns()) / 1e9))
-        for task in running:
-            task.cancel()
-        await asyncio.gather(*running, return_exceptions=True)
-        await lock_impl.aclose()
-
-    asyncio.run(main())
-    out.put(log)
+    result = await contend(**kwargs)
+    for granted, released, _ in result["records"]:
+        log += [("granted", granted), ("release", released)]
+    return {"log": log}
 
 
 def _steps(logs: list[Log], start: int, end: int) -> dict[str, list[int]]:
@@ -128,21 +103,21 @@ def main() -> None:
     impl = sys.argv[1] if len(sys.argv) > 1 else "aiolock-fair"
     processes = int(sys.argv[2]) if len(sys.argv) > 2 else 4
     tasks = int(sys.argv[3]) if len(sys.argv) > 3 else 16
-    context = multiprocessing.get_context("spawn")
-    with EmbeddedServer() as server:
+    with EmbeddedServer() as server, WorkerPool(processes) as pool:
+        pool.wait_ready()
         key = f"bench:trace:{uuid.uuid4().hex}"
         start = time.perf_counter_ns() + 2_000_000_000
         end = start + 3_000_000_000
-        out = context.Queue()
-        workers = [
-            context.Process(target=_worker, args=((impl, server.url, key, tasks, start, end), out))
-            for _ in range(processes)
-        ]
-        for worker in workers:
-            worker.start()
-        logs = [out.get() for _ in workers]
-        for worker in workers:
-            worker.join()
+        job = {"impl": impl, "url": server.url, "key": key, "tasks": tasks, "hold_s": HOLD_S}
+        window = {"start_ns": start, "end_ns": end}
+        replies = pool.run(
+            [(traced, {**job, **window, "first_worker": i * tasks}) for i in range(processes)],
+            timeout=30,
+        )
+    errors = [reply["error"] for reply in replies if "error" in reply]
+    if errors:
+        raise SystemExit(errors[0])
+    logs = [reply["log"] for reply in replies]
     steps = _steps(logs, start, end)
     print(f"{impl}, {processes} processes x {tasks} tasks, hold 1 ms: p50 of each step")
     for name, values in steps.items():
