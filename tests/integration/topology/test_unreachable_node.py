@@ -210,8 +210,7 @@ async def test_a_caller_that_gives_up_while_the_topology_is_learnt_leaves_it_goi
         assert not await lock.try_lock(wait=0.2)
         assert loop.time() - started < 1.0
         await eventually(lambda: len(connections) == 1, what="the handshake under way")
-        other = asyncio.create_task(client.lock("learning").try_lock(wait=0.2))
-        assert not await other
+        assert not await client.lock("learning").try_lock(wait=0.2)
         assert len(connections) == 1  # the second caller joined the same learning
     finally:
         await client.aclose()
