@@ -28,6 +28,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Final, Protocol, TypeVar
 
+import hiredis
 from redis.asyncio.connection import AbstractConnection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
@@ -428,13 +429,30 @@ async def write(conn: AbstractConnection, *commands: tuple[Any, ...]) -> None:
     writer = stream_writer(conn)
     if writer is None:
         raise RedisConnectionError("the connection is closed")
-    writer.writelines(
-        conn.pack_commands(commands) if len(commands) > 1 else conn.pack_command(*commands[0])
-    )
+    writer.writelines(_pack(conn, commands))
     try:
         await writer.drain()
     except OSError as exc:
         raise RedisConnectionError(f"error while writing to the socket: {exc!r}") from exc
+
+
+# hiredis packs a command in C, six times faster than redis-py's asyncio packer (3 against
+# 19 µs for a fair release on the 2-core machine of benchmarks/): it encodes text as UTF-8.
+_PACK_IN_C: Final = hasattr(hiredis, "pack_command")
+_UTF8: Final = frozenset({"utf-8", "utf8", "UTF-8", "UTF8"})
+
+
+def _pack(conn: AbstractConnection, commands: tuple[tuple[Any, ...], ...]) -> list[bytes]:
+    """``commands`` as RESP, as redis-py's ``pack_command`` packs them."""
+    encoder = conn.encoder
+    if _PACK_IN_C and encoder.encoding in _UTF8 and encoder.encoding_errors == "strict":
+        try:
+            return [hiredis.pack_command(command) for command in commands]
+        except TypeError:
+            pass  # a type hiredis does not take (a bytearray), or none: redis-py's error
+    if len(commands) > 1:
+        return conn.pack_commands(commands)
+    return conn.pack_command(*commands[0])
 
 
 async def _evaluate(

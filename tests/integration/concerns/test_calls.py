@@ -139,3 +139,21 @@ async def test_a_call_cancelled_in_the_queue_is_not_sent_and_leaves_nothing(
     assert not calls.queued
     assert len(calls.idle) == calls.connections == 1
     await assert_clean(redis, client)
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", "latin-1"])
+async def test_names_go_to_the_server_in_the_clients_encoding(
+    aiolock_server: ServerInfo, aiolock_client: aiolock.Client, encoding: str
+) -> None:
+    # UTF-8 is packed by hiredis, any other encoding by redis-py: the same bytes either way.
+    raw = Redis.from_url(aiolock_server.url, encoding=encoding)
+    client = aiolock.Client(raw, key_prefix=aiolock_client.key_prefix)
+    try:
+        async with client.lock("café").acquire(wait=5) as guard:
+            assert guard.fencing_token > 0
+            found = [key async for key in raw.scan_iter(match=b"*caf*")]
+            assert found
+            assert all("café".encode(encoding) in key for key in found)
+    finally:
+        await client.aclose()
+        await raw.aclose()
