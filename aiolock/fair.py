@@ -69,25 +69,17 @@ without a try (and at least a third of its lease)."""
 
 @dataclass(frozen=True, slots=True)
 class FairKeys(LockKeys):
-    """The plain lock's keys, plus the queue: ``queue`` (owner -> ticket), ``deadlines`` (owner
-    -> server time in ms), ``queued`` (owner -> what a grant from the queue needs), and the
-    wake-up channels ``<wake_prefix><client id>``; ``channel`` is this client's."""
+    """The plain lock's keys, plus the queue: ``queue`` (owner -> ticket), ``queued`` (owner
+    -> what a grant from the queue needs, and the server time in ms after which the waiter is
+    dropped), and the wake-up channels ``<wake_prefix><client id>``; ``channel`` is this
+    client's."""
 
     queue: str
-    deadlines: str
-    wake_prefix: str
     queued: str
+    wake_prefix: str
 
     def script_keys(self) -> tuple[str, ...]:
-        return (
-            self.lock,
-            self.meta,
-            self.queue,
-            self.deadlines,
-            self.wake_prefix,
-            self.fence,
-            self.queued,
-        )
+        return (self.lock, self.meta, self.queue, self.queued, self.wake_prefix, self.fence)
 
 
 class KeepAlive:
@@ -210,9 +202,8 @@ class AsyncFairLock(LockKind):
             fence=base.fence,
             channel=wake_prefix + services.owners.client_id,
             queue=f"{base.lock}:q",
-            deadlines=f"{base.lock}:qd",
-            wake_prefix=wake_prefix,
             queued=f"{base.lock}:qa",
+            wake_prefix=wake_prefix,
         )
 
     def _script_keys(self) -> tuple[str, ...]:

@@ -161,12 +161,12 @@ async def _fair(client: Client, name: str, permits: int | None) -> Report:
         pipe.pttl(keys.lock)
         queue_fencing_counter(pipe, keys)
         pipe.zrange(keys.queue, 0, -1)
-        pipe.zrange(keys.deadlines, 0, -1, withscores=True)
+        pipe.hgetall(keys.queued)
 
     values, _ = await _snapshot(client, keys.lock, reads)
-    time, fields, pttl, counter, queue, deadlines = values
+    time, fields, pttl, counter, queue, queued = values
     now = _ms(time)
-    ends = {_str(owner): score for owner, score in deadlines}
+    ends = {_str(owner): _deadline(entry) for owner, entry in queued.items()}
     # A waiter whose deadline passed has vanished: the next try or release drops it.
     live = [owner for owner in map(_str, queue) if ends.get(owner, 0) > now]
     waiters = [
@@ -333,6 +333,13 @@ def _seconds(ms: float) -> float:
 
 def _str(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def _deadline(entry: Any) -> int:
+    """A fair waiter's deadline (server ms) from its entry, '<lease ms> <request n> <wait ms>
+    <deadline>' (scripts/fair/_queue.lua); 0 for an entry of another shape."""
+    last = _str(entry).rpartition(" ")[2]
+    return int(last) if last.isdigit() else 0
 
 
 def _int(value: Any) -> int | None:

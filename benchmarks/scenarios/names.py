@@ -16,7 +16,7 @@ run left in the server:
 
 - ``keys_left``: once every worker has closed its clients after the window, the keys whose name
   carries the run's prefix (redis-py's lock key is the name; aiolock's are ``bench:{name}``,
-  ``bench:{name}:meta``, the fair lock's also ``bench:fair:{name}:q`` and ``:qd``), plus, for
+  ``bench:{name}:meta``, the fair lock's also ``bench:fair:{name}:q`` and ``:qa``), plus, for
   the aiolock kinds, the keys of the key prefix that carry no name (``bench:fence``: one
   fencing counter for every name);
 - ``keys_max_ttl_s``: the longest TTL among them (aiolock's resend markers live as long as the

@@ -344,8 +344,8 @@ async def leftovers_on(
     counters (one per key prefix: the RedLocks' servers have their own; on a Cluster one per
     slot and prefix).  Anything else is left behind: a lock hash of any kind, a meta hash with
     any other field (a marker of a fault-free call) or kept past its marks, a fair lock's queue
-    (``<prefix>:fair:{name}:q`` and its deadlines ``:qd``: every waiter that gave up must have
-    left it), a subscription (a release channel, or a fair lock's wake-up channel).
+    (``<prefix>:fair:{name}:q`` and its waiters' entries ``:qa``: every waiter that gave up must
+    have left it), a subscription (a release channel, or a fair lock's wake-up channel).
 
     ``clients`` names the workers' clients by id, to say whose owners a leftover names."""
 
@@ -395,9 +395,13 @@ async def leftovers_on(
                 if bad:
                     found.append(f"semaphore marks left behind: {key!r} (pttl {pttl} ms, {bad})")
                 continue
-            if key.startswith(f"{PREFIX}:fair:".encode()) and key.endswith((b":q", b":qd")):
-                waiters: list[Any] = await redis.zrange(key, 0, -1, withscores=True)
-                named = ", ".join(f"{whose(owner)} ({score:.0f})" for owner, score in waiters[:5])
+            if key.startswith(f"{PREFIX}:fair:".encode()) and key.endswith((b":q", b":qa")):
+                waiters: list[tuple[Any, Any]] = (
+                    await redis.zrange(key, 0, -1, withscores=True)
+                    if key.endswith(b":q")
+                    else list((await redis.hgetall(key)).items())
+                )
+                named = ", ".join(f"{whose(owner)} ({_text(v)})" for owner, v in waiters[:5])
                 found.append(
                     f"fair queue left behind: {key!r} (pttl {pttl} ms, {len(waiters)} "
                     f"waiter(s): {named})"

@@ -1,38 +1,52 @@
 -- The fair lock's queue helpers, included by the scripts of this folder (not run alone).
 --
--- The queue is two sorted sets of waiting owners: KEYS[3] scores each by its ticket (first
--- ask first), KEYS[4] by its deadline in ms of the server's clock.  A try sets the deadline,
--- and the keep-alive of the waiter's client (keep.lua) moves it on; a waiter whose client stopped (its
--- process died) is dropped once its deadline passes and it is next: expiry is lazy, only the
--- head is ever checked, and only while the lock is free (a vanished waiter in the middle
--- delays nobody until it is next).  The hand-off message goes to the next waiter's client
--- only: on the channel KEYS[5] .. <client id>, naming the waiter.  That channel is not a
--- declared key (the next waiter is only known here), but it starts with KEYS[5], which carries
--- the lock's hash tag: it lives in the lock's Cluster slot.  KEYS[7], a hash, keeps what a
--- grant from the queue needs of each waiter ('<lease ms> <request n> <wait ms>', written by its
--- last try, see acquire.lua); it never outlives the queue: an owner leaves all three together,
--- and the hash expires with the queue.  Needs common/_time first.
+-- The queue is a sorted set of waiting owners, KEYS[3], scored by ticket (first ask first),
+-- and a hash, KEYS[4], of what each waiter's last try left: '<lease ms> <request n> <wait ms>
+-- <deadline>', what a grant from the queue needs (see acquire.lua) and the server time in ms
+-- after which the waiter is dropped.  A try sets the deadline, and the keep-alive of the
+-- waiter's client (keep.lua) moves it on; a waiter whose client stopped (its process died) is
+-- dropped once its deadline passes and it is next: expiry is lazy, only the head is ever
+-- checked, and only while the lock is free (a vanished waiter in the middle delays nobody
+-- until it is next).  An owner enters and leaves both keys together, and they expire together.
+-- The hand-off message goes to the next waiter's client only: on the channel KEYS[5] .. <client
+-- id>, naming the waiter.  That channel is not a declared key (the next waiter is only known
+-- here), but it starts with KEYS[5], which carries the lock's hash tag: it lives in the lock's
+-- Cluster slot.  Needs common/_time first.
+
+-- A waiter's entry in KEYS[4]: lease ms, request n, wait ms, deadline (numbers), or nil.
+local function waiter_args(entry)
+    local ms, n, wait, deadline = string.match(entry or '', '^(%d+) (%d+) (%d+) (%d+)$')
+    if not ms then
+        return nil
+    end
+    return tonumber(ms), n, tonumber(wait), tonumber(deadline)
+end
 
 -- The first live waiter of the queue, dropping at most 100 vanished ones ahead of it (their
--- deadline passed, as of now): returns the owner and its deadline, or nil.  head: the head of
--- the queue, if the caller read it already.
+-- deadline passed, as of now): returns the owner, its deadline and its entry, or nil.  head:
+-- the head of the queue, if the caller read it already.
 local function live_head(now, head)
     for _ = 1, 100 do
         local first = head or redis.call('ZRANGE', KEYS[3], 0, 0)[1]
         head = nil
         if not first then
-            return nil, nil
+            return nil, nil, nil
         end
-        local deadline = tonumber(redis.call('ZSCORE', KEYS[4], first))
+        local entry = redis.call('HGET', KEYS[4], first)
+        local _, _, _, deadline = waiter_args(entry)
         if deadline and deadline > now then
-            return first, deadline
+            return first, deadline, entry
         end
         redis.call('ZREM', KEYS[3], first)
-        redis.call('ZREM', KEYS[4], first)
-        redis.call('HDEL', KEYS[7], first)
+        redis.call('HDEL', KEYS[4], first)
     end
     local first = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
-    return first, first and (tonumber(redis.call('ZSCORE', KEYS[4], first)) or now)
+    if not first then
+        return nil, nil, nil
+    end
+    local entry = redis.call('HGET', KEYS[4], first)
+    local _, _, _, deadline = waiter_args(entry)
+    return first, deadline or now, entry
 end
 
 -- Wake owner: one message, to its client only.
@@ -73,20 +87,17 @@ end
 -- A waiter whose try asked for no grant from the queue (lease 0: a fault path) is only woken.
 -- Vanished waiters at the head are dropped first (their deadline passed).
 local function hand_over(now, first)
-    local head = live_head(now, first)
+    local head, _, entry = live_head(now, first)
     if not head then
         return
     end
-    local ms, n, wait = string.match(
-        redis.call('HGET', KEYS[7], head) or '', '^(%d+) (%d+) (%d+)$')
-    ms = tonumber(ms)
+    local ms, n, wait = waiter_args(entry)
     if not ms or ms < 1 then
         wake(head)
         return
     end
     redis.call('ZREM', KEYS[3], head)
-    redis.call('ZREM', KEYS[4], head)
-    redis.call('HDEL', KEYS[7], head)
+    redis.call('HDEL', KEYS[4], head)
     -- A hold as common/_hold.lua's grant() makes it, with ':q' in the same write.
     local token = redis.call('INCR', KEYS[6])
     redis.call('HSET', KEYS[1], head, 1, 'f:' .. head, token, 'r:' .. head, head .. '/' .. n,
@@ -97,7 +108,7 @@ local function hand_over(now, first)
         '=' .. token .. ' ' .. ms .. ' ' .. now .. ' ' .. n .. ' ' .. head)
     -- As acquire.lua's grant from the queue: a lease shorter than the wait timeout may end
     -- before the keep-alive of the next in line sees it.
-    local next_owner = ms < tonumber(wait) and redis.call('ZRANGE', KEYS[3], 0, 0)[1]
+    local next_owner = ms < wait and redis.call('ZRANGE', KEYS[3], 0, 0)[1]
     if next_owner then
         bound(next_owner, ms)
     end

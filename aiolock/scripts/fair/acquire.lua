@@ -5,11 +5,11 @@
 -- KEYS[2]  the meta hash: '<owner>/<n>' -> an acquire undone before it arrived or voided
 --          (see common/_requests.lua); it exists only for a resend window after a fault
 -- KEYS[3]  the queue: owner -> ticket (sorted set)
--- KEYS[4]  the queue deadlines: owner -> server time in ms after which it is dropped
+-- KEYS[4]  the waiters: owner -> '<lease ms> <request n> <wait ms> <deadline>', what a grant
+--          from the queue needs (see hand_over in _queue.lua) and the server time in ms after
+--          which the waiter is dropped
 -- KEYS[5]  the prefix of the per-client wake-up channels (<prefix><client id>)
 -- KEYS[6]  the fencing token counter, shared by every lock name (never expires)
--- KEYS[7]  the queued tries' args: owner -> '<lease ms> <request n> <wait ms>', what a grant
---          from the queue needs (see hand_over in _queue.lua)
 -- ARGV[1]  lease in milliseconds
 -- ARGV[2]  owner id (<client id>:<task or explicit owner>)
 -- ARGV[3]  request id, unique per call of this owner; a resent call carries the same id
@@ -99,8 +99,7 @@ local function attempt()
                 return grant(KEYS[1], KEYS[6], owner, request, lease, late)
             end
             redis.call('ZREM', KEYS[3], owner)
-            redis.call('ZREM', KEYS[4], owner)
-            redis.call('HDEL', KEYS[7], owner)
+            redis.call('HDEL', KEYS[4], owner)
             local reply = grant(KEYS[1], KEYS[6], owner, request, lease, late)
             -- A lease that runs out publishes nothing, and the next in line may be parked past
             -- this one's end (until the end of a longer hold it first met, released early).
@@ -120,19 +119,18 @@ local function attempt()
     local now = now_ms()
     local last = redis.call('ZRANGE', KEYS[3], -1, -1, 'WITHSCORES')
     redis.call('ZADD', KEYS[3], 'NX', last[2] and tonumber(last[2]) + 1 or 1, owner)
-    redis.call('ZADD', KEYS[4], now + wait, owner)
     -- What a grant from the queue needs (hand_over): lease 0 after a fault (the grant must carry
     -- 'late:' ids, or the request was resent) or for a caller that will not wait (its withdraw
     -- follows), else at most the wait timeout, so that a grant to a waiter that vanished blocks
-    -- the lock no longer than a vanished head does.
+    -- the lock no longer than a vanished head does.  Then the deadline.
     local queued = (late or resent or once) and 0 or math.min(lease, wait)
-    redis.call('HSET', KEYS[7], owner, queued .. ' ' .. ARGV[3] .. ' ' .. wait)
+    redis.call('HSET', KEYS[4], owner,
+        queued .. ' ' .. ARGV[3] .. ' ' .. wait .. ' ' .. (now + wait))
     if not last[1] then
         -- A new queue: it outlives its last live waiter by one to two wait timeouts, re-armed by
         -- the keep-alives of the clients waiting (keep.lua), not by every try.
         redis.call('PEXPIRE', KEYS[3], 2 * wait)
         redis.call('PEXPIRE', KEYS[4], 2 * wait)
-        redis.call('PEXPIRE', KEYS[7], 2 * wait)
     end
 
     -- Parked until the hand-off message names this owner; meanwhile its client's keep-alive keeps

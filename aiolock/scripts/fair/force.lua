@@ -4,10 +4,9 @@
 -- KEYS[1]  the lock hash
 -- KEYS[2]  the meta hash (unused here: every fair script takes the same keys)
 -- KEYS[3]  the queue: owner -> ticket
--- KEYS[4]  the queue deadlines: owner -> server time in ms
+-- KEYS[4]  the waiters (unused here: every fair script takes the same keys)
 -- KEYS[5]  the prefix of the per-client wake-up channels
 -- KEYS[6]  the fencing token counter (unused here: every fair script takes the same keys)
--- KEYS[7]  the queued tries' args (unused here: every fair script takes the same keys)
 --
 -- Returns 1 if the lock existed, else 0.
 --@include common/_time

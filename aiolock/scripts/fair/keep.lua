@@ -3,11 +3,10 @@
 -- KEYS[1]  the lock hash
 -- KEYS[2]  the meta hash (unused here: every fair script takes the same keys)
 -- KEYS[3]  the queue: owner -> ticket
--- KEYS[4]  the queue deadlines: owner -> server time in ms after which it is dropped
+-- KEYS[4]  the waiters: owner -> '<lease ms> <request n> <wait ms> <deadline>' (see
+--          acquire.lua)
 -- KEYS[5]  the prefix of the per-client wake-up channels
 -- KEYS[6]  the fencing token counter (a grant from the queue takes a token)
--- KEYS[7]  the queued tries' args: owner -> '<lease ms> <request n> <wait ms>' (see
---          acquire.lua)
 -- ARGV[1]  the fair wait timeout in milliseconds
 -- ARGV[2..] the owners of this client waiting for the lock
 --
@@ -33,32 +32,36 @@ local missing = {}
 -- In chunks: unpack() is bounded by Lua's stack.
 for from = 2, #ARGV, 500 do
     local to = math.min(from + 499, #ARGV)
-    local owners, args = {}, {}
+    local owners = {}
     for i = from, to do
         owners[#owners + 1] = ARGV[i]
-        args[#args + 1] = deadline
-        args[#args + 1] = ARGV[i]
     end
-    redis.call('ZADD', KEYS[4], 'XX', unpack(args))
-    local scores = redis.call('ZMSCORE', KEYS[4], unpack(owners))
-    for i, score in ipairs(scores) do
-        if not score then
+    local entries = redis.call('HMGET', KEYS[4], unpack(owners))
+    local moved = {}
+    for i, entry in ipairs(entries) do
+        local ms, n, owner_wait = waiter_args(entry)
+        if ms then
+            moved[#moved + 1] = owners[i]
+            moved[#moved + 1] = ms .. ' ' .. n .. ' ' .. owner_wait .. ' ' .. deadline
+        else
             missing[#missing + 1] = owners[i]
         end
+    end
+    if #moved > 0 then
+        redis.call('HSET', KEYS[4], unpack(moved))
     end
 end
 local pttl = redis.call('PTTL', KEYS[4])
 if pttl ~= -2 and pttl < wait then
     redis.call('PEXPIRE', KEYS[3], 2 * wait)
     redis.call('PEXPIRE', KEYS[4], 2 * wait)
-    redis.call('PEXPIRE', KEYS[7], 2 * wait)
 end
 local due = 0
 local held = redis.call('PTTL', KEYS[1])
 if held == -2 then
     local head, deadline = live_head(now)
     if head then
-        hand_over(now)
+        hand_over(now, head)
         held = redis.call('PTTL', KEYS[1])
         if held == -2 then  -- only woken: the next call comes at its deadline (it may vanish)
             due = math.max(deadline - now + 1, 1)

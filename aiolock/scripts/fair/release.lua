@@ -5,11 +5,10 @@
 -- KEYS[2]  the meta hash: an undo of an acquire that was not applied marks '<owner>/<n>'
 --          there (see common/_requests.lua); nothing else is written to it
 -- KEYS[3]  the queue: owner -> ticket
--- KEYS[4]  the queue deadlines: owner -> server time in ms
+-- KEYS[4]  the waiters: owner -> '<lease ms> <request n> <wait ms> <deadline>' (see
+--          acquire.lua)
 -- KEYS[5]  the prefix of the per-client wake-up channels
 -- KEYS[6]  the fencing token counter (a grant from the queue takes a token)
--- KEYS[7]  the queued tries' args: owner -> '<lease ms> <request n> <wait ms>' (see
---          acquire.lua)
 -- ARGV[1]  owner id
 -- ARGV[2]  request id, unique per call of this owner; a resent call carries the same id
 -- ARGV[3]  optional: undo mode, the id of an acquire request whose outcome the caller never

@@ -3,11 +3,10 @@
 -- KEYS[1]  the lock hash
 -- KEYS[2]  the meta hash (unused here: every fair script takes the same keys)
 -- KEYS[3]  the queue: owner -> ticket
--- KEYS[4]  the queue deadlines: owner -> server time in ms
+-- KEYS[4]  the waiters: owner -> '<lease ms> <request n> <wait ms> <deadline>' (see
+--          acquire.lua)
 -- KEYS[5]  the prefix of the per-client wake-up channels
 -- KEYS[6]  the fencing token counter (a grant from the queue takes a token)
--- KEYS[7]  the queued tries' args: owner -> '<lease ms> <request n> <wait ms>' (see
---          acquire.lua)
 -- ARGV[1]  owner id
 -- ARGV[2]  optional: 'fresh' when the client knows no hold of the owner on this lock
 --
@@ -30,8 +29,7 @@ if ARGV[2] == 'fresh' then
 end
 local was_next = redis.call('ZRANGE', KEYS[3], 0, 0)[1] == owner
 local removed = redis.call('ZREM', KEYS[3], owner)
-redis.call('ZREM', KEYS[4], owner)
-redis.call('HDEL', KEYS[7], owner)
+redis.call('HDEL', KEYS[4], owner)
 if was_next and redis.call('EXISTS', KEYS[1]) == 0 then
     hand_over(now_ms())
 end

@@ -58,7 +58,13 @@ async def queued(redis: Redis, lock: aiolock.AsyncFairLock, count: int) -> None:
 
 async def no_queue_keys(redis: Redis, lock: aiolock.AsyncFairLock) -> bool:
     keys = fair_keys(lock)
-    return int(await redis.exists(keys.queue, keys.deadlines, keys.queued)) == 0
+    return int(await redis.exists(keys.queue, keys.queued)) == 0
+
+
+async def deadlines(redis: Redis, lock: aiolock.AsyncFairLock) -> dict[str, int]:
+    """Each waiter's deadline (server ms), the last field of its entry in the waiters hash."""
+    entries = await redis.hgetall(fair_keys(lock).queued)
+    return {str(owner): int(str(entry).split()[-1]) for owner, entry in entries.items()}
 
 
 async def publish_calls(redis: Redis) -> int:
@@ -333,7 +339,7 @@ async def test_no_keys_left_behind(
     for client in clients:
         await assert_clean(redis, client)
     assert not await redis.exists(keys.queue)
-    assert not await redis.exists(keys.deadlines)
+    assert not await redis.exists(keys.queued)
     left = sorted([str(key) async for key in redis.scan_iter(match=f"{keys.lock}*")])
     assert left == []  # no fault, no marker: not even the meta hash
 
@@ -509,12 +515,11 @@ async def test_parked_waiters_keep_their_places_with_one_call_for_all(
     waiters = [asyncio.create_task(waiter()) for _ in range(30)]
     await queued(redis, holder, 30)
     await eventually(lambda: parked_on(client, lock) == 30, what="all 30 parked")
-    keys = fair_keys(holder)
-    before = dict(await redis.zrange(keys.deadlines, 0, -1, withscores=True))
+    before = await deadlines(redis, holder)
     calls = await script_calls(redis)
 
     async def all_moved_on() -> bool:
-        now = dict(await redis.zrange(keys.deadlines, 0, -1, withscores=True))
+        now = await deadlines(redis, holder)
         return now.keys() == before.keys() and all(now[k] > before[k] for k in now)
 
     await eventually(all_moved_on, what="every deadline moved on")
@@ -543,7 +548,7 @@ async def test_a_waiter_whose_place_was_lost_takes_one_again(
     keys = fair_keys(holder)
     [owner] = await queue(redis, holder)
     await redis.zrem(keys.queue, owner)  # as if dropped while its client stalled
-    await redis.zrem(keys.deadlines, owner)
+    await redis.hdel(keys.queued, owner)
     await queued(redis, holder, 1)  # its client's keep-alive found it missing: it queued again
     await holder.unlock()
     await asyncio.wait_for(task, 10)
