@@ -23,10 +23,12 @@ local first
 -- The fault-free last release comes first, before the helpers below (defining them costs the
 -- server more than this path): the owner's one hold, no undo, not a resend of the request
 -- applied last, no resent release of this owner around.  With nobody queued, that is all.
+-- The head is taken out of the queue as it is read (it is granted, unless it vanished or is
+-- only to be woken: hand_over puts it back then).
 if held[1] == '1' and not ARGV[3] and held[2] ~= request and not held[4] then
     redis.call('DEL', KEYS[1])
-    first = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
-    if not first then
+    first = redis.call('ZPOPMIN', KEYS[3])
+    if not first[1] then
         return 0
     end
 end
@@ -36,7 +38,7 @@ end
 --@include common/_hold
 --@include fair/_queue
 if first then  -- released above: hand the lock over to the queue's head
-    hand_over(now_ms(), first)
+    hand_over(now_ms(), first[1], first[2])
     return 0
 end
 local undo = ARGV[3] and owner .. '/' .. ARGV[3]
