@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import codecs
 import contextlib
+import functools
 from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any, Final, Protocol, TypeVar
@@ -439,13 +441,17 @@ async def write(conn: AbstractConnection, *commands: tuple[Any, ...]) -> None:
 # hiredis packs a command in C, six times faster than redis-py's asyncio packer (3 against
 # 19 µs for a fair release on the 2-core machine of benchmarks/): it encodes text as UTF-8.
 _PACK_IN_C: Final = hasattr(hiredis, "pack_command")
-_UTF8: Final = frozenset({"utf-8", "utf8", "UTF-8", "UTF8"})
+
+
+@functools.cache
+def _utf8(encoding: str) -> bool:
+    return codecs.lookup(encoding).name == "utf-8"
 
 
 def _pack(conn: AbstractConnection, commands: tuple[tuple[Any, ...], ...]) -> list[bytes]:
     """``commands`` as RESP, as redis-py's ``pack_command`` packs them."""
     encoder = conn.encoder
-    if _PACK_IN_C and encoder.encoding in _UTF8 and encoder.encoding_errors == "strict":
+    if _PACK_IN_C and encoder.encoding_errors == "strict" and _utf8(encoder.encoding):
         try:
             return [hiredis.pack_command(command) for command in commands]
         except TypeError:
