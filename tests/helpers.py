@@ -93,6 +93,22 @@ async def lock_keys(redis: Redis, client: aiolock.Client) -> list[str]:
     return sorted(str(key) for key in keys if not str(key).endswith(":meta") and key != fence)
 
 
+async def command_calls(redis: Redis) -> dict[str, int]:
+    """How many times the server has run each command so far (its own count, by name)."""
+    stats = await redis.info("commandstats")
+    return {name.removeprefix("cmdstat_"): int(row["calls"]) for name, row in stats.items()}
+
+
+async def counted(redis: Redis, work: Callable[[], Awaitable[object]]) -> dict[str, int]:
+    """The commands the server ran for ``work()`` (the probe's own INFO left out)."""
+    before = await command_calls(redis)
+    await work()
+    after = await command_calls(redis)
+    delta = {name: calls - before.get(name, 0) for name, calls in after.items()}
+    delta["info"] -= 1
+    return {name: calls for name, calls in delta.items() if calls}
+
+
 async def evalsha_calls(redis: Redis) -> int:
     """How many EVALSHA calls the server has run so far (its own count)."""
     stats = await redis.info("commandstats")

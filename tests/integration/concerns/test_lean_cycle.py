@@ -16,24 +16,9 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
-from tests.helpers import eventually, keys_of, services_of
+from tests.helpers import counted, eventually, keys_of, services_of
 
 pytestmark = pytest.mark.anyio
-
-
-async def command_calls(redis: Redis) -> dict[str, int]:
-    stats = await redis.info("commandstats")
-    return {name.removeprefix("cmdstat_"): int(row["calls"]) for name, row in stats.items()}
-
-
-async def counted(redis: Redis, work: Callable[[], object]) -> dict[str, int]:
-    """The commands the server ran for ``work()`` (the probe's own INFO left out)."""
-    before = await command_calls(redis)
-    await work()  # type: ignore[misc]
-    after = await command_calls(redis)
-    delta = {name: calls - before.get(name, 0) for name, calls in after.items()}
-    delta["info"] -= 1
-    return {name: calls for name, calls in delta.items() if calls}
 
 
 async def test_an_uncontended_cycle_is_six_commands_and_publishes_nothing(

@@ -24,6 +24,7 @@ from aiolock.testing.pytest_plugin import ServerInfo
 from tests.helpers import (
     assert_clean,
     channels,
+    counted,
     entry_of,
     evalsha_calls,
     eventually,
@@ -81,6 +82,74 @@ def messages(clients: list[aiolock.Client]) -> int:
 def parked_on(client: aiolock.Client, lock: aiolock.AsyncFairLock) -> int:
     entry = entry_of(client, fair_keys(lock).channel)
     return 0 if entry is None or not entry.confirmed else entry.parked
+
+
+async def test_a_hand_off_costs_a_queued_try_and_a_release_19_commands(
+    aiolock_client: aiolock.Client, make_client: Callable[..., aiolock.Client], redis: Redis
+) -> None:
+    """The contended acquisition's cost on the server, counted by it: a try that takes a place
+    is 8 commands, the release that grants the next waiter 11 (benchmarks/README.md, "The
+    queue in two keys", says what each is for).  The subscriber's idle PING is no part of it."""
+    warm = aiolock_client.fair_lock("counted-warm")  # the scripts loaded on the server
+    await warm.lock()
+    await warm.unlock()
+    holder = aiolock_client.fair_lock("counted", owner="holder")
+    await holder.lock(lease=60)
+    client = make_client(fair_wait_timeout=60)  # no keep-alive call within the test
+    lock = client.fair_lock("counted")
+    granted, done = asyncio.Event(), asyncio.Event()
+
+    async def waiter(first: bool) -> None:
+        await lock.lock(lease=60)
+        if first:
+            granted.set()
+        await done.wait()
+        await lock.unlock()
+
+    tasks = [asyncio.create_task(waiter(first=True))]
+    await queued(redis, holder, 1)
+    await eventually(lambda: parked_on(client, lock) == 1, what="the first waiter parked")
+
+    async def take_a_place() -> None:
+        tasks.append(asyncio.create_task(waiter(first=False)))
+        await queued(redis, holder, 2)
+        await eventually(lambda: parked_on(client, lock) == 2, what="the second parked")
+
+    async def hand_over() -> None:
+        await holder.unlock()
+        await granted.wait()
+
+    def without_probes(ran: dict[str, int]) -> dict[str, int]:
+        return {name: n for name, n in ran.items() if name not in ("zcard", "ping")}
+
+    try_ran = without_probes(await counted(redis, take_a_place))
+    assert try_ran == {
+        "evalsha": 1,
+        "hgetall": 1,
+        "hmget": 1,
+        "time": 1,
+        "zrange": 1,
+        "zadd": 1,
+        "hset": 1,
+        "pttl": 1,
+    }
+    release_ran = await counted(redis, hand_over)
+    assert without_probes(release_ran) == {
+        "evalsha": 1,
+        "hmget": 1,
+        "del": 1,
+        "zpopmin": 1,
+        "time": 1,
+        "hget": 1,
+        "hdel": 1,
+        "incr": 1,
+        "hset": 1,
+        "pexpire": 1,
+        "publish": 1,
+    }
+    done.set()
+    await asyncio.gather(*tasks)
+    await assert_clean(redis, client)
 
 
 async def test_fifo_across_clients(
