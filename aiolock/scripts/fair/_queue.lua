@@ -23,35 +23,28 @@ local function waiter_args(entry)
 end
 
 -- The first live waiter of the queue, dropping at most 100 vanished ones ahead of it (their
--- deadline passed, as of now): returns the owner, its deadline, its entry, and whether it has
--- left the queue already (popped, below), or nil.  head: the head of the queue, if the caller
--- read it already; popped: the caller took it out of the queue too (ZPOPMIN), with this
--- ticket, which puts it back if it stays queued.
-local function live_head(now, head, popped)
-    for _ = 1, 100 do
+-- deadline passed, as of now): returns the owner, its deadline, its entry, and whether the
+-- caller took it out of the queue already, or nil.  head: the head of the queue, if the caller
+-- read it already; ticket: the caller took that head out of the queue too (ZPOPMIN), and this
+-- was its ticket.
+local function live_head(now, head, ticket)
+    for i = 1, 101 do
         local first = head or redis.call('ZRANGE', KEYS[3], 0, 0)[1]
-        local out = head and popped
-        head, popped = nil, nil
+        local taken = head ~= nil and ticket ~= nil
+        head = nil
         if not first then
-            return nil, nil, nil, nil
+            return nil
         end
         local entry = redis.call('HGET', KEYS[4], first)
         local _, _, _, deadline = waiter_args(entry)
-        if deadline and deadline > now then
-            return first, deadline, entry, out
+        if (deadline and deadline > now) or i == 101 then
+            return first, deadline or now, entry, taken
         end
-        if not out then
+        if not taken then
             redis.call('ZREM', KEYS[3], first)
         end
         redis.call('HDEL', KEYS[4], first)
     end
-    local first = redis.call('ZRANGE', KEYS[3], 0, 0)[1]
-    if not first then
-        return nil, nil, nil
-    end
-    local entry = redis.call('HGET', KEYS[4], first)
-    local _, _, _, deadline = waiter_args(entry)
-    return first, deadline or now, entry
 end
 
 -- Wake owner: one message, to its client only.
@@ -91,20 +84,20 @@ end
 -- wait timeout: a waiter that vanished blocks the lock no longer than a vanished head does.
 -- A waiter whose try asked for no grant from the queue (lease 0: a fault path) is only woken.
 -- Vanished waiters at the head are dropped first (their deadline passed).
-local function hand_over(now, first, popped)
-    local head, _, entry, out = live_head(now, first, popped)
+local function hand_over(now, first, ticket)
+    local head, _, entry, taken = live_head(now, first, ticket)
     if not head then
         return
     end
     local ms, n, wait = waiter_args(entry)
     if not ms or ms < 1 then
-        if out then
-            redis.call('ZADD', KEYS[3], popped, head)  -- it stays in line, at its place
+        if taken then
+            redis.call('ZADD', KEYS[3], ticket, head)  -- it stays in line, at its place
         end
         wake(head)
         return
     end
-    if not out then
+    if not taken then
         redis.call('ZREM', KEYS[3], head)
     end
     redis.call('HDEL', KEYS[4], head)

@@ -59,12 +59,12 @@ end
 local due = 0
 local held = redis.call('PTTL', KEYS[1])
 if held == -2 then
-    local head, deadline = live_head(now)
+    local head, head_deadline = live_head(now)
     if head then
         hand_over(now, head)
         held = redis.call('PTTL', KEYS[1])
         if held == -2 then  -- only woken: the next call comes at its deadline (it may vanish)
-            due = math.max(deadline - now + 1, 1)
+            due = math.max(head_deadline - now + 1, 1)
         end
     end
 end

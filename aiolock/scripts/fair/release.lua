@@ -23,8 +23,8 @@ local first
 -- The fault-free last release comes first, before the helpers below (defining them costs the
 -- server more than this path): the owner's one hold, no undo, not a resend of the request
 -- applied last, no resent release of this owner around.  With nobody queued, that is all.
--- The head is taken out of the queue as it is read (it is granted, unless it vanished or is
--- only to be woken: hand_over puts it back then).
+-- The head is taken out of the queue as it is read, {owner, ticket}: it is granted, or dropped
+-- if it vanished; hand_over puts it back at its ticket if it is only to be woken.
 if held[1] == '1' and not ARGV[3] and held[2] ~= request and not held[4] then
     redis.call('DEL', KEYS[1])
     first = redis.call('ZPOPMIN', KEYS[3])
