@@ -33,7 +33,7 @@ from collections import deque
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
-from typing import Any, NamedTuple, Protocol
+from typing import Any, ClassVar, NamedTuple, Protocol
 
 from redis.exceptions import RedisClusterException, RedisError, ResponseError
 
@@ -99,6 +99,12 @@ class Entry:
         "refs",
         "refusal",
     )
+
+    # A deadline is the end of the lease a task's try met: expiry publishes nothing.  Of this
+    # client's tasks whose deadlines pass together, one tries: if the lock was free, it holds
+    # it now (and its release wakes the next); if not, its try met a new lease, and it parks
+    # with that; if it leaves, it wakes the next.  The others try only when woken.
+    expires_one: ClassVar[bool] = True
 
     def __init__(self, channel: bytes, contention: Contention | None = None) -> None:
         self.channel = channel
@@ -239,6 +245,9 @@ class Entry:
         loop = asyncio.get_running_loop()
         self._timer, self._timer_at = None, math.inf
         # The loop may run a timer up to its clock resolution early.
+        if self.expires_one:
+            self._expire_first()
+            return
         now = loop.time() + 0.001
         earliest = math.inf
         for waiter, deadline, _ in self._waiters:
@@ -252,6 +261,16 @@ class Entry:
         if earliest < math.inf:
             self._arm(loop, earliest)
 
+    def _expire_first(self) -> None:
+        """A deadline passed: wake the first waiter in line, and drop every other deadline
+        (see ``expires_one``)."""
+        waiters = self._waiters
+        first = next((waiter for waiter, _, _ in waiters if not waiter.done()), None)
+        if first is not None:
+            self._parked -= 1
+            first.set_result(False)
+        self._waiters = deque((w, math.inf, ticket) for w, _, ticket in waiters if not w.done())
+
     def __repr__(self) -> str:
         state = "refused" if self.refusal else "confirmed" if self.confirmed else "pending"
         return (
@@ -262,9 +281,10 @@ class Entry:
 
 class BroadcastEntry(Entry):
     """A channel whose every message wakes every waiter (a latch at zero, readers after a
-    write): each of them looks at the state again."""
+    write): each of them looks at the state again, as each does when its deadline passes."""
 
     __slots__ = ()
+    expires_one = False
 
     def deliver(self, payload: bytes) -> None:
         self.wake_all()
@@ -299,6 +319,7 @@ class NamedEntry(Entry):
     """
 
     __slots__ = ("_bounds", "_grants", "_named")
+    expires_one = False  # each deadline is its own owner's bound
 
     def __init__(self, channel: bytes, contention: Contention | None = None) -> None:
         super().__init__(channel, contention)

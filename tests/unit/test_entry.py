@@ -8,7 +8,7 @@ import pytest
 from redis.exceptions import NoPermissionError
 
 from aiolock._core.holds import NameCounters
-from aiolock._redis.pubsub import Entry, NamedEntry
+from aiolock._redis.pubsub import BroadcastEntry, Entry, NamedEntry
 
 pytestmark = pytest.mark.anyio
 
@@ -38,7 +38,8 @@ async def test_a_wake_up_with_nobody_parked_is_kept_for_the_next() -> None:
 
 
 async def test_deadlines_share_one_timer_and_expire_in_order() -> None:
-    entry = make_entry(refs=3)
+    entry = BroadcastEntry(b"channel")  # each waiter on its own deadline (see the next test)
+    entry.refs = 3
     loop = asyncio.get_running_loop()
     now = loop.time()
     late = entry.park(now + 0.2)
@@ -51,9 +52,36 @@ async def test_deadlines_share_one_timer_and_expire_in_order() -> None:
     assert await asyncio.wait_for(late, 5) is False
     assert loop.time() >= now + 0.2 - 0.002
     assert not never.done()
-    entry.wake_one()  # skips the expired ones
+    entry.wake_all()
     assert never.result() is True
     assert entry.parked == 0
+
+
+async def test_when_a_deadline_passes_only_the_first_in_line_tries() -> None:
+    """A deadline is the end of a lease a task met: when the first passes, one task of the
+    client tries, the first in line, and the others' deadlines are dropped (that try learns
+    the lease in force; the others try when woken: by a release, or by that one leaving)."""
+    entry = make_entry(refs=3)
+    now = asyncio.get_running_loop().time()
+    first = entry.park(now + 0.2, 1)
+    second = entry.park(now + 0.02, 2)  # met a shorter lease
+    third = entry.park(now + 0.03, 3)
+    assert await asyncio.wait_for(first, 5) is False
+    assert not second.done()
+    assert not third.done()
+    assert entry._timer is None  # the others park on with no deadline
+    assert entry.parked == 2
+    entry.wake_one()
+    assert second.result() is True
+    assert not third.done()
+
+
+async def test_a_broadcast_entry_wakes_every_waiter_whose_deadline_passed() -> None:
+    entry = BroadcastEntry(b"channel")
+    entry.refs = 2
+    now = asyncio.get_running_loop().time()
+    readers = [entry.park(now + 0.02), entry.park(now + 0.02)]
+    assert await asyncio.wait_for(asyncio.gather(*readers), 5) == [False, False]
 
 
 async def test_a_cancelled_waiter_stops_counting_and_is_skipped() -> None:
