@@ -3,7 +3,7 @@
 A kind on the shared base (:mod:`aiolock._core.base`) with the scripts in ``scripts/fair/``: the
 lock hash of the plain lock, plus a queue of waiting owners (tickets) and their deadlines on
 the server's clock.  A try that does not get the lock takes (or keeps) the owner's place and
-moves its deadline on; a release grants the lock to exactly the next waiter itself, and tells
+sets its deadline; a release grants the lock to exactly the next waiter itself, and tells
 it with one message on the channel of that waiter's client, naming it and carrying the grant
 (:class:`~aiolock._core.waiting.NamedWait`), so there is no herd however many clients wait, no
 channel per waiting task, and the waiter starts with no further call.
@@ -22,17 +22,19 @@ granted.  A waiter that leaves without the lock (timeout, cancellation) withdraw
 ``fresh`` too, which takes back a grant its client never took.
 
 Waiters that give up withdraw from the queue at once (a ``withdraw`` script, settled in the
-background like any call whose caller has gone); one whose process died stops having its
-deadline moved on and is dropped, once it is next, after ``fair_wait_timeout``.  A parked
-waiter does not re-try to keep its place: one :class:`KeepAlive` per lock name and client
-moves the deadlines of all its parked waiters on every third of the timeout in one call
-(``keep.lua``), so a live waiter is never dropped, and a thousand parked waiters cost one call
-per third of it, not a thousand tries.
+background like any call whose caller has gone).  A parked waiter does not try again, neither to
+keep its place nor when the lease it met runs out: its place is kept by its client, one alive
+key per client (and Cluster slot), set for ``fair_wait_timeout`` every half of it by one call
+(``keep.lua``, :class:`AliveKey`) while the client has parked waiters, whatever their number
+and locks; a waiter past its try's deadline whose client's key is gone has vanished, and is
+dropped once it is next.  The same call looks at the locks with waiters of the client when a
+lease it knows of runs out (expiry publishes nothing) and at least once a timeout, and hands a
+free lock over to its queue's first live waiter (:class:`KeepAlive`).
 
-A lease that runs out publishes nothing, so a parked waiter is bounded by the lease left of the
-hold in front of it: its try returns it, and a grant from the queue tells the next in line with
-a bound message (``+<ms> <owner>``, :meth:`~aiolock._redis.pubsub.NamedEntry.bound_named`) when the
-new lease ends (that waiter may be parked until the end of a longer hold, released early).
+A parked waiter is bounded by the lease left of the hold in front of it, then: when it runs out
+its client's keep-alive hands the lock over; and a grant from the queue tells the next in line
+with a bound message (``+<ms> <owner>``, :meth:`~aiolock._redis.pubsub.NamedEntry.bound_named`)
+when a lease shorter than the timeout ends.
 """
 
 from __future__ import annotations
@@ -49,13 +51,13 @@ from . import _scripts
 from ._core.base import Call, LockKind, release_args
 from ._core.clock import ServerClock
 from ._core.holds import Hold
-from ._core.keys import LockKeys
+from ._core.keys import LockKeys, alive_of
 from ._core.services import Services
 from ._core.settlement import Attempt
 from ._core.waiting import NamedWait, Waiting
 from ._redis.pubsub import Grant
 
-__all__ = ["AsyncFairLock", "KeepAlive"]
+__all__ = ["AliveKey", "AsyncFairLock", "KeepAlive"]
 
 logger = logging.getLogger("aiolock.lock")
 
@@ -70,47 +72,54 @@ without a try (and at least a third of its lease)."""
 @dataclass(frozen=True, slots=True)
 class FairKeys(LockKeys):
     """The plain lock's keys, plus the queue: ``queue`` (owner -> ticket), ``queued`` (owner
-    -> what a grant from the queue needs, and the server time in ms after which the waiter is
-    dropped), and the wake-up channels ``<wake_prefix><client id>``; ``channel`` is this
-    client's."""
+    -> what a grant from the queue needs, and the server time in ms until which the try that
+    queued it keeps it in line), the wake-up channels ``<wake_prefix><client id>`` and the
+    alive keys ``<alive><client id>`` of the lock's slot; ``channel`` is this client's."""
 
     queue: str
     queued: str
     wake_prefix: str
+    alive: str
 
     def script_keys(self) -> tuple[str, ...]:
-        return (self.lock, self.meta, self.queue, self.queued, self.wake_prefix, self.fence)
+        return (
+            self.lock,
+            self.meta,
+            self.queue,
+            self.queued,
+            self.wake_prefix,
+            self.fence,
+            self.alive,
+        )
 
 
 class KeepAlive:
-    """Keeps the queue places of one client's parked waiters on one fair lock.
+    """This client's part in one fair lock's queue: its parked waiters, and when to look.
 
-    While any of them is parked, every third of ``fair_wait_timeout`` one call (``keep.lua``)
-    moves all their deadlines on; an owner the server no longer has in the queue (dropped while
-    its client stalled, say) is woken to try again.  The same call drops vanished waiters at
-    the head of the queue while the lock is free and wakes the first live one; if that one's
-    deadline is nearer than the next call, the next call comes at its deadline (it may have
-    vanished too), and while the lock is held, at the end of its lease if that is nearer
-    (expiry publishes nothing).  Shared by the
-    waiting calls of the name (through the client's name cache); a failed call is logged and
-    the next one comes a third of the timeout later (the places last the whole timeout).
+    The waiters' places are kept by the client's :class:`AliveKey` of the lock's slot, which
+    also looks at the lock, for all the client's fair locks of the slot in one call: when a
+    lease this client knows of runs out (expiry publishes nothing; ``due``), and at least once
+    a wait timeout (a grant to a waiter that vanished, a head only woken).  A look hands the
+    lock over if it is free; an owner the server no longer has in the queue is woken to try
+    again.  Shared by the waiting calls of the name (through the client's name cache).
     """
 
     __slots__ = (
         "__weakref__",
-        "_keys",
-        "_services",
-        "_task",
-        "_timer",
+        "_alive",
         "_waiters",
         "clock",
+        "count_at",
+        "due",
+        "keys",
+        "look_at",
         "once",
         "tries",
     )
 
-    def __init__(self, services: Services, keys: tuple[str, ...]) -> None:
-        self._services = services
-        self._keys = keys
+    def __init__(self, keys: FairKeys, alive: AliveKey) -> None:
+        self.keys = (keys.lock, keys.queue, keys.queued, keys.wake_prefix)
+        self._alive = alive
         # Bounds the tries of this name in flight from this client.  Thousands of waiters
         # arriving at once each queue with a try; one waiting here costs a future, one waiting
         # for a connection inside the call costs its whole chain of call frames.
@@ -123,55 +132,183 @@ class KeepAlive:
         # queue (the withdraw that follows a refusal would have to take it back).
         self.once: dict[str, int] = {}
         self._waiters: dict[str, NamedWait] = {}  # the parked owners, and how to wake them
-        self._timer: asyncio.TimerHandle | None = None
-        self._task: asyncio.Task[None] | None = None  # a keep-alive call in flight
+        self.due = math.inf  # (loop time) the lock may be free then with nobody told
+        self.look_at = 0.0  # the next look at the lock, at the latest
+        self.count_at = 0.0  # the next look that also checks the queue has our owners
 
     def add(self, owner: str, wait: NamedWait) -> None:
+        first = not self._waiters
         self._waiters[owner] = wait
-        if self._timer is None and self._task is None:
-            self._arm()
+        if first:
+            self._alive.join(self)
 
     def discard(self, owner: str) -> None:
-        self._waiters.pop(owner, None)
-        if not self._waiters and self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        if self._waiters.pop(owner, None) is not None and not self._waiters:
+            self._alive.leave(self)
 
-    def _arm(self, due: float = math.inf) -> None:
+    def expect(self, at: float) -> None:
+        """The lock may be free at loop time ``at`` with nobody told (a lease that runs out)."""
+        if at < self.due:
+            self.due = at
+            if self._waiters:
+                self._alive.schedule()
+
+    def owners(self) -> list[str]:
+        return list(self._waiters)
+
+    def wake(self, owners: list[bytes | str] | None = None) -> None:
+        """Wake ``owners`` (all parked, for ``None``) to try again: they lost their places."""
+        if owners is None:
+            for wait in list(self._waiters.values()):
+                wait.wake()
+            return
+        for name in owners:
+            lost = self._waiters.get(name.decode() if isinstance(name, bytes) else name)
+            if lost is not None:
+                lost.wake()
+
+
+class AliveKey:
+    """Keeps all the fair waiters of this client in one Cluster slot (one server) in line.
+
+    While any of them is parked, one call (``keep.lua``) every half of ``fair_wait_timeout``
+    sets the client's alive key for the timeout: it keeps every waiter of the client live in
+    every queue of the slot, so a parked waiter costs the server nothing.  The same call looks
+    at the locks that are due (:class:`KeepAlive`), and once every other timeout or so checks
+    that their queues still have this client's owners and re-arms their expiry.  If the key
+    was gone when the call set it, the client stalled past the timeout and its waiters may
+    have been dropped: all are woken to try again.  When the last leaves, the key is deleted
+    (a fault-free use leaves no key behind).  A failed call is logged, and the next comes a
+    sixth of the timeout later.
+    """
+
+    __slots__ = (
+        "__weakref__",
+        "_fence",
+        "_members",
+        "_prefix",
+        "_retry_at",
+        "_services",
+        "_task",
+        "_tick_at",
+        "_timer",
+        "_written",
+    )
+
+    def __init__(self, services: Services, prefix: str, fence: str) -> None:
+        self._services = services
+        self._prefix = prefix
+        self._fence = fence
+        self._members: dict[KeepAlive, None] = {}  # the locks with parked waiters, in order
+        self._timer: asyncio.TimerHandle | None = None
+        self._task: asyncio.Task[None] | None = None  # a call in flight
+        self._tick_at = math.inf  # the next refresh of the alive key (loop time)
+        self._retry_at = 0.0  # after a failed call: no call before then
+        self._written = False  # the key should exist: set, and not deleted since
+
+    def join(self, member: KeepAlive) -> None:
+        now = asyncio.get_running_loop().time()
+        timeout = self._services.fair_wait_timeout
+        # Its try has just looked at the lock, and its place is kept by the try's deadline
+        # for a whole timeout: the alive key must be set within it.
+        member.look_at = now + timeout
+        member.count_at = now + 2 * timeout
+        if not self._members:
+            self._tick_at = now + timeout / 2
+        self._members[member] = None
+        self.schedule()
+
+    def leave(self, member: KeepAlive) -> None:
+        self._members.pop(member, None)
+        if not self._members:
+            self.schedule()
+
+    def schedule(self) -> None:
+        """Arm the timer for the next call (or the key's deletion), unless one is in flight."""
+        if self._task is not None:
+            return  # the call in flight schedules the next when it ends
         loop = asyncio.get_running_loop()
-        delay = min(self._services.fair_wait_timeout / 3, due)
-        self._timer = loop.call_later(delay, self._fire)
+        if not self._members:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            if self._written:  # also as the client closes: its last calls still go out
+                self._task = loop.create_task(self._run([], gone=True))
+            return
+        if self._services.closed:
+            return
+        # After a failed call, nothing before the retry it set (a due in the past stays so).
+        at = max(min(self._tick_at, *(member.due for member in self._members)), self._retry_at)
+        if self._timer is not None:
+            if self._timer.when() <= at:
+                return
+            self._timer.cancel()
+        self._timer = loop.call_at(at, self._fire)
 
     def _fire(self) -> None:
         self._timer = None
-        if self._waiters and not self._services.closed:
-            self._task = asyncio.get_running_loop().create_task(self._keep(list(self._waiters)))
+        if not self._members or self._services.closed:
+            return
+        now = asyncio.get_running_loop().time()
+        # Looks due within a quarter of the timeout come now, with the refresh: one call (the
+        # next refresh comes half a timeout later; a look is late by a quarter at most).
+        soon = now + self._services.fair_wait_timeout / 4
+        due = [m for m in self._members if m.due <= now + 0.001 or m.look_at <= soon]
+        self._task = asyncio.get_running_loop().create_task(self._run(due, gone=False))
 
-    async def _keep(self, owners: list[str]) -> None:
+    async def _run(self, members: list[KeepAlive], *, gone: bool) -> None:
+        """One call: set the alive key and look at ``members``, or delete the key (``gone``)."""
         services = self._services
-        wait_ms = round(services.fair_wait_timeout * 1000)
-        missing: list[bytes | str] = []
-        due = math.inf
+        loop = asyncio.get_running_loop()
+        timeout = services.fair_wait_timeout
+        sent_at = loop.time()
+        soon = sent_at + timeout / 4
+        counted = [member.count_at <= soon for member in members]
+        keys = [self._prefix, self._fence]
+        args: list[Any] = [
+            round(timeout * 1000),
+            services.owners.client_id,
+            "1" if self._written else "0",
+            "gone" if gone else "-",
+        ]
+        for member, count in zip(members, counted, strict=True):
+            keys += member.keys
+            if count:
+                owners = member.owners()
+                args += [len(owners), *owners]
+            else:
+                args.append(-1)
+        # After a failure the next call comes soon: the key lasts one timeout.
+        self._tick_at = self._retry_at = sent_at + timeout / 6
         try:
-            call = (_scripts.FAIR_KEEP, self._keys, (wait_ms, *owners))
-            missing, due_ms = await services.calls.run(*call)
-            if due_ms:
-                # Sooner than a third of the timeout: the deadline of the head of a free
-                # lock's queue (it may be gone), or the end of a lease held now.
-                due = int(due_ms) / 1000
+            if gone:
+                self._written = False  # a failed deletion leaves it to expire
+            reply = await services.calls.run(_scripts.FAIR_KEEP, tuple(keys), tuple(args))
+            if not gone:
+                self._written = True
+                self._kept(members, counted, reply)
         except (RedisError, OSError, RuntimeError) as exc:  # RuntimeError: the client closed
             if not services.closed:
-                logger.warning(
-                    "keeping the places of %d fair waiter(s) failed: %r", len(owners), exc
-                )
+                logger.warning("keeping fair waiters in line failed: %r", exc)
         finally:
             self._task = None
-        for name in missing:
-            wait = self._waiters.get(name.decode() if isinstance(name, bytes) else name)
-            if wait is not None:
-                wait.wake()
-        if self._waiters and not services.closed:
-            self._arm(due)
+        self.schedule()
+
+    def _kept(self, members: list[KeepAlive], counted: list[bool], reply: Any) -> None:
+        lapsed, dues, missing = reply
+        now = asyncio.get_running_loop().time()
+        timeout = self._services.fair_wait_timeout
+        self._tick_at, self._retry_at = now + timeout / 2, 0.0
+        for member, count, due_ms, lost in zip(members, counted, dues, missing, strict=True):
+            member.look_at = now + timeout
+            if count:
+                member.count_at = now + 2 * timeout
+            # Counted from the reply: late by one round trip at most, never early.
+            member.due = now + int(due_ms) / 1000 if due_ms else math.inf
+            member.wake(lost)
+        if lapsed:
+            for member in list(self._members):
+                member.wake()
 
 
 class AsyncFairLock(LockKind):
@@ -196,6 +333,7 @@ class AsyncFairLock(LockKind):
     def _build_keys(cls, services: Services, name: str) -> LockKeys:
         base = LockKeys.build(services.key_prefix, name, cls.kind, cluster=services.cluster)
         wake_prefix = f"{base.lock}:c:"
+        alive = alive_of(services.key_prefix, base.lock if services.cluster else None)
         return FairKeys(
             lock=base.lock,
             meta=base.meta,
@@ -204,6 +342,7 @@ class AsyncFairLock(LockKind):
             queue=f"{base.lock}:q",
             queued=f"{base.lock}:qa",
             wake_prefix=wake_prefix,
+            alive=alive,
         )
 
     def _script_keys(self) -> tuple[str, ...]:
@@ -239,15 +378,21 @@ class AsyncFairLock(LockKind):
 
     def _busy(self, attempt: Attempt, reply: Any) -> float:
         """A queued try answers ``'<pause ms> <server time ms>'``: the pause, and a sample of
-        the server's clock (a late copy's refusal answers the pause alone)."""
+        the server's clock (a late copy's refusal answers the pause alone: it queued nothing,
+        and its caller, if any, tries again after the pause).
+
+        A queued waiter does not try again when the lease it met runs out: its client's
+        keep-alive looks at the lock then, once for all its waiters, and hands it over."""
         if isinstance(reply, bytes):
             reply = reply.decode()
-        if isinstance(reply, str):
-            pause, _, server_ms = reply.partition(" ")
-            if server_ms:
-                self._keeper().clock.sample(attempt.sent_at, int(server_ms))
-            reply = int(pause)
-        return super()._busy(attempt, reply)
+        pause, _, server_ms = str(reply).partition(" ")
+        seconds = super()._busy(attempt, int(pause))
+        if not server_ms:
+            return seconds
+        keeper = self._keeper()
+        keeper.clock.sample(attempt.sent_at, int(server_ms))
+        keeper.expect(asyncio.get_running_loop().time() + seconds)
+        return math.inf
 
     def _accept(
         self,
@@ -289,9 +434,16 @@ class AsyncFairLock(LockKind):
 
     def _keeper(self) -> KeepAlive:
         services = self._services
-        return services.name_state(
-            "fair-keep", self.name, lambda: KeepAlive(services, self._script_keys())
-        )
+        keys = self._keys
+        assert isinstance(keys, FairKeys)
+
+        def build() -> KeepAlive:
+            alive = services.name_state(
+                "fair-alive", keys.alive, lambda: AliveKey(services, keys.alive, keys.fence)
+            )
+            return KeepAlive(keys, alive)
+
+        return services.name_state("fair-keep", self.name, build)
 
     def _waiting(self, owner: str) -> Waiting:
         return NamedWait(self._services, self._keys.channel, self._counters, owner, self._keeper())

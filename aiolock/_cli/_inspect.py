@@ -70,7 +70,8 @@ class Waiter:
 
     :ivar owner: the waiting owner's id.
     :ivar position: 1 for the next in line.
-    :ivar expires_in: seconds until the server drops it, unless a try or keep-alive renews it.
+    :ivar expires_in: seconds until the server drops it, unless a try or keep-alive renews it
+        (for a fair waiter, that of its client's alive key once its try's deadline passed).
     """
 
     owner: str
@@ -167,7 +168,19 @@ async def _fair(client: Client, name: str, permits: int | None) -> Report:
     time, fields, pttl, counter, queue, queued = values
     now = _ms(time)
     ends = {_str(owner): _deadline(entry) for owner, entry in queued.items()}
-    # A waiter whose deadline passed has vanished: the next try or release drops it.
+    # Past its try's deadline, a waiter is live while its client's alive key lasts (see
+    # scripts/fair/_queue.lua); one that is neither has vanished: the next look drops it.
+    clients = sorted({owner.partition(":")[0] for owner, end in ends.items() if end <= now})
+    if clients:
+
+        def alive_reads(pipe: Pipeline) -> None:
+            for client_id in clients:
+                pipe.pttl(keys.alive + client_id)
+
+        alive, _ = await _snapshot(client, keys.lock, alive_reads)
+        lasts = {c: now + int(ms) for c, ms in zip(clients, alive, strict=True) if int(ms) > 0}
+        for owner, end in ends.items():
+            ends[owner] = max(end, lasts.get(owner.partition(":")[0], 0))
     live = [owner for owner in map(_str, queue) if ends.get(owner, 0) > now]
     waiters = [
         Waiter(owner, position, _seconds(ends[owner] - now))

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from redis.crc import key_slot
 
-__all__ = ["LockKeys", "channel_of", "fence_of", "hash_tag", "marks_of", "slot_tag"]
+__all__ = ["LockKeys", "alive_of", "channel_of", "fence_of", "hash_tag", "marks_of", "slot_tag"]
 
 # Percent-encoding the three characters below keeps the tag free of braces (so Redis Cluster
 # hashes exactly the tag) and keeps the mapping injective (so two names never share keys).
@@ -37,6 +37,15 @@ def fence_of(prefix: str, lock_key: str | None = None) -> str:
     if lock_key is None:
         return f"{prefix}:fence"
     return f"{prefix}:fence{{{slot_tag(key_slot(lock_key.encode()))}}}"
+
+
+def alive_of(prefix: str, lock_key: str | None = None) -> str:
+    """The prefix of the fair locks' alive keys (``<prefix><client id>``): one key per client,
+    set by its keep-alive while it has fair waiters, keeps them all in line (see
+    ``scripts/fair/_queue.lua``).  On a Cluster one per slot, as :func:`fence_of`."""
+    if lock_key is None:
+        return f"{prefix}:fair:alive:"
+    return f"{prefix}:fair:alive{{{slot_tag(key_slot(lock_key.encode()))}}}:"
 
 
 # A Cluster slot is CRC16/XMODEM of the hash tag, mod 16384.  That CRC is linear over GF(2) for

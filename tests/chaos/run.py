@@ -342,7 +342,8 @@ async def leftovers_on(
     sorted set holding no live lease (void marks of earlier versions, with negative scores,
     kept it alive; the next call drops them and the leases that ended); and the fencing
     counters (one per key prefix: the RedLocks' servers have their own; on a Cluster one per
-    slot and prefix).  Anything else is left behind: a lock hash of any kind, a meta hash with
+    slot and prefix); a fair waiters' client's alive key that expires within its timeout.
+    Anything else is left behind: a lock hash of any kind, a meta hash with
     any other field (a marker of a fault-free call) or kept past its marks, a fair lock's queue
     (``<prefix>:fair:{name}:q`` and its waiters' entries ``:qa``: every waiter that gave up must
     have left it), a subscription (a release channel, or a fair lock's wake-up channel).
@@ -395,6 +396,13 @@ async def leftovers_on(
                 if bad:
                     found.append(f"semaphore marks left behind: {key!r} (pttl {pttl} ms, {bad})")
                 continue
+            if key.startswith(f"{PREFIX}:fair:alive".encode()):
+                # A client's alive key (scripts/fair/_queue.lua): deleted when its last fair
+                # waiter leaves; a deletion lost to a fault leaves it to expire, within one
+                # fair_wait_timeout (the workers' default).
+                if pttl > FAIR_WAIT_TIMEOUT_MS:
+                    found.append(f"alive key kept past its timeout: {key!r} (pttl {pttl} ms)")
+                continue
             if key.startswith(f"{PREFIX}:fair:".encode()) and key.endswith((b":q", b":qa")):
                 waiters: list[tuple[Any, Any]] = (
                     await redis.zrange(key, 0, -1, withscores=True)
@@ -435,6 +443,9 @@ async def leftovers_on(
         found += [f"subscription left behind: {channel!r}" for channel in channels]
         return found
 
+
+# The workers' clients' fair_wait_timeout: the default.
+FAIR_WAIT_TIMEOUT_MS = 5_000
 
 # The longest resend window of the workers' clients (aiolock._core.services.resend_window): the
 # steady one's, 4 attempts x (5 + 5) s of socket timeouts + 3 backoffs of at most 0.2 s.

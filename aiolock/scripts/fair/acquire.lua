@@ -6,10 +6,11 @@
 --          (see common/_requests.lua); it exists only for a resend window after a fault
 -- KEYS[3]  the queue: owner -> ticket (sorted set)
 -- KEYS[4]  the waiters: owner -> '<lease ms> <request n> <wait ms> <deadline>', what a grant
---          from the queue needs (see hand_over in _queue.lua) and the server time in ms after
---          which the waiter is dropped
+--          from the queue needs (see hand_over in _queue.lua) and the server time in ms until
+--          which this try keeps the waiter in line (after it, its client's alive key does)
 -- KEYS[5]  the prefix of the per-client wake-up channels (<prefix><client id>)
 -- KEYS[6]  the fencing token counter, shared by every lock name (never expires)
+-- KEYS[7]  the prefix of the per-client alive keys of the lock's slot (see _queue.lua)
 -- ARGV[1]  lease in milliseconds
 -- ARGV[2]  owner id (<client id>:<task or explicit owner>)
 -- ARGV[3]  request id, unique per call of this owner; a resent call carries the same id
@@ -20,12 +21,13 @@
 --          attempt: it withdraws at once if refused); and last, set on a resend, the client's
 --          resend window in ms, for which the request is then voided
 --
--- Returns {fencing token, hold count, PTTL} when granted, else '<ms> <server time ms>': how
--- many ms to wait before the next try (the lock's lease, or the wait timeout: the client keeps
--- the place of a waiting owner with keep.lua every third of the wait timeout; a hand-off
--- message comes sooner, and a grant from the queue tells the next in line when its lease
--- ends, see _queue.lua), and the server's clock when it queued, which the client relates to
--- its own (the time a grant by message was made is on the server's clock).
+-- Returns {fencing token, hold count, PTTL} when granted, else '<ms> <server time ms>': in how
+-- many ms the lock may be free with nobody told (the lock's lease, which publishes nothing
+-- when it runs out, or the wait timeout), when the client's keep-alive (keep.lua) looks at
+-- the lock and hands it over if it is free; a hand-off message comes sooner, and a grant from
+-- the queue tells the next in line when its lease ends, see _queue.lua.  Then the server's
+-- clock when it queued, which the client relates to its own (the time a grant by message was
+-- made is on the server's clock).
 --
 -- A release grants the lock to the head of the queue itself (hand_over in _queue.lua), with
 -- the lease and request id its last try stored here, and marks it ':q'.  A 'fresh' try of an
@@ -101,11 +103,11 @@ local function attempt()
             redis.call('ZREM', KEYS[3], owner)
             redis.call('HDEL', KEYS[4], owner)
             local reply = grant(KEYS[1], KEYS[6], owner, request, lease, late)
-            -- A lease that runs out publishes nothing, and the next in line may be parked past
-            -- this one's end (until the end of a longer hold it first met, released early).
-            -- Its client's keep-alive, which calls every third of the wait timeout, calls
-            -- again when a lease it sees runs out (keep.lua); a lease shorter than the wait
-            -- timeout may end before that keep-alive sees it, so the next in line is told.
+            -- A lease that runs out publishes nothing, and the client of the next in line may
+            -- look at the lock only when the longer hold it first met would have ended.  Its
+            -- keep-alive looks at the lock at least once a wait timeout, and then again when
+            -- the lease it sees runs out (keep.lua); a lease shorter than the wait timeout may
+            -- end before that, so the next in line is told.
             local next_owner = lease < wait and redis.call('ZRANGE', KEYS[3], 0, 0)[1]
             if next_owner then
                 bound(next_owner, lease)
@@ -127,15 +129,15 @@ local function attempt()
     redis.call('HSET', KEYS[4], owner,
         queued .. ' ' .. ARGV[3] .. ' ' .. wait .. ' ' .. (now + wait))
     if not last[1] then
-        -- A new queue: it outlives its last live waiter by one to two wait timeouts, re-armed by
-        -- the keep-alives of the clients waiting (keep.lua), not by every try.
-        redis.call('PEXPIRE', KEYS[3], 2 * wait)
-        redis.call('PEXPIRE', KEYS[4], 2 * wait)
+        -- A new queue: armed to outlive its last live waiter after a fault, re-armed by the
+        -- keep-alives of the clients waiting (keep.lua), not by every try.
+        redis.call('PEXPIRE', KEYS[3], QUEUE_TTL * wait)
+        redis.call('PEXPIRE', KEYS[4], QUEUE_TTL * wait)
     end
 
-    -- Parked until the hand-off message names this owner; meanwhile its client's keep-alive keeps
-    -- its place.  It tries again by itself only when the holder's lease runs out (a holder that
-    -- died releases nothing), or after a wait timeout in any case.
+    -- Parked until a hand-off message names this owner; meanwhile its client's alive key keeps
+    -- its place, and its keep-alive looks at the lock when the holder's lease runs out (a
+    -- holder that died releases nothing), or after a wait timeout in any case.
     local pause = wait
     if locked then
         local pttl = redis.call('PTTL', KEYS[1])

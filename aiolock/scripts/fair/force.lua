@@ -7,6 +7,7 @@
 -- KEYS[4]  the waiters (unused here: every fair script takes the same keys)
 -- KEYS[5]  the prefix of the per-client wake-up channels
 -- KEYS[6]  the fencing token counter (unused here: every fair script takes the same keys)
+-- KEYS[7]  the prefix of the alive keys (unused here: every fair script takes the same keys)
 --
 -- Returns 1 if the lock existed, else 0.
 --@include common/_time

@@ -1,77 +1,88 @@
--- Keep the places of one client's waiters in a fair lock's queue: one call for all of them.
+-- Keep one client's waiters in the queues of the fair locks of one Cluster slot (one server):
+-- one call for all of them.
 --
--- KEYS[1]  the lock hash
--- KEYS[2]  the meta hash (unused here: every fair script takes the same keys)
--- KEYS[3]  the queue: owner -> ticket
--- KEYS[4]  the waiters: owner -> '<lease ms> <request n> <wait ms> <deadline>' (see
---          acquire.lua)
--- KEYS[5]  the prefix of the per-client wake-up channels
--- KEYS[6]  the fencing token counter (a grant from the queue takes a token)
+-- KEYS[1]  the prefix of the per-client alive keys of the slot (see _queue.lua)
+-- KEYS[2]  the fencing token counter of the slot (a grant from the queue takes a token)
+-- KEYS[4i-1], KEYS[4i], KEYS[4i+1], KEYS[4i+2]  lock i's hash, queue, waiters and wake-up
+--          channel prefix (see acquire.lua), for i = 1, 2, ...
 -- ARGV[1]  the fair wait timeout in milliseconds
--- ARGV[2..] the owners of this client waiting for the lock
+-- ARGV[2]  the client id
+-- ARGV[3]  '1' when the client's alive key should exist (it set it, and has not deleted it)
+-- ARGV[4]  'gone' when the client has no waiter left in the slot: its alive key is deleted,
+--          and nothing else is done; else '-'
+-- then, for each lock i in turn: the number m of owners that follow, or -1, and m owners of
+--          this client waiting for it
 --
--- Returns {the owners among them that are not in the queue (dropped, or not queued yet: they
--- must try again to take a place), ms until the next call is due if sooner than a third of
--- the wait timeout: the head's deadline or the end of the lease held (0: none)}.
+-- Returns {1 if the alive key was gone though it should exist (the client stalled: its
+-- waiters may have been dropped, and must try again), {for each lock: ms until its next look
+-- is due, if the lock is held or its head only woken (0: no such bound)}, {for each lock: the
+-- owners sent that are not in its queue (dropped, or not queued yet: they must try again)}}.
 --
--- Each client runs it every third of the wait timeout while it has waiters, instead of each
--- waiter re-trying: it moves their deadlines on, keeps the queue's keys alive, and, while the
--- lock is free (its lease ran out, which publishes nothing, or the head was only woken),
--- drops vanished waiters at the head and hands the lock over to the first live one (see
--- hand_over in _queue.lua).  A free lock whose head is still within its deadline: the client calls again when
--- it runs out, so a vanished head delays the queue by at most the wait timeout.
+-- The alive key (set for the wait timeout; the client calls every half of it while it has
+-- waiters in the slot) keeps every waiter of the client live: a parked waiter costs nothing
+-- here.  Per lock the call looks at the lock: while it is free (its lease ran out, which
+-- publishes nothing, or its head was only woken), it drops vanished waiters at the head and
+-- hands the lock over to the first live one (see hand_over in _queue.lua).  With an owners
+-- count (m >= 0; the client sends one every other wait timeout or so) it also re-arms the
+-- queue's expiry and reports the owners it does not have.
 --@include common/_time
 --@include fair/_queue
 local wait = tonumber(ARGV[1])
 if not wait or wait < 3 or wait > 1e12 then
     return redis.error_reply('ERR aiolock: wait timeout must be 3 to 1e12 milliseconds')
 end
-local now = now_ms()
-local deadline = now + wait
-local missing = {}
--- In chunks: unpack() is bounded by Lua's stack.
-for from = 2, #ARGV, 500 do
-    local to = math.min(from + 499, #ARGV)
-    local owners = {}
-    for i = from, to do
-        owners[#owners + 1] = ARGV[i]
+local alive = KEYS[1] .. ARGV[2]
+if ARGV[4] == 'gone' then
+    redis.call('DEL', alive)
+    return {0, {}, {}}
+end
+local lapsed = not redis.call('SET', alive, 1, 'PX', wait, 'GET') and ARGV[3] == '1'
+ALIVE, FENCE = KEYS[1], KEYS[2]
+local now
+local dues, missing = {}, {}
+local arg = 5
+for i = 3, #KEYS, 4 do
+    LOCK, QUEUE, QUEUED, WAKE = KEYS[i], KEYS[i + 1], KEYS[i + 2], KEYS[i + 3]
+    local m = tonumber(ARGV[arg])
+    local lost = {}
+    if m >= 0 then
+        -- In chunks: unpack() is bounded by Lua's stack.
+        for from = arg + 1, arg + m, 500 do
+            local to = math.min(from + 499, arg + m)
+            local entries = redis.call('HMGET', QUEUED, unpack(ARGV, from, to))
+            for j = 1, to - from + 1 do
+                if not entries[j] then
+                    lost[#lost + 1] = ARGV[from + j - 1]
+                end
+            end
+        end
+        local pttl = redis.call('PTTL', QUEUED)
+        if pttl ~= -2 and pttl < QUEUE_REARM * wait then
+            redis.call('PEXPIRE', QUEUE, QUEUE_TTL * wait)
+            redis.call('PEXPIRE', QUEUED, QUEUE_TTL * wait)
+        end
+        arg = arg + m + 1
+    else
+        arg = arg + 1
     end
-    local entries = redis.call('HMGET', KEYS[4], unpack(owners))
-    local moved = {}
-    for i, entry in ipairs(entries) do
-        local ms, n, owner_wait = waiter_args(entry)
-        if ms then
-            moved[#moved + 1] = owners[i]
-            moved[#moved + 1] = ms .. ' ' .. n .. ' ' .. owner_wait .. ' ' .. deadline
-        else
-            missing[#missing + 1] = owners[i]
+    local due = 0
+    local held = redis.call('PTTL', LOCK)
+    if held == -2 then
+        now = now or now_ms()
+        local head, live_until = live_head(now)
+        if head then
+            hand_over(now, head)
+            held = redis.call('PTTL', LOCK)
+            if held == -2 then  -- only woken: look again when it may have vanished
+                due = math.max(live_until - now + 1, 1)
+            end
         end
     end
-    if #moved > 0 then
-        redis.call('HSET', KEYS[4], unpack(moved))
+    if held > 0 then
+        -- A lease that runs out publishes nothing: look again then, and hand over.
+        due = held + 1
     end
+    dues[#dues + 1] = due
+    missing[#missing + 1] = lost
 end
-local pttl = redis.call('PTTL', KEYS[4])
-if pttl ~= -2 and pttl < wait then
-    redis.call('PEXPIRE', KEYS[3], 2 * wait)
-    redis.call('PEXPIRE', KEYS[4], 2 * wait)
-end
-local due = 0
-local held = redis.call('PTTL', KEYS[1])
-if held == -2 then
-    local head, head_deadline = live_head(now)
-    if head then
-        hand_over(now, head)
-        held = redis.call('PTTL', KEYS[1])
-        if held == -2 then  -- only woken: the next call comes at its deadline (it may vanish)
-            due = math.max(head_deadline - now + 1, 1)
-        end
-    end
-end
-if held > 0 then
-    -- A lease that runs out publishes nothing, and these waiters may be parked past it (until
-    -- the end of a longer hold released early, or of a grant to a waiter that vanished): the
-    -- next call comes when it runs out, and hands over then.
-    due = held + 1
-end
-return {missing, due}
+return {lapsed and 1 or 0, dues, missing}

@@ -7,6 +7,7 @@
 --          acquire.lua)
 -- KEYS[5]  the prefix of the per-client wake-up channels
 -- KEYS[6]  the fencing token counter (a grant from the queue takes a token)
+-- KEYS[7]  the prefix of the per-client alive keys of the lock's slot (see _queue.lua)
 -- ARGV[1]  owner id
 -- ARGV[2]  optional: 'fresh' when the client knows no hold of the owner on this lock
 --

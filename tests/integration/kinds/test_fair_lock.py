@@ -24,6 +24,7 @@ from aiolock.testing.pytest_plugin import ServerInfo
 from tests.helpers import (
     assert_clean,
     channels,
+    command_calls,
     counted,
     entry_of,
     evalsha_calls,
@@ -567,36 +568,59 @@ async def script_calls(redis: Redis) -> int:
     return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
 
 
+def alive_key(client: aiolock.Client, lock: aiolock.AsyncFairLock) -> str:
+    """The key that keeps ``client``'s fair waiters in line in ``lock``'s slot."""
+    return fair_keys(lock).alive + services_of(client).owners.client_id
+
+
 async def test_parked_waiters_keep_their_places_with_one_call_for_all(
     aiolock_client: aiolock.Client, make_client: Callable[..., aiolock.Client], redis: Redis
 ) -> None:
-    """A client's parked waiters do not re-try to keep their places: one keep-alive call moves
-    all their deadlines on."""
+    """A client's parked waiters do not try again to keep their places, nor when the lease they
+    met runs out: one call per half timeout sets the client's alive key, which keeps every one
+    of them in line, on every lock of the slot."""
     client = make_client(fair_wait_timeout=0.3)
-    holder = aiolock_client.fair_lock("kept", owner="holder")
-    await holder.lock()
-    lock = client.fair_lock("kept")
+    # Leases of 0.6 s, renewed by the watchdog: the waiters meet a lease that would run out
+    # five times over while they wait.
+    holding = make_client(watchdog_timeout=0.6)
+    holders = [holding.fair_lock(name, owner="holder") for name in ("kept-1", "kept-2")]
+    for holder in holders:
+        await holder.lock()
+    locks = [client.fair_lock(holder.name) for holder in holders]
 
-    async def waiter() -> None:
+    async def waiter(lock: aiolock.AsyncFairLock) -> None:
         async with lock.acquire(wait=30):
             pass
 
-    waiters = [asyncio.create_task(waiter()) for _ in range(30)]
-    await queued(redis, holder, 30)
-    await eventually(lambda: parked_on(client, lock) == 30, what="all 30 parked")
-    before = await deadlines(redis, holder)
-    calls = await script_calls(redis)
+    waiters = [asyncio.create_task(waiter(lock)) for lock in locks for _ in range(30)]
+    for holder, lock in zip(holders, locks, strict=True):
+        await queued(redis, holder, 30)
+        await eventually(lambda lock=lock: parked_on(client, lock) == 30, what="all 30 parked")
+    lines = [await redis.zrange(fair_keys(h).queue, 0, -1, withscores=True) for h in holders]
+    before = await command_calls(redis)
 
-    async def all_moved_on() -> bool:
-        now = await deadlines(redis, holder)
-        return now.keys() == before.keys() and all(now[k] > before[k] for k in now)
+    async def kept_a_while() -> bool:  # 3 s at least: every try's deadline and lease passed
+        calls = await command_calls(redis)
+        return calls.get("set", 0) - before.get("set", 0) >= 20
 
-    await eventually(all_moved_on, what="every deadline moved on")
-    assert await script_calls(redis) - calls < 30  # fewer calls than waiters
-    await holder.unlock()
+    await eventually(kept_a_while, timeout=15, what="the alive key set twenty times")
+    calls = await command_calls(redis)
+    after = {name: count - before.get(name, 0) for name, count in calls.items()}
+    assert after.get("hgetall", 0) == after.get("zadd", 0) == 0  # no waiter tried again
+    # Every script call was a keep-alive's (one SET of the alive key for all 60 waiters on
+    # both locks) or a renewal of the holds (HEXISTS).
+    assert after["evalsha"] <= after["set"] + after["hexists"]
+    for holder, line in zip(holders, lines, strict=True):
+        assert await redis.zrange(fair_keys(holder).queue, 0, -1, withscores=True) == line
+        server_ms = int((await redis.time())[0]) * 1000
+        assert all(deadline < server_ms for deadline in (await deadlines(redis, holder)).values())
+        await holder.unlock()
+    assert 0 < await redis.pttl(alive_key(client, locks[0])) <= 300
     await asyncio.wait_for(asyncio.gather(*waiters), 10)
-    await assert_clean(redis, client)
-    assert await no_queue_keys(redis, holder)
+    await assert_clean(redis, client)  # the alive key too
+    await assert_clean(redis, holding)
+    for holder in holders:
+        assert await no_queue_keys(redis, holder)
 
 
 async def test_a_waiter_whose_place_was_lost_takes_one_again(
@@ -614,11 +638,20 @@ async def test_a_waiter_whose_place_was_lost_takes_one_again(
     task = asyncio.create_task(waiter())
     await queued(redis, holder, 1)
     await eventually(lambda: parked_on(client, lock) == 1, what="the waiter parked")
+    alive = alive_key(client, lock)
+    await eventually(lambda: redis.exists(alive), what="the alive key set")
     keys = fair_keys(holder)
     [owner] = await queue(redis, holder)
-    await redis.zrem(keys.queue, owner)  # as if dropped while its client stalled
+    # As if dropped while its client stalled past the timeout (its alive key expired).
+    await redis.delete(alive)
+    await redis.zrem(keys.queue, owner)
     await redis.hdel(keys.queued, owner)
-    await queued(redis, holder, 1)  # its client's keep-alive found it missing: it queued again
+
+    async def queued_again() -> bool:  # its client's keep-alive found the key gone
+        return bool(await redis.hexists(keys.queued, owner))
+
+    await eventually(queued_again, what="the waiter queued again")
+    assert await queue(redis, holder) == [owner]
     await holder.unlock()
     await asyncio.wait_for(task, 10)
     await assert_clean(redis, client)

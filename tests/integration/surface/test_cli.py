@@ -194,6 +194,31 @@ async def test_inspect_the_fair_lock_shows_its_queue_in_order(
     await other.fair_lock("fifo", owner="second").unlock()
 
 
+async def test_inspect_shows_a_fair_waiter_past_its_try_while_its_client_keeps_it(
+    aiolock_client: aiolock.Client, make_client: Callable[..., aiolock.Client], redis: Redis
+) -> None:
+    """Past its try's deadline a parked fair waiter is live while its client's alive key
+    lasts: it is listed, expiring with that key (the client sets it every half timeout)."""
+    other = make_client(fair_wait_timeout=0.3)
+    lock = aiolock_client.fair_lock("kept-shown", owner="boss")
+    await lock.lock()
+    waiter = asyncio.create_task(other.fair_lock("kept-shown", owner="w").try_lock(wait=30))
+    queued = f"{keys_of(lock).lock}:qa"
+
+    async def past_its_try() -> bool:
+        entry = await redis.hget(queued, f"{other.id}:x:w")
+        seconds, micros = await redis.time()
+        return entry is not None and int(str(entry).split()[-1]) < seconds * 1000 + micros // 1000
+
+    await eventually(past_its_try, what="the waiter's try's deadline passed")
+    report = await inspect(aiolock_client, "fair", "kept-shown")
+    assert [w.owner for w in report.waiters] == [f"{other.id}:x:w"]
+    assert 0 < report.waiters[0].expires_in <= 0.3
+    await lock.unlock()
+    assert await waiter
+    await other.fair_lock("kept-shown", owner="w").unlock()
+
+
 async def test_inspect_the_rw_lock_shows_readers_writer_and_waiting_writers(
     cli: Callable[..., Any],
     aiolock_client: aiolock.Client,
