@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -55,14 +56,15 @@ from ._core.keys import LockKeys, alive_of
 from ._core.services import Services
 from ._core.settlement import Attempt
 from ._core.waiting import NamedWait, Waiting
-from ._redis.pubsub import Grant
+from ._redis.pubsub import Grant, NamedEntry
 
 __all__ = ["AliveKey", "AsyncFairLock", "KeepAlive"]
 
 logger = logging.getLogger("aiolock.lock")
 
-_TRIES_IN_FLIGHT = 4
-"""Tries of one fair lock name a client has in flight at once (see KeepAlive.tries)."""
+_TRIES_IN_FLIGHT = 16
+"""Tries of the fair locks of one slot (one server) a client's waiting calls have in flight
+at once (see AliveKey.try_slot)."""
 
 _SHORTEST_GRANT = 0.05
 """The least lease (s), as the client counts it, a grant by message must have left to be taken
@@ -107,23 +109,19 @@ class KeepAlive:
     __slots__ = (
         "__weakref__",
         "_alive",
-        "_waiters",
+        "_entry",
+        "_parked",
         "clock",
         "count_at",
         "due",
         "keys",
         "look_at",
         "once",
-        "tries",
     )
 
     def __init__(self, keys: FairKeys, alive: AliveKey) -> None:
         self.keys = (keys.lock, keys.queue, keys.queued, keys.wake_prefix)
         self._alive = alive
-        # Bounds the tries of this name in flight from this client.  Thousands of waiters
-        # arriving at once each queue with a try; one waiting here costs a future, one waiting
-        # for a connection inside the call costs its whole chain of call frames.
-        self.tries = asyncio.Semaphore(_TRIES_IN_FLIGHT)
         # The server's clock against the loop's, from the name's queued tries: per name, so
         # that on a Cluster it is the clock of the node the name lives on.
         self.clock = ServerClock()
@@ -131,41 +129,49 @@ class KeepAlive:
         # with how many such calls each has in flight: their tries ask for no grant from the
         # queue (the withdraw that follows a refusal would have to take it back).
         self.once: dict[str, int] = {}
-        self._waiters: dict[str, NamedWait] = {}  # the parked owners, and how to wake them
+        self._parked = 0  # waiting calls that parked, on _entry (whose names they are)
+        self._entry: NamedEntry | None = None
         self.due = math.inf  # (loop time) the lock may be free then with nobody told
         self.look_at = 0.0  # the next look at the lock, at the latest
         self.count_at = 0.0  # the next look that also checks the queue has our owners
 
-    def add(self, owner: str, wait: NamedWait) -> None:
-        first = not self._waiters
-        self._waiters[owner] = wait
-        if first:
+    def add(self, entry: NamedEntry) -> None:
+        self._parked += 1
+        if self._parked == 1:
+            self._entry = entry
             self._alive.join(self)
 
-    def discard(self, owner: str) -> None:
-        if self._waiters.pop(owner, None) is not None and not self._waiters:
+    def discard(self) -> None:
+        self._parked -= 1
+        if not self._parked:
+            self._entry = None
             self._alive.leave(self)
+
+    def try_slot(self) -> asyncio.Future[None] | None:
+        """``None`` if a try may start now (it took a slot), else a future done when it may
+        (see :meth:`AliveKey.try_slot`)."""
+        return self._alive.try_slot()
+
+    def end_try(self) -> None:
+        self._alive.end_try()
 
     def expect(self, at: float) -> None:
         """The lock may be free at loop time ``at`` with nobody told (a lease that runs out)."""
         if at < self.due:
             self.due = at
-            if self._waiters:
+            if self._parked:
                 self._alive.schedule()
 
     def owners(self) -> list[str]:
-        return list(self._waiters)
+        return [] if self._entry is None else self._entry.names()
 
     def wake(self, owners: list[bytes | str] | None = None) -> None:
-        """Wake ``owners`` (all parked, for ``None``) to try again: they lost their places."""
-        if owners is None:
-            for wait in list(self._waiters.values()):
-                wait.wake()
+        """Wake ``owners`` (all waiting, for ``None``) to try again: they lost their places."""
+        entry = self._entry
+        if entry is None:
             return
-        for name in owners:
-            lost = self._waiters.get(name.decode() if isinstance(name, bytes) else name)
-            if lost is not None:
-                lost.wake()
+        for name in entry.names() if owners is None else owners:
+            entry.wake_named(name.decode() if isinstance(name, bytes) else name)
 
 
 class AliveKey:
@@ -185,7 +191,9 @@ class AliveKey:
     __slots__ = (
         "__weakref__",
         "_fence",
+        "_free_tries",
         "_members",
+        "_next_tries",
         "_prefix",
         "_retry_at",
         "_services",
@@ -205,6 +213,30 @@ class AliveKey:
         self._tick_at = math.inf  # the next refresh of the alive key (loop time)
         self._retry_at = 0.0  # after a failed call: no call before then
         self._written = False  # the key should exist: set, and not deleted since
+        # Bounds the waiting calls' tries in flight from this client to the slot's fair locks
+        # (see NamedWait.turn), with the futures of those queued for a turn, in order.
+        self._free_tries = _TRIES_IN_FLIGHT
+        self._next_tries: deque[asyncio.Future[None]] = deque()
+
+    def try_slot(self) -> asyncio.Future[None] | None:
+        """``None`` if a try may start now (it took a slot), else a future done when it may:
+        a bare future, no coroutine frame, for each of thousands of waiters queued here
+        (beyond the slots, a call would wait for a connection with all its call frames)."""
+        if self._free_tries:
+            self._free_tries -= 1
+            return None
+        slot: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._next_tries.append(slot)
+        return slot
+
+    def end_try(self) -> None:
+        """A try ended: hand its slot to the next one queued."""
+        while self._next_tries:
+            slot = self._next_tries.popleft()
+            if not slot.done():
+                slot.set_result(None)
+                return
+        self._free_tries += 1
 
     def join(self, member: KeepAlive) -> None:
         now = asyncio.get_running_loop().time()
@@ -447,13 +479,6 @@ class AsyncFairLock(LockKind):
 
     def _waiting(self, owner: str) -> Waiting:
         return NamedWait(self._services, self._keys.channel, self._counters, owner, self._keeper())
-
-    async def _try_acquire(
-        self, owner: str, task: asyncio.Task[Any] | None, lease: float | None, started: float
-    ) -> Hold | float:
-        keeper = self._keeper()  # kept alive by this frame: its semaphore is the name's
-        async with keeper.tries:
-            return await super()._try_acquire(owner, task, lease, started)
 
     def _withdraw_call(self, owner: str) -> Call:
         # With fresh, it also takes back a grant from the queue its client never took.

@@ -471,7 +471,20 @@ class HoldKind(Guarded[int]):
             pause = waiting.first_pause()
             while True:
                 if pause is None:
-                    outcome = await self._try_acquire(owner, task, lease, started)
+                    # The strategy may bound the tries in flight: a call waiting for its turn
+                    # costs a future here, no frames of a call (thousands arrive at once).
+                    turn = waiting.turn()
+                    if turn is not None:
+                        try:
+                            await turn
+                        except asyncio.CancelledError:
+                            if turn.done() and not turn.cancelled():
+                                waiting.tried()  # given the turn as it was cancelled: pass it on
+                            raise
+                    try:
+                        outcome = await self._try_acquire(owner, task, lease, started)
+                    finally:
+                        waiting.tried()
                     if isinstance(outcome, Hold):
                         granted = True
                         return

@@ -33,6 +33,14 @@ class Waiting(Protocol):
         """Seconds to park before the first try, or ``None`` to try at once."""
         ...
 
+    def turn(self) -> asyncio.Future[None] | None:
+        """Before each try: ``None`` to start it now, or a future done when it may start."""
+        ...
+
+    def tried(self) -> None:
+        """After each try that was let start (:meth:`turn`)."""
+        ...
+
     def park(self, pause: float) -> asyncio.Future[Any]:
         """A future that is done at a wake-up or after ``pause`` seconds (``inf``: none)."""
         ...
@@ -105,6 +113,12 @@ class ChannelWait:
     def first_pause(self) -> float | None:
         return None if self._try_first else self._services.watchdog_timeout
 
+    def turn(self) -> asyncio.Future[None] | None:
+        return None
+
+    def tried(self) -> None:
+        pass
+
     def park(self, pause: float) -> asyncio.Future[Any]:
         entry = self._entry
         if entry is None:
@@ -137,15 +151,24 @@ class ChannelWait:
 
 
 class Keeper(Protocol):
-    """What keeps the server-side places of a client's parked waiters (the fair lock's
-    keep-alive): one call for all of them, instead of a try per waiter."""
+    """What keeps the server-side places of a client's parked waiters on one lock (the fair
+    lock's keep-alive): one call for all of them, instead of a try per waiter; it also bounds
+    the tries in flight from the client."""
 
-    def add(self, owner: str, wait: NamedWait) -> None:
-        """``owner`` parks: keep its place until :meth:`discard`."""
+    def add(self, entry: NamedEntry) -> None:
+        """A waiter parked for the first time, on ``entry`` (whose names it may wake)."""
         ...
 
-    def discard(self, owner: str) -> None:
-        """``owner`` stopped waiting."""
+    def discard(self) -> None:
+        """A waiter that had parked stopped waiting."""
+        ...
+
+    def try_slot(self) -> asyncio.Future[None] | None:
+        """``None`` if a try may start now (it took a slot), else a future done when it may."""
+        ...
+
+    def end_try(self) -> None:
+        """A try that took a slot ended."""
         ...
 
 
@@ -165,7 +188,16 @@ class NamedWait:
     of it (given up, and taken back by its withdraw): it is dropped.
     """
 
-    __slots__ = ("_channel", "_counters", "_entry", "_keeper", "_owner", "_services", "_since")
+    __slots__ = (
+        "_channel",
+        "_counters",
+        "_entry",
+        "_keeper",
+        "_kept",
+        "_owner",
+        "_services",
+        "_since",
+    )
 
     def __init__(
         self,
@@ -180,6 +212,7 @@ class NamedWait:
         self._counters = counters
         self._owner = owner
         self._keeper = keeper
+        self._kept = False  # counted by the keeper (since its first park)
         self._since = services.owners.last_request()  # this call's tries come after it
         counters.contenders += 1
         entry = services.pubsub.join_existing(channel)
@@ -195,6 +228,16 @@ class NamedWait:
     def first_pause(self) -> float | None:
         return None
 
+    def turn(self) -> asyncio.Future[None] | None:
+        # Thousands of waiters arriving at once each queue with a try: one waiting for its
+        # turn here costs a future, one waiting for a connection inside the call costs its
+        # whole chain of call frames.
+        return None if self._keeper is None else self._keeper.try_slot()
+
+    def tried(self) -> None:
+        if self._keeper is not None:
+            self._keeper.end_try()
+
     def park(self, pause: float) -> asyncio.Future[Any]:
         entry = self._entry
         if entry is None:
@@ -203,8 +246,9 @@ class NamedWait:
             )
             self._enter(entry)
         assert isinstance(entry, NamedEntry)
-        if self._keeper is not None:
-            self._keeper.add(self._owner, self)
+        if self._keeper is not None and not self._kept:
+            self._kept = True
+            self._keeper.add(entry)
         return entry.park_named(self._owner, asyncio.get_running_loop().time() + pause)
 
     def wake(self) -> None:
@@ -230,8 +274,8 @@ class NamedWait:
         return grant if grant is not None and grant.request > self._since else None
 
     def leave(self, granted: bool) -> None:
-        if self._keeper is not None:
-            self._keeper.discard(self._owner)
+        if self._keeper is not None and self._kept:
+            self._keeper.discard()
         entry = self._entry
         if entry is not None:
             assert isinstance(entry, NamedEntry)
@@ -264,6 +308,12 @@ class Backoff:
 
     def first_pause(self) -> float | None:
         return None
+
+    def turn(self) -> asyncio.Future[None] | None:
+        return None
+
+    def tried(self) -> None:
+        pass
 
     def park(self, pause: float) -> asyncio.Future[Any]:
         if not self._waiting:

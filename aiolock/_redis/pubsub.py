@@ -339,6 +339,10 @@ class NamedEntry(Entry):
         self._bounds.pop(name, None)
         self._grants.pop(name, None)
 
+    def names(self) -> list[str]:
+        """The owners waiting here (parked, or between two tries)."""
+        return list(self._named)
+
     def take_grant(self, name: str) -> Grant | None:
         """The grant a message brought the owner ``name`` since it last took one, if any."""
         return self._grants.pop(name, None) if self._grants else None
