@@ -487,6 +487,7 @@ class HoldKind(Guarded[int]):
                         waiting.tried()
                     if isinstance(outcome, Hold):
                         granted = True
+                        waiting.held(outcome.expires_at)
                         return
                     pause = outcome
                 waiter = waiting.park(pause)

@@ -57,6 +57,10 @@ class Waiting(Protocol):
         """
         ...
 
+    def held(self, until: float) -> None:
+        """The call got the lock by a try, held until loop time ``until`` unless renewed."""
+        ...
+
     def leave(self, granted: bool) -> None:
         """The call leaves the wait loop, with the lock or without it."""
         ...
@@ -140,6 +144,11 @@ class ChannelWait:
             self._entry.raise_refusal()  # the server refused the channel: waiting is futile
         self._services.check_open()  # woken because the client closes: no more tries
         return None
+
+    def held(self, until: float) -> None:
+        # The others of this client wait behind this hold: no longer than its lease.
+        if self._entry is not None:
+            self._entry.bound(until)
 
     def leave(self, granted: bool) -> None:
         pubsub = self._services.pubsub
@@ -273,6 +282,9 @@ class NamedWait:
         grant = entry.take_grant(self._owner)
         return grant if grant is not None and grant.request > self._since else None
 
+    def held(self, until: float) -> None:
+        pass
+
     def leave(self, granted: bool) -> None:
         if self._keeper is not None and self._kept:
             self._keeper.discard()
@@ -333,6 +345,9 @@ class Backoff:
     def woken(self) -> Grant | None:
         self._services.check_open()
         return None
+
+    def held(self, until: float) -> None:
+        pass
 
     def leave(self, granted: bool) -> None:
         if self._handle is not None:

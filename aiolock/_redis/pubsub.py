@@ -230,6 +230,13 @@ class Entry:
             self._arm(loop, deadline)
         return waiter
 
+    def bound(self, until: float) -> None:
+        """A task of this client got the lock, held until loop time ``until`` unless renewed
+        or released: the parked ones try no later (see ``expires_one``; a hold that ends
+        silently wakes one through its loss, but a release's message can be lost)."""
+        if self.expires_one and self._parked and until < self._timer_at:
+            self._arm(asyncio.get_running_loop(), until)
+
     def unpark(self, waiter: asyncio.Future[bool]) -> None:
         """The caller of :meth:`park` was cancelled: stop counting it if it was still parked."""
         if waiter.cancelled():

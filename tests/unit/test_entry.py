@@ -76,6 +76,16 @@ async def test_when_a_deadline_passes_only_the_first_in_line_tries() -> None:
     assert not third.done()
 
 
+async def test_a_hold_of_the_client_bounds_its_parked_waiters_by_its_lease() -> None:
+    """A task of the client got the lock: those parked with no deadline (they dropped theirs
+    when another tried) wait no longer than its lease, in case its release's message is lost."""
+    entry = make_entry(refs=2)
+    first, second = entry.park(float("inf"), 1), entry.park(float("inf"), 2)
+    entry.bound(asyncio.get_running_loop().time() + 0.02)
+    assert await asyncio.wait_for(first, 5) is False
+    assert not second.done()
+
+
 async def test_a_broadcast_entry_wakes_every_waiter_whose_deadline_passed() -> None:
     entry = BroadcastEntry(b"channel")
     entry.refs = 2
