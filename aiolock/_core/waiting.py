@@ -189,7 +189,7 @@ class NamedWait:
     its first try, so that a hand-off naming it while the try is in flight is not lost; the
     first waiter of a client subscribes after its try, and the subscription's confirmation
     wakes every waiter to try (a hand-off may have been published before it).  While parked,
-    its place is kept by ``keeper``, which wakes it (:meth:`wake`) if it lost it.
+    its place is kept by ``keeper``, which wakes it through the entry if it lost it.
 
     A release may grant the lock to the owner from the queue, and its message carries the
     grant (:class:`~aiolock._redis.pubsub.Grant`): :meth:`woken` hands it to the wait loop.  A
@@ -259,13 +259,6 @@ class NamedWait:
             self._kept = True
             self._keeper.add(entry)
         return entry.park_named(self._owner, asyncio.get_running_loop().time() + pause)
-
-    def wake(self) -> None:
-        """Try again now (or at the next park): the owner's place in the queue was lost."""
-        entry = self._entry
-        if entry is not None:
-            assert isinstance(entry, NamedEntry)
-            entry.wake_named(self._owner)
 
     def unpark(self, waiter: asyncio.Future[Any]) -> None:
         if self._entry is not None:

@@ -242,7 +242,7 @@ async def test_a_hand_off_wakes_only_the_owner_it_names(services: Any) -> None:
     assert parked["b"].result() is True
     entry.deliver(b"nobody-here")  # a hand-off to another client's waiter: none woken here
     assert [name for name, waiter in parked.items() if waiter.done()] == ["b"]
-    waits["c"].wake()  # its place in the queue was lost: it tries again now
+    entry.wake_named("c")  # its place in the queue was lost (the keeper): it tries again now
     assert parked["c"].result() is True
     assert not parked["a"].done()
     waits["b"].park(60)  # parks again: counted once
