@@ -251,10 +251,10 @@ class Entry:
     def _expire_due(self) -> None:
         loop = asyncio.get_running_loop()
         self._timer, self._timer_at = None, math.inf
-        # The loop may run a timer up to its clock resolution early.
         if self.expires_one:
             self._expire_first()
             return
+        # The loop may run a timer up to its clock resolution early.
         now = loop.time() + 0.001
         earliest = math.inf
         for waiter, deadline, _ in self._waiters:
