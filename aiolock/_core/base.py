@@ -481,6 +481,8 @@ class HoldKind(Guarded[int]):
                             if turn.done() and not turn.cancelled():
                                 waiting.tried()  # given the turn as it was cancelled: pass it on
                             raise
+                        # Or this frame keeps the done future for the whole wait: 144 B a waiter.
+                        del turn
                     try:
                         outcome = await self._try_acquire(owner, task, lease, started)
                     finally:
