@@ -63,8 +63,7 @@ __all__ = ["AliveKey", "AsyncFairLock", "KeepAlive"]
 logger = logging.getLogger("aiolock.lock")
 
 _TRIES_IN_FLIGHT = 16
-"""Tries of the fair locks of one slot (one server) a client's waiting calls have in flight
-at once (see AliveKey.try_slot)."""
+"""Tries of fair locks a client's waiting calls have in flight at once (see :class:`Turns`)."""
 
 _SHORTEST_GRANT = 0.05
 """The least lease (s), as the client counts it, a grant by message must have left to be taken
@@ -111,6 +110,7 @@ class KeepAlive:
         "_alive",
         "_entry",
         "_parked",
+        "_turns",
         "clock",
         "count_at",
         "due",
@@ -119,9 +119,10 @@ class KeepAlive:
         "once",
     )
 
-    def __init__(self, keys: FairKeys, alive: AliveKey) -> None:
+    def __init__(self, keys: FairKeys, alive: AliveKey, turns: Turns) -> None:
         self.keys = (keys.lock, keys.queue, keys.queued, keys.wake_prefix)
         self._alive = alive
+        self._turns = turns
         # The server's clock against the loop's, from the name's queued tries: per name, so
         # that on a Cluster it is the clock of the node the name lives on.
         self.clock = ServerClock()
@@ -149,11 +150,11 @@ class KeepAlive:
 
     def try_slot(self) -> asyncio.Future[None] | None:
         """``None`` if a try may start now (it took a slot), else a future done when it may
-        (see :meth:`AliveKey.try_slot`)."""
-        return self._alive.try_slot()
+        (see :meth:`Turns.take`)."""
+        return self._turns.take()
 
     def end_try(self) -> None:
-        self._alive.end_try()
+        self._turns.give_back()
 
     def expect(self, at: float) -> None:
         """The lock may be free at loop time ``at`` with nobody told (a lease that runs out)."""
@@ -174,6 +175,39 @@ class KeepAlive:
             entry.wake_named(name.decode() if isinstance(name, bytes) else name)
 
 
+class Turns:
+    """Bounds the tries a client's waiting calls have in flight on its fair locks.
+
+    Thousands of waiters arrive at once, and each makes one try to take its place: beyond the
+    bound, a call would wait for a connection with all its call frames; here it waits for its
+    turn on a bare future, in order (see :meth:`~aiolock._core.waiting.NamedWait.turn`).
+    """
+
+    __slots__ = ("__weakref__", "_free", "_queued")
+
+    def __init__(self, slots: int) -> None:
+        self._free = slots
+        self._queued: deque[asyncio.Future[None]] = deque()
+
+    def take(self) -> asyncio.Future[None] | None:
+        """``None`` if a try may start now (it took a turn), else a future done when it may."""
+        if self._free:
+            self._free -= 1
+            return None
+        turn: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._queued.append(turn)
+        return turn
+
+    def give_back(self) -> None:
+        """A try ended: hand its turn to the next one queued (a cancelled one has left)."""
+        while self._queued:
+            turn = self._queued.popleft()
+            if not turn.done():
+                turn.set_result(None)
+                return
+        self._free += 1
+
+
 class AliveKey:
     """Keeps all the fair waiters of this client in one Cluster slot (one server) in line.
 
@@ -191,9 +225,7 @@ class AliveKey:
     __slots__ = (
         "__weakref__",
         "_fence",
-        "_free_tries",
         "_members",
-        "_next_tries",
         "_prefix",
         "_retry_at",
         "_services",
@@ -213,30 +245,6 @@ class AliveKey:
         self._tick_at = math.inf  # the next refresh of the alive key (loop time)
         self._retry_at = 0.0  # after a failed call: no call before then
         self._written = False  # the key should exist: set, and not deleted since
-        # Bounds the waiting calls' tries in flight from this client to the slot's fair locks
-        # (see NamedWait.turn), with the futures of those queued for a turn, in order.
-        self._free_tries = _TRIES_IN_FLIGHT
-        self._next_tries: deque[asyncio.Future[None]] = deque()
-
-    def try_slot(self) -> asyncio.Future[None] | None:
-        """``None`` if a try may start now (it took a slot), else a future done when it may:
-        a bare future, no coroutine frame, for each of thousands of waiters queued here
-        (beyond the slots, a call would wait for a connection with all its call frames)."""
-        if self._free_tries:
-            self._free_tries -= 1
-            return None
-        slot: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._next_tries.append(slot)
-        return slot
-
-    def end_try(self) -> None:
-        """A try ended: hand its slot to the next one queued."""
-        while self._next_tries:
-            slot = self._next_tries.popleft()
-            if not slot.done():
-                slot.set_result(None)
-                return
-        self._free_tries += 1
 
     def join(self, member: KeepAlive) -> None:
         now = asyncio.get_running_loop().time()
@@ -473,7 +481,8 @@ class AsyncFairLock(LockKind):
             alive = services.name_state(
                 "fair-alive", keys.alive, lambda: AliveKey(services, keys.alive, keys.fence)
             )
-            return KeepAlive(keys, alive)
+            turns = services.name_state("fair-turns", "", lambda: Turns(_TRIES_IN_FLIGHT))
+            return KeepAlive(keys, alive, turns)
 
         return services.name_state("fair-keep", self.name, build)
 

@@ -21,6 +21,7 @@ from aiolock._core.holds import NameCounters
 from aiolock._core.owners import Owners
 from aiolock._core.waiting import Backoff, ChannelWait, NamedWait
 from aiolock._redis.pubsub import Grant, Home, NamedEntry, PubSub
+from aiolock.fair import Turns
 
 pytestmark = pytest.mark.anyio
 
@@ -391,3 +392,25 @@ async def test_backoff_wakes_after_its_sleep_and_its_timer_ends_with_it(
     services.closed = True
     with pytest.raises(RuntimeError, match="closed"):
         closing.woken()
+
+
+# -- Turns: the fair waiters' tries in flight, bounded per client ---------------------------------
+
+
+async def test_turns_bound_the_tries_in_flight_and_pass_over_one_cancelled() -> None:
+    turns = Turns(2)
+    assert turns.take() is None
+    assert turns.take() is None
+    queued = [turns.take() for _ in range(3)]
+    assert all(turn is not None and not turn.done() for turn in queued)
+    third, fourth, fifth = (turn for turn in queued if turn is not None)
+    third.cancel()  # its waiter left while it waited for its turn
+    turns.give_back()
+    assert [fourth.done(), fifth.done()] == [True, False]  # in order, the cancelled passed over
+    turns.give_back()
+    assert fifth.done()
+    turns.give_back()  # nobody queued: the turn is free again, and so is the next
+    turns.give_back()
+    assert turns.take() is None
+    assert turns.take() is None
+    assert turns.take() is not None
