@@ -23,10 +23,10 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 import aiolock
-from aiolock._core.base import Seam
+from aiolock._core.base import LockKind, Seam
 from aiolock._core.keys import LockKeys
 from aiolock._core.services import Services
-from aiolock._redis.calls import write
+from aiolock._redis.calls import Calls, write
 from aiolock._redis.pubsub import Entry
 from aiolock.rw import RWKeys
 from aiolock.semaphore import seam_of
@@ -37,6 +37,13 @@ def services_of(of: Any) -> Services:
     if isinstance(of, aiolock.Client):
         return of._services
     return Seam(of).services
+
+
+def server_calls_of(client: aiolock.Client) -> Calls:
+    """A single-server client's call path (a Cluster client's, routing by slot, has no pool)."""
+    calls = services_of(client).calls
+    assert isinstance(calls, Calls), calls
+    return calls
 
 
 def keys_of(lock: Any) -> LockKeys:
@@ -144,9 +151,9 @@ async def stall_server(url: str, seconds: float, started: asyncio.Event) -> None
     staller = Redis.from_url(url)
     # A connection of its own, not the pool's: get_connection() needs a command name before
     # redis-py 5.3 and warns about one after.
-    conn = staller.connection_pool.make_connection()
+    conn = staller.connection_pool.make_connection()  # type: ignore[no-untyped-call]
     try:
-        await conn.connect()  # type: ignore[no-untyped-call]
+        await conn.connect()
         await write(conn, ("DEBUG", "SLEEP", seconds))  # in the socket before the event is set
         started.set()
         await conn.read_response(timeout=math.inf)
@@ -256,14 +263,14 @@ async def use_once(client: aiolock.Client, kind: str, name: str) -> None:
         await latch.try_set_count(1)
         await latch.count_down()
     else:
-        lock: aiolock.AsyncRLock | aiolock.AsyncFairLock | aiolock.AsyncSpinLock
-        lock = {
+        makers: dict[str, Callable[[str], LockKind]] = {
             "lock": client.lock,
             "fair": client.fair_lock,
             "spin": client.spin_lock,
             "write": lambda n: client.rw_lock(n).write_lock(),
             "read": lambda n: client.rw_lock(n).read_lock(),
-        }[kind](name)
+        }
+        lock = makers[kind](name)
         async with lock.acquire(wait=0):
             pass
 

@@ -47,7 +47,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from redis.asyncio import Redis
 
@@ -391,7 +391,9 @@ async def leftovers_on(
                 # A semaphore's void marks: request -> until when (server ms), like a meta hash.
                 seconds, micros = await redis.time()
                 now = seconds * 1000 + micros // 1000
-                marks = dict(await redis.zrange(key, 0, -1, withscores=True))
+                marks = dict(
+                    cast(list[tuple[bytes, float]], await redis.zrange(key, 0, -1, withscores=True))
+                )
                 bad = _bad_marks({m: int(s) for m, s in marks.items()}, now, pttl)
                 if bad:
                     found.append(f"semaphore marks left behind: {key!r} (pttl {pttl} ms, {bad})")
@@ -405,7 +407,7 @@ async def leftovers_on(
                 continue
             if key.startswith(f"{PREFIX}:fair:".encode()) and key.endswith((b":q", b":qa")):
                 waiters: list[tuple[Any, Any]] = (
-                    await redis.zrange(key, 0, -1, withscores=True)
+                    cast(list[tuple[Any, Any]], await redis.zrange(key, 0, -1, withscores=True))
                     if key.endswith(b":q")
                     else list((await redis.hgetall(key)).items())
                 )
@@ -431,7 +433,10 @@ async def leftovers_on(
                         # Void marks (negative scores) and leases that ended, which the next
                         # call drops: nothing is held, and the key expires with its marks.
                         continue
-                    members = await redis.zrangebyscore(key, "(0", "+inf", 0, 5, withscores=True)
+                    members = cast(
+                        list[tuple[bytes, float]],
+                        await redis.zrangebyscore(key, "(0", "+inf", 0, 5, withscores=True),
+                    )
                     owners = [f"{_text(m)} ({score - now:+.0f} ms)" for m, score in members]
                 # The token: a read-write lock's ':fence', a reentrant hold's 'f:<owner>'.
                 tokens = [v for f, v in fields.items() if f == b":fence" or f.startswith(b"f:")]

@@ -82,11 +82,12 @@ async def test_a_meta_hash_stays_only_with_resend_marks_for_a_window(
         await redis.hset(key, "client:task/7", now + 5_000)
         await redis.pexpire(key, 5_000)
         assert await leftovers_on(server, {}, grace=0) == []
-        for field, value, ttl in [
+        cases: list[tuple[str, str | int, int]] = [
             ("released", "client:task/8", 5_000),
             ("client:task/9", now + 600_000, 600_000),
             ("client:task/7", now + 5_000, 600_000),
-        ]:
+        ]
+        for field, value, ttl in cases:
             await redis.delete(key)
             await redis.hset(key, field, value)
             await redis.pexpire(key, ttl)

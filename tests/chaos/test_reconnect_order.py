@@ -47,6 +47,7 @@ async def served_after_a_reconnect(
         count = i + 1
         await eventually(lambda: parked(client, lock) == count, what=f"{i} parked")  # noqa: B023
     entry = entry_of(client, lock)
+    assert entry is not None
     await eventually(lambda: entry.confirmed, what="subscribed")
     reconnects = pubsub.statistics().reconnects
 

@@ -76,6 +76,7 @@ async def test_waiters_outlast_a_refused_subscriber_connection(
         assert await evalsha_calls(redis) - before == 1  # the first try, and no more
         proxy.refuse = False
         entry = entry_of(client, lock)
+        assert entry is not None
         await eventually(lambda: entry.confirmed, what="the pending SUBSCRIBE confirmed")
         # The confirmation woke the head, whose try finds the stranger's lock: let it park
         # again, at the front.  Released while it is still out trying, the lock could go to it

@@ -21,7 +21,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 import aiolock
 from aiolock import _scripts
-from tests.helpers import eventually, services_of
+from tests.helpers import eventually, server_calls_of, services_of
 
 from .proxy import FreezableProxy
 
@@ -73,7 +73,7 @@ async def test_a_waiter_that_gave_up_while_the_server_was_out_of_reach_withdraws
         fair_wait_timeout=60, retry=Retry(NoBackoff(), 1), retry_on_error=[RedisConnectionError]
     )
     failed = failed_withdraws(client, monkeypatch)
-    calls = services_of(client).calls
+    calls = server_calls_of(client)
     async with make(aiolock_client, name).acquire(wait=0, lease=30):
         waiter = asyncio.create_task(make(client, name).try_lock(wait=30))
 

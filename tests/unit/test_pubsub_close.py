@@ -47,7 +47,7 @@ class _SwallowingTopology:
 async def test_closing_while_a_refresh_swallows_the_cancellation_leaves_nothing_running() -> None:
     topology = _SwallowingTopology()
     before = asyncio.all_tasks()  # the test runner's own
-    pubsub = PubSub(topology, concurrency=4, ping_interval=0.5)  # type: ignore[arg-type]
+    pubsub = PubSub(topology, concurrency=4, ping_interval=0.5)
     pubsub.join("{x}:channel", None)
     await asyncio.wait_for(topology.refreshing.wait(), 10)  # the node failed: being rehomed
     await pubsub.aclose()  # returns, and raises nothing

@@ -21,5 +21,5 @@ def test_ruff_is_clean() -> None:
 
 
 def test_mypy_strict_is_clean() -> None:
-    result = run(sys.executable, "-m", "mypy", "--strict", "aiolock", "examples")
+    result = run(sys.executable, "-m", "mypy", "--strict", "aiolock", "examples", "tests")
     assert result.returncode == 0, result.stdout + result.stderr

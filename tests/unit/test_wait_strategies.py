@@ -80,7 +80,7 @@ class _Keeper:
 
 @pytest.fixture
 async def services() -> AsyncIterator[Any]:
-    pubsub = PubSub(_NoServer(), concurrency=1)  # type: ignore[arg-type]
+    pubsub = PubSub(_NoServer(), concurrency=1)
     try:
         yield _Services(pubsub)
     finally:

@@ -15,7 +15,7 @@ from aiolock import _scripts
 from aiolock._redis.calls import NotSent
 from aiolock._redis.redispy import has_data
 from aiolock.testing.pytest_plugin import ServerInfo
-from tests.helpers import assert_clean, eventually, keys_of, services_of, stall_server
+from tests.helpers import assert_clean, eventually, keys_of, server_calls_of, stall_server
 
 pytestmark = pytest.mark.anyio
 
@@ -36,8 +36,8 @@ async def test_connections_stay_within_the_pool_limit(
             assert await client_connections(redis, "limited") <= 3
 
     await asyncio.gather(*(cycle(lock) for lock in held))
-    assert services_of(client).calls.connections == 3
-    assert len(services_of(client).calls.idle) == 3  # every connection came back
+    assert server_calls_of(client).connections == 3
+    assert len(server_calls_of(client).idle) == 3  # every connection came back
     await assert_clean(redis, client)
 
 
@@ -58,7 +58,7 @@ async def test_idle_connections_killed_by_the_server_are_replaced(
             return True  # redis-py before 8 reports the EOF as an error
 
     async def noticed() -> bool:  # the EOF has reached the idle connection
-        return all([await eof_seen(conn) for conn in services_of(client).calls.idle])
+        return all([await eof_seen(conn) for conn in server_calls_of(client).idle])
 
     await eventually(noticed, what="EOF seen on the idle connection")
     await lock.lock()
@@ -71,7 +71,7 @@ async def test_a_cancelled_call_reports_its_outcome_to_the_orphan_handler(
     aiolock_server: ServerInfo, make_client: Callable[..., aiolock.Client], redis: Redis
 ) -> None:
     client = make_client()
-    calls = services_of(client).calls
+    calls = server_calls_of(client)
     keys = keys_of(client.lock("orphaned"))
     owner = f"{client.id}:x:orphan"
     await client.lock("warm-up").lock()  # one connection, connected and idle
@@ -108,7 +108,7 @@ async def test_a_call_cancelled_in_the_queue_is_not_sent_and_leaves_nothing(
     aiolock_server: ServerInfo, make_client: Callable[..., aiolock.Client], redis: Redis
 ) -> None:
     client = make_client(max_connections=1)
-    calls = services_of(client).calls
+    calls = server_calls_of(client)
     keys = keys_of(client.lock("unsent"))
     await client.lock("warm-up").lock()
     await client.lock("warm-up").unlock()

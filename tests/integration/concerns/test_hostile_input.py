@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.crc import key_slot
@@ -106,7 +106,7 @@ def offline() -> aiolock.Client:
     return aiolock.Client(redis)
 
 
-async def fence(redis: Redis, lock: aiolock.AsyncRLock) -> int:
+async def fence(redis: Redis | RedisCluster, lock: aiolock.AsyncRLock) -> int:
     """The fencing token stored in ``lock``'s hash (its holder's ``f:<owner>``)."""
     fields = await redis.hgetall(keys_of(lock).lock)
     [token] = [

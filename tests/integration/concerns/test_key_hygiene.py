@@ -11,7 +11,7 @@ a restart with persistence.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -22,7 +22,7 @@ from redis.backoff import ConstantBackoff
 from redis.exceptions import ResponseError
 
 import aiolock
-from aiolock._core.base import Seam
+from aiolock._core.base import LockKind, Seam
 from aiolock._core.keys import marks_of
 from aiolock.semaphore import seam_of
 from aiolock.testing.embedded import EmbeddedServer
@@ -39,9 +39,11 @@ async def keys_under(redis: Redis, prefix: str) -> list[str]:
     return sorted([str(key) async for key in redis.scan_iter(match=f"{prefix}:*", count=1000)])
 
 
-async def in_batches(names: list[str], each: Callable[[str], object], size: int = 100) -> None:
+async def in_batches(
+    names: list[str], each: Callable[[str], Awaitable[object]], size: int = 100
+) -> None:
     for start in range(0, len(names), size):
-        await asyncio.gather(*(each(name) for name in names[start : start + size]))  # type: ignore[misc]
+        await asyncio.gather(*(each(name) for name in names[start : start + size]))
 
 
 async def test_ten_thousand_names_leave_one_key(
@@ -125,7 +127,7 @@ async def test_a_long_hold_released_after_a_resend_leaves_nothing_after_the_wind
             await stalled.wait()
 
     try:
-        await redis.execute_command("DEBUG", "SLEEP", 0)
+        await redis.execute_command("DEBUG", "SLEEP", 0)  # type: ignore[no-untyped-call]
     except ResponseError:
         pytest.skip("this server does not allow DEBUG (enable-debug-command)")
     try:
@@ -223,12 +225,13 @@ async def test_an_undo_marks_for_the_resend_window_only(
             owner = "undone-permit"
             marked = marks_of(seam.keys)  # apart from the permits: theirs lives for a lease
         else:
-            lock: Any = {
+            makers: dict[str, Callable[[str], LockKind]] = {
                 "lock": client.lock,
                 "fair": client.fair_lock,
                 "read": lambda n: client.rw_lock(n).read_lock(),
                 "write": lambda n: client.rw_lock(n).write_lock(),
-            }[kind](name)
+            }
+            lock = makers[kind](name)
             seam = Seam(lock)
             owner, _ = seam.owner()
             marked = seam.keys.meta

@@ -78,6 +78,7 @@ def _single(make: Callable[[aiolock.Client], Any]) -> Case:
 
 async def _rw_end(redis: Redis, lock: Any) -> int:
     keys = rw_keys_of(lock)
+    ends: bytes | str | float | None
     if isinstance(lock, aiolock.AsyncWriteLock):
         ends = await redis.hget(keys.lock, "we")
     else:

@@ -9,7 +9,7 @@ server wakes up, and so does the resend.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import pytest
@@ -44,7 +44,7 @@ async def _resending_client(
     """A client on a redis-py connection that resends a call whose reply takes over 50 ms
     (the tests stall the server with DEBUG SLEEP; skipped where DEBUG is not allowed)."""
     try:
-        await redis.execute_command("DEBUG", "SLEEP", 0)
+        await redis.execute_command("DEBUG", "SLEEP", 0)  # type: ignore[no-untyped-call]
     except ResponseError:
         pytest.skip("this server does not allow DEBUG (enable-debug-command)")
     # redis-py's Retry is what resends.  Given explicitly: the constructor's default differs
@@ -383,7 +383,9 @@ async def test_a_voided_fair_try_does_not_queue_its_owner_again_after_it_left(
         assert not isinstance(await services.calls.run(*try_call), list)  # queued
         assert await redis.zscore(queue, owner) is not None
         await seam.settlement.void(owner, [try_call[2][2]])
-        assert await services.calls.run(*seam.withdraw_call(owner)) == 1  # it gave up
+        withdraw = seam.withdraw_call(owner)
+        assert withdraw is not None  # a fair lock keeps its waiters on the server
+        assert await services.calls.run(*withdraw) == 1  # it gave up
         assert not isinstance(await services.calls.run(*try_call), list)  # the late copy
         assert await redis.zscore(queue, owner) is None  # not queued again
     assert not await lock.is_locked()
@@ -481,7 +483,9 @@ async def test_permit_marks_past_their_time_are_dropped(
         assert await semaphore.available() == 1  # marks are no permits
         await services.calls.run(*seam.void_call(permit.id, [services.owners.next_request()]))
     assert not await redis.exists(permits)  # its last permit gone: no ten-minute key
-    [(mark, until)] = await redis.zrange(marks, 0, -1, withscores=True)
+    [(mark, until)] = cast(
+        list[tuple[str, float]], await redis.zrange(marks, 0, -1, withscores=True)
+    )
     assert mark.startswith(f"{permit.id}/")  # the old one dropped
     assert until > now
     window = services.resend_window_ms
@@ -549,7 +553,9 @@ async def _server_token(redis: Redis, lock: Any, owner: str) -> int:
         field = ":fence"  # the read-write lock's hash (scripts/rw/_rw.lua)
     else:
         field = f"f:{owner}"  # the reentrant hold's (scripts/common/_hold.lua)
-    return int(await redis.hget(keys_of(lock).lock, field))
+    token = await redis.hget(keys_of(lock).lock, field)
+    assert token is not None
+    return int(token)
 
 
 async def _resent_release(lock: Any, owner: str, left: int) -> Any:
@@ -585,7 +591,9 @@ async def test_a_late_copy_of_a_resent_last_release_leaves_the_next_hold_alone(
     release = await _resent_release(lock, owner, 0)
     assert not await redis.exists(seam.keys.lock)
     await lock.lock()  # the owner's next acquire: it carries the resent release's id
-    token = seam.hold(owner).token
+    hold = seam.hold(owner)
+    assert hold is not None
+    token = hold.token
     assert await services.calls.run(*release) == 1  # the late copy: changes nothing
     assert await lock.is_locked()
     assert await lock.hold_count() == 1
@@ -609,7 +617,9 @@ async def test_a_late_copy_of_a_resent_nested_release_leaves_the_next_hold_alone
     await lock.lock()
     release = await _resent_release(lock, owner, 1)
     await lock.lock()  # re-entered: two holds again
-    token = seam.hold(owner).token
+    hold = seam.hold(owner)
+    assert hold is not None
+    token = hold.token
     assert await services.calls.run(*release) == 2  # the late copy: changes nothing
     assert await lock.hold_count() == 2
     assert await _server_token(redis, lock, owner) == token
@@ -717,7 +727,8 @@ async def test_a_late_copy_of_a_resent_plain_release_leaves_the_next_hold_alone(
         assert alias.startswith(f"{owner}~")  # the owner's next hold goes by another id
         await lock.lock()
         copy = ("HDEL", seam.keys.lock, owner, f"f:{owner}", f"r:{owner}", ":w")
-        assert await redis.execute_command(*copy) == 0  # the late copy names none of it
+        # The late copy names none of it.
+        assert await redis.execute_command(*copy) == 0  # type: ignore[no-untyped-call]
         assert await lock.hold_count() == 1
         assert await redis.hget(seam.keys.lock, alias) == "1"
         await lock.unlock()

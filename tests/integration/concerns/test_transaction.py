@@ -16,7 +16,7 @@ import random
 import re
 import threading
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from redis.asyncio import Redis
@@ -24,6 +24,7 @@ from redis.exceptions import ResponseError
 
 import aiolock
 from aiolock._core.base import Seam
+from aiolock._core.transaction import Transaction
 from aiolock.testing.pytest_plugin import ServerInfo
 from tests.helpers import assert_clean, evalsha_calls, eventually, keys_of, rw_keys_of
 
@@ -86,7 +87,8 @@ async def test_the_queued_commands_run_and_reply_as_a_pipelines_would(
             tx.smembers(members)
         assert tx.results is not None
     # The same commands through redis-py's own pipeline (the test's client does not decode).
-    pipe = aiolock_client.redis.pipeline(transaction=True)
+    # redis-py types a pipeline's commands as a client's: they return the pipeline, to chain.
+    pipe = cast(Any, aiolock_client.redis.pipeline(transaction=True))
     pipe.sadd(f"{members}:p", "ann", "bob").expire(f"{members}:p", 3600)
     pipe.hset(f"{profile}:p", mapping={"size": 2}).incr(f"{count}:p").get(f"{members}:missing")
     pipe.hgetall(f"{profile}:p").set(f"{count}:p", 7).smembers(f"{members}:p")
@@ -351,10 +353,14 @@ async def test_keys_are_found_by_redis_pys_cluster_commands_parser(
 
     parser = commands_parser()
     await parser.initialize(aiolock_client.redis)  # type: ignore[arg-type]
-    assert "noscript" in parser.commands["multi"]["flags"]
-    assert await parser.get_keys("SADD", "s", "a", "b") == ["s"]
-    assert await parser.get_keys("MSET", "a", 1, "b", 2) == ["a", "b"]
-    assert await parser.get_keys("MEMORY", "USAGE", "m") == ["m"]
+
+    async def get_keys(*args: Any) -> object:  # typed as a tuple by redis-py, it is a list
+        return await parser.get_keys(*args)
+
+    assert "noscript" in cast(dict[str, Any], parser.commands["multi"])["flags"]
+    assert await get_keys("SADD", "s", "a", "b") == ["s"]
+    assert await get_keys("MSET", "a", 1, "b", 2) == ["a", "b"]
+    assert await get_keys("MEMORY", "USAGE", "m") == ["m"]
     assert await parser.get_keys("PING") is None
     moving = await parser.get_keys("ZUNIONSTORE", "dest", 2, "x", "y")  # COMMAND GETKEYS
     # The server's order: Redis 7 names the destination first, Redis 6.2 last.
@@ -373,8 +379,8 @@ async def test_the_keys_of_the_queued_commands_are_the_scripts_keys(
     tag = key_of(aiolock_client, lock, "")
     # A connection of its own, not the pool's: get_connection() needs a command name before
     # redis-py 5.3 and warns about one after.
-    monitor = redis.connection_pool.make_connection()
-    await monitor.connect()  # type: ignore[no-untyped-call]
+    monitor = redis.connection_pool.make_connection()  # type: ignore[no-untyped-call]
+    await monitor.connect()
     try:
         async with lock.acquire(wait=5) as guard:
             async with guard.transaction():  # loads the command table
@@ -382,8 +388,11 @@ async def test_the_keys_of_the_queued_commands_are_the_scripts_keys(
             await monitor.send_command("MONITOR")
             assert await monitor.read_response() == "OK"
             async with guard.transaction() as tx:
-                tx.sadd(f"s:{tag}", "a").zunionstore(f"z:{tag}", [f"s:{tag}", f"t:{tag}"])
-                tx.mset({f"a:{tag}": 1, f"b:{tag}": 2}).ping()
+                # Typed as a client's, each command returns the transaction, to chain.
+                cast(Transaction, tx.sadd(f"s:{tag}", "a")).zunionstore(
+                    f"z:{tag}", [f"s:{tag}", f"t:{tag}"]
+                )
+                cast(Transaction, tx.mset({f"a:{tag}": 1, f"b:{tag}": 2})).ping()
             line = ""
             while "EVALSHA" not in line.upper():
                 line = str(await monitor.read_response())

@@ -70,7 +70,13 @@ async def test_waiter_wakes_promptly_on_release(aiolock_client: aiolock.Client) 
     await eventually(
         lambda: lock.statistics().waiters == 1 and aiolock_client.statistics().subscriptions == 1
     )
-    await eventually(lambda: entry_of(aiolock_client, lock).parked == 1)
+
+    def parked() -> bool:
+        entry = entry_of(aiolock_client, lock)
+        assert entry is not None  # subscribed: the wait above saw its subscription
+        return entry.parked == 1
+
+    await eventually(parked)
     release_now.set()
     granted = await waiter_task
     await holder_task

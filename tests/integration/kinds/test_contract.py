@@ -27,7 +27,7 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
-from aiolock._core.base import LockKind, LockStatistics, Seam
+from aiolock._core.base import HoldKind, LockKind, LockStatistics, Seam
 from aiolock._core.holds import Hold
 from aiolock.semaphore import seam_of
 from tests.helpers import assert_clean, evalsha_calls, eventually, services_of
@@ -138,7 +138,7 @@ def factory(client: aiolock.Client, kind: str) -> Kind:
     return KINDS[kind](client)
 
 
-def singles(lock: Any) -> list[LockKind]:
+def singles(lock: Any) -> list[HoldKind]:
     """The single locks that ``lock`` is made of: itself, or a composite's parts."""
     if isinstance(lock, aiolock.MultiLock):
         return list(lock.locks)

@@ -12,6 +12,7 @@ import textwrap
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import cast
 
 import pytest
 from redis.asyncio import Redis
@@ -595,7 +596,11 @@ async def test_parked_waiters_keep_their_places_with_one_call_for_all(
     waiters = [asyncio.create_task(waiter(lock)) for lock in locks for _ in range(30)]
     for holder, lock in zip(holders, locks, strict=True):
         await queued(redis, holder, 30)
-        await eventually(lambda lock=lock: parked_on(client, lock) == 30, what="all 30 parked")
+
+        def all_parked(lock: aiolock.AsyncFairLock = lock) -> bool:
+            return parked_on(client, lock) == 30
+
+        await eventually(all_parked, what="all 30 parked")
     lines = [await redis.zrange(fair_keys(h).queue, 0, -1, withscores=True) for h in holders]
     before = await command_calls(redis)
 
@@ -639,7 +644,11 @@ async def test_a_waiter_whose_place_was_lost_takes_one_again(
     await queued(redis, holder, 1)
     await eventually(lambda: parked_on(client, lock) == 1, what="the waiter parked")
     alive = alive_key(client, lock)
-    await eventually(lambda: redis.exists(alive), what="the alive key set")
+
+    async def alive_set() -> bool:
+        return bool(await redis.exists(alive))
+
+    await eventually(alive_set, what="the alive key set")
     keys = fair_keys(holder)
     [owner] = await queue(redis, holder)
     # As if dropped while its client stalled past the timeout (its alive key expired).
@@ -866,6 +875,6 @@ async def test_a_force_unlock_wakes_the_next_waiter_of_its_own_client_without_a_
 
 async def owner_of(redis: Redis, lock: aiolock.AsyncFairLock) -> str:
     """The owner holding ``lock`` now, read from its hash."""
-    fields = await redis.hgetall(fair_keys(lock).lock)
+    fields = cast(dict[str, str], await redis.hgetall(fair_keys(lock).lock))  # decoded replies
     [owner] = [key for key in fields if not key.startswith((":", "x:", "f:", "r:"))]
     return str(owner)

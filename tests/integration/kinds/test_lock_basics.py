@@ -74,10 +74,11 @@ async def test_the_task_that_runs_lock_is_the_owner(
     """``lock()`` is a plain function returning its coroutine; who runs that coroutine owns."""
     lock = aiolock_client.lock("made-here-run-there")
     with pytest.raises(ValueError, match="lease"):
-        lock.lock(lease=-1)  # checked at the call, before anything is awaited
+        # Checked at the call, before anything is awaited.
+        lock.lock(lease=-1)  # type: ignore[unused-coroutine]
     done = asyncio.Event()
 
-    async def hold(acquiring: Coroutine[Any, Any, None]) -> int:
+    async def hold(acquiring: Coroutine[Any, Any, object]) -> int:
         assert await acquiring is None
         count = await lock.hold_count()
         await done.wait()

@@ -147,7 +147,7 @@ def test_bad_arguments() -> None:
         aiolock.MultiLock(client.lock("a"), "b")  # type: ignore[arg-type]
     multi = aiolock.MultiLock(client.lock("a"), client.lock("b"))
     with pytest.raises(ValueError, match="lease"):
-        multi.lock(lease=0)
+        multi.lock(lease=0)  # type: ignore[unused-coroutine]
     with pytest.raises(TypeError, match="wait"):
         multi.acquire(wait="1")  # type: ignore[arg-type]
 

@@ -93,6 +93,7 @@ async def test_expired_permits_come_back_without_a_release(
             assert taken is not None
             assert loop.time() - started < 1.5  # within the earliest permit's lease
             await eventually(lambda: permit.lost, what="the lost permit reported")
+    assert taken is not None
     await taken.release()
     await assert_clean(redis, aiolock_client)
 

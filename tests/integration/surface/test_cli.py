@@ -393,6 +393,7 @@ async def test_inspect_and_unlock_on_a_cluster(
             await lock.lock(lease=60)
             await lock.lock(lease=60)
             token = (await inspect(cluster_client, "lock", name)).holders[0].token
+            assert token is not None
             waiter = asyncio.create_task(other.lock(name, owner="next").try_lock(wait=30))
 
             async def subscribed(name: str = name) -> bool:

@@ -35,8 +35,11 @@ def test_examples_import_only_public_names(path: Path) -> None:
 
     tree = ast.parse(path.read_text())
     for node in ast.walk(tree):
-        is_name = isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
-        if is_name and node.value.id == "aiolock":  # type: ignore[attr-defined]
+        if (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id == "aiolock"
+        ):
             assert node.attr in aiolock.__all__, f"{path.name}: aiolock.{node.attr}"
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("aiolock"):
             assert node.module in PUBLIC_MODULES, f"{path.name}: {node.module}"

@@ -82,7 +82,7 @@ def cut_replication(primary: EmbeddedServer, replica: EmbeddedServer) -> None:
 
 def link_down(replica: EmbeddedServer) -> bool:
     with _node(replica) as redis:
-        return redis.info("replication")["master_link_status"] == "down"
+        return bool(redis.info("replication")["master_link_status"] == "down")
 
 
 def on_replica(replica: EmbeddedServer, key: str) -> bool:

@@ -29,7 +29,7 @@ async def test_the_writer_is_the_connections_stream_writer(aiolock_server: Serve
     conn = connection(aiolock_server)
     assert hasattr(conn, "_writer"), f"redis-py {redis.__version__}: Connection._writer is gone"
     assert stream_writer(conn) is None  # not connected yet
-    await conn.connect()
+    await conn.connect()  # type: ignore[no-untyped-call]
     try:
         writer = stream_writer(conn)
         assert isinstance(writer, asyncio.StreamWriter), (
@@ -48,7 +48,7 @@ async def test_has_data_sees_an_unread_reply_and_a_closed_socket(
     aiolock_server: ServerInfo,
 ) -> None:
     conn = connection(aiolock_server)
-    await conn.connect()
+    await conn.connect()  # type: ignore[no-untyped-call]
     try:
         assert not await has_data(conn)  # a clean idle connection
         writer = stream_writer(conn)
@@ -63,12 +63,12 @@ async def test_has_data_sees_an_unread_reply_and_a_closed_socket(
         # is only fit to be dropped after, which is all aiolock does with a dirty one.
         await eventually(unread_reply, what="the unread PONG")
         await conn.disconnect()
-        await conn.connect()
+        await conn.connect()  # type: ignore[no-untyped-call]
         assert not await has_data(conn)
         await conn.send_command("CLIENT", "ID")
         own_id = await conn.read_response()
         killer = connection(aiolock_server)
-        await killer.connect()
+        await killer.connect()  # type: ignore[no-untyped-call]
         try:
             await killer.send_command("CLIENT", "KILL", "ID", own_id)
             assert await killer.read_response() == 1
