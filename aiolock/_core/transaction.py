@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, Literal
+from typing import TYPE_CHECKING, Any, Final, Literal, NoReturn
 
 from redis.asyncio import Redis, RedisCluster
 from redis.commands import AsyncCoreCommands
@@ -154,6 +154,15 @@ class Transaction(AsyncCoreCommands):
 
     def __len__(self) -> int:
         return len(self._queue)
+
+    def __await__(self) -> Generator[Any, None, NoReturn]:
+        """``await tx.sadd(...)``: redis-py's typing calls a command awaitable, and an asyncio
+        habit awaits it; say what to do instead (the error leaving the block sends nothing)."""
+        raise TypeError(
+            "a transaction's commands are queued, not awaited: call tx.<command>(...) without "
+            "await; the replies are in tx.results after the block"
+        )
+        yield  # pragma: no cover - makes this a generator, as __await__ must return one
 
     def get_encoder(self) -> Any:
         """The client's encoder (some of redis-py's command methods ask for it)."""
