@@ -29,7 +29,9 @@ key per client (and Cluster slot), set for ``fair_wait_timeout`` every half of i
 and locks; a waiter past its try's deadline whose client's key is gone has vanished, and is
 dropped once it is next.  The same call looks at the locks with waiters of the client when a
 lease it knows of runs out (expiry publishes nothing) and at least once a timeout, and hands a
-free lock over to its queue's first live waiter (:class:`KeepAlive`).
+free lock over to its queue's first live waiter (:class:`KeepAlive`).  Every try of a waiting
+call first waits for its turn (:class:`Turns`: a bound on the tries in flight per client and
+slot), on a bare future: thousands of waiters arrive at once.
 
 A parked waiter is bounded by the lease left of the hold in front of it, then: when it runs out
 its client's keep-alive hands the lock over; and a grant from the queue tells the next in line
@@ -58,12 +60,13 @@ from ._core.settlement import Attempt
 from ._core.waiting import NamedWait, Waiting
 from ._redis.pubsub import Grant, NamedEntry
 
-__all__ = ["AliveKey", "AsyncFairLock", "KeepAlive"]
+__all__ = ["AliveKey", "AsyncFairLock", "KeepAlive", "Turns"]
 
 logger = logging.getLogger("aiolock.lock")
 
 _TRIES_IN_FLIGHT = 16
-"""Tries of fair locks a client's waiting calls have in flight at once (see :class:`Turns`)."""
+"""Tries of the fair locks of one slot (one server) a client's waiting calls have in flight
+at once (see :class:`Turns`)."""
 
 _SHORTEST_GRANT = 0.05
 """The least lease (s), as the client counts it, a grant by message must have left to be taken
@@ -148,12 +151,12 @@ class KeepAlive:
             self._entry = None
             self._alive.leave(self)
 
-    def try_slot(self) -> asyncio.Future[None] | None:
-        """``None`` if a try may start now (it took a slot), else a future done when it may
+    def turn(self) -> asyncio.Future[None] | None:
+        """``None`` if a try may start now (it took a turn), else a future done when it may
         (see :meth:`Turns.take`)."""
         return self._turns.take()
 
-    def end_try(self) -> None:
+    def tried(self) -> None:
         self._turns.give_back()
 
     def expect(self, at: float) -> None:
@@ -176,7 +179,7 @@ class KeepAlive:
 
 
 class Turns:
-    """Bounds the tries a client's waiting calls have in flight on its fair locks.
+    """Bounds the tries a client's waiting calls have in flight on the fair locks of one slot.
 
     Thousands of waiters arrive at once, and each makes one try to take its place: beyond the
     bound, a call would wait for a connection with all its call frames; here it waits for its
@@ -185,8 +188,8 @@ class Turns:
 
     __slots__ = ("__weakref__", "_free", "_queued")
 
-    def __init__(self, slots: int) -> None:
-        self._free = slots
+    def __init__(self, bound: int) -> None:
+        self._free = bound
         self._queued: deque[asyncio.Future[None]] = deque()
 
     def take(self) -> asyncio.Future[None] | None:
@@ -481,7 +484,8 @@ class AsyncFairLock(LockKind):
             alive = services.name_state(
                 "fair-alive", keys.alive, lambda: AliveKey(services, keys.alive, keys.fence)
             )
-            turns = services.name_state("fair-turns", "", lambda: Turns(_TRIES_IN_FLIGHT))
+            # Per slot, as the alive key: a slow node must not hold up the others' tries.
+            turns = services.name_state("fair-turns", keys.alive, lambda: Turns(_TRIES_IN_FLIGHT))
             return KeepAlive(keys, alive, turns)
 
         return services.name_state("fair-keep", self.name, build)

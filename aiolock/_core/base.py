@@ -481,7 +481,7 @@ class HoldKind(Guarded[int]):
                             if turn.done() and not turn.cancelled():
                                 waiting.tried()  # given the turn as it was cancelled: pass it on
                             raise
-                        # Or this frame keeps the done future for the whole wait: 144 B a waiter.
+                        # Let go of the spent future: this frame lives for the whole wait.
                         del turn
                     try:
                         outcome = await self._try_acquire(owner, task, lease, started)

@@ -29,7 +29,7 @@ import asyncio
 import inspect
 from collections.abc import Callable, Generator
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Final, Literal, NoReturn
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from redis.asyncio import Redis, RedisCluster
 from redis.commands import AsyncCoreCommands
@@ -130,7 +130,8 @@ class Transaction(AsyncCoreCommands):
     """Commands queued for one atomic call, yielded by ``guard.transaction()``.
 
     Queue commands with redis-py's methods, as on a pipeline (``tx.sadd(key, member)``); each
-    returns the transaction, so calls chain.  Nothing is sent until the block exits cleanly.
+    returns the transaction, so calls chain, and may be awaited, as on redis-py's asyncio
+    pipeline.  Nothing is sent until the block exits cleanly.
 
     :ivar results: the replies, in the order queued, parsed as redis-py parses them; ``None``
         until the block's exit ran the commands.  A command that failed (a wrong type, say)
@@ -155,14 +156,13 @@ class Transaction(AsyncCoreCommands):
     def __len__(self) -> int:
         return len(self._queue)
 
-    def __await__(self) -> Generator[Any, None, NoReturn]:
-        """``await tx.sadd(...)``: redis-py's typing calls a command awaitable, and an asyncio
-        habit awaits it; say what to do instead (the error leaving the block sends nothing)."""
-        raise TypeError(
-            "a transaction's commands are queued, not awaited: call tx.<command>(...) without "
-            "await; the replies are in tx.results after the block"
-        )
-        yield  # pragma: no cover - makes this a generator, as __await__ must return one
+    def __await__(self) -> Generator[Any, None, Transaction]:
+        """``await tx.sadd(...)`` queues the command too and gives the transaction, as on
+        redis-py's asyncio pipeline (whose typing calls the command methods awaitable)."""
+        return self._itself().__await__()
+
+    async def _itself(self) -> Transaction:
+        return self
 
     def get_encoder(self) -> Any:
         """The client's encoder (some of redis-py's command methods ask for it)."""

@@ -172,12 +172,12 @@ class Keeper(Protocol):
         """A waiter that had parked stopped waiting."""
         ...
 
-    def try_slot(self) -> asyncio.Future[None] | None:
-        """``None`` if a try may start now (it took a slot), else a future done when it may."""
+    def turn(self) -> asyncio.Future[None] | None:
+        """``None`` if a try may start now (it took a turn), else a future done when it may."""
         ...
 
-    def end_try(self) -> None:
-        """A try that took a slot ended."""
+    def tried(self) -> None:
+        """A try that took a turn ended."""
         ...
 
 
@@ -241,11 +241,11 @@ class NamedWait:
         # Thousands of waiters arriving at once each queue with a try: one waiting for its
         # turn here costs a future, one waiting for a connection inside the call costs its
         # whole chain of call frames.
-        return None if self._keeper is None else self._keeper.try_slot()
+        return None if self._keeper is None else self._keeper.turn()
 
     def tried(self) -> None:
         if self._keeper is not None:
-            self._keeper.end_try()
+            self._keeper.tried()
 
     def park(self, pause: float) -> asyncio.Future[Any]:
         entry = self._entry

@@ -71,10 +71,10 @@ class _Keeper:
     def discard(self) -> None:
         self.calls.append("discard")
 
-    def try_slot(self) -> None:
+    def turn(self) -> None:
         return None
 
-    def end_try(self) -> None:
+    def tried(self) -> None:
         pass
 
 
@@ -394,7 +394,7 @@ async def test_backoff_wakes_after_its_sleep_and_its_timer_ends_with_it(
         closing.woken()
 
 
-# -- Turns: the fair waiters' tries in flight, bounded per client ---------------------------------
+# -- Turns: the fair waiters' tries in flight, bounded per client and slot -------------------------
 
 
 async def test_turns_bound_the_tries_in_flight_and_pass_over_one_cancelled() -> None:

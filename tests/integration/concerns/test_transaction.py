@@ -293,21 +293,17 @@ async def test_an_error_in_the_block_sends_nothing(
     assert await redis.exists(members) == 0
 
 
-async def test_an_awaited_command_says_to_queue_it_and_the_block_sends_nothing(
+async def test_an_awaited_command_is_queued_as_on_redis_pys_pipeline(
     aiolock_client: aiolock.Client, redis: Redis
 ) -> None:
     lock = aiolock_client.lock("awaited")
     members = key_of(aiolock_client, lock, "members")
-    async with lock.acquire(wait=5) as guard:
-        async with guard.transaction():
-            pass
-        calls = await evalsha_calls(redis)
-        with pytest.raises(TypeError, match="queued, not awaited"):
-            async with guard.transaction() as tx:
-                await tx.sadd(members, "first")
-        assert await evalsha_calls(redis) == calls
-        assert tx.results is None
-    assert await redis.exists(members) == 0
+    async with lock.acquire(wait=5) as guard, guard.transaction() as tx:
+        assert await tx.sadd(members, "first") is tx  # type: ignore[comparison-overlap]
+        tx.sadd(members, "second")
+        assert len(tx) == 2
+    assert tx.results == [1, 1]
+    assert await redis.smembers(members) == {"first", "second"}
 
 
 async def test_a_guard_whose_hold_ended_has_no_transaction(
