@@ -141,7 +141,7 @@ local function attempt()
     local pause = wait
     if locked then
         local pttl = redis.call('PTTL', KEYS[1])
-        if pttl > 0 then
+        if pttl >= 0 then  -- 0: it ends in this very millisecond
             pause = pttl
         end
     end

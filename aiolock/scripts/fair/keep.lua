@@ -78,8 +78,9 @@ for i = 3, #KEYS, 4 do
             end
         end
     end
-    if held > 0 then
-        -- A lease that runs out publishes nothing: look again then, and hand over.
+    if held >= 0 then
+        -- A lease that runs out publishes nothing: look again then, and hand over.  PTTL 0:
+        -- it ends in this very millisecond (the key expires only once the clock is past it).
         due = held + 1
     end
     dues[#dues + 1] = due

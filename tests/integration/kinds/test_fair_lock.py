@@ -18,6 +18,7 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
+from aiolock import _scripts
 from aiolock._core.base import Seam
 from aiolock._redis.pubsub import NamedEntry
 from aiolock.fair import FairKeys
@@ -818,6 +819,40 @@ async def test_a_grant_to_a_vanished_waiter_blocks_the_lock_at_most_the_wait_tim
     await waiter_lock.unlock()
     await assert_clean(redis, waiter_client)
     assert await no_queue_keys(redis, holder)
+
+
+async def test_a_try_or_look_in_the_last_millisecond_of_a_lease_is_due_again_right_after(
+    make_client: Callable[..., aiolock.Client], redis: Redis
+) -> None:
+    """A queued try, or a keep-alive's look at the lock, that lands in the millisecond the
+    lease ends (``PTTL`` answers 0: the key expires only once the server's clock is past it)
+    is due again at once, not a whole wait timeout later.  Tries and looks go back to back
+    across the lease's end, well under a millisecond apart, so that some land in it."""
+    client = make_client(fair_wait_timeout=5.0)
+    waiter = Seam(client.fair_lock("edge", owner="waiter"))
+    services = waiter.services
+    keys = waiter.keys
+    assert isinstance(keys, FairKeys)
+    owner = waiter.owner()[0]
+    keep_keys = (keys.alive, keys.fence, keys.lock, keys.queue, keys.queued, keys.wake_prefix)
+    keep_args = (5000, services.owners.client_id, "0", "-", -1)
+    for _ in range(5):
+        await redis.hset(keys.lock, "holder", 1)
+        await redis.pexpire(keys.lock, 20)
+        pauses, dues = [], []
+        while True:  # until the waiter's try or its client's look grants it the lock
+            try_call = waiter.attempt_call(owner, services.owners.next_request(), 30_000)
+            reply = await services.calls.run(*try_call)
+            if isinstance(reply, list):
+                break
+            pauses.append(int(reply.split()[0]))  # b"<pause ms> <server time ms>"
+            _, (due,), _ = await services.calls.run(_scripts.FAIR_KEEP, keep_keys, keep_args)
+            dues.append(int(due))
+        assert max(pauses) <= 20  # the lease left, never the wait timeout
+        assert 0 not in dues  # each look while it was held is due again when the lease ends
+        await redis.delete(keys.lock)
+    await redis.delete(f"{keys.alive}{services.owners.client_id}")
+    assert not await redis.exists(keys.queue, keys.queued)
 
 
 async def test_a_lost_grant_is_adopted_by_the_next_try_as_one_hold(
