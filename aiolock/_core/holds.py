@@ -67,7 +67,8 @@ class Hold:
 
     ``expires_at`` is a lower bound of the server-side expiry in event-loop time: the send time
     of the call that last set the lease, plus the lease.  ``watchdog`` holds are renewed, which
-    moves it on; every hold has a timer at ``expires_at`` that marks it lost.
+    moves it on; every hold has a timer at ``expires_at`` that marks it lost, and reading
+    :attr:`lost` once that moment has passed runs the timer's work at once.
     """
 
     name: str
@@ -83,11 +84,12 @@ class Hold:
     renew: Script  # the kind's renew script, which the watchdog batches by
     renew_keys: tuple[str, ...]  # the KEYS that script takes for this hold
     channels: tuple[str, ...]  # where this client's waiters for the lock park, if on channels
-    lost: bool = False
+    marked_lost: bool = False  # by the registry (Holds.lose): read ``lost``
     lost_reason: str | None = None
     # No longer tracked (released, lost, its release's outcome unknown): nothing vouches for it.
     ended: bool = False
     timer: asyncio.TimerHandle | None = None
+    expire: Callable[[Hold], None] | None = None  # what the timer runs, armed with it
     listeners: list[Callable[[], object]] = field(default_factory=list)
     # Acquire requests of this hold that were resent (an earlier copy went out on a connection
     # that failed, and may still arrive): voided before the release that ends the hold.
@@ -104,6 +106,26 @@ class Hold:
     # was sent: a server that started after it may have lost the hold (see HoldKind._release).
     confirmed_at: float = 0.0
 
+    @property
+    def lost(self) -> bool:
+        """Whether the hold was lost: marked so, or its lease ran out by this client's clock.
+
+        A loop that is busy past ``expires_at`` runs the timer only after the callbacks it has
+        queued already, such as the holder's own code that resumed meanwhile: a read after that
+        moment runs the timer's work itself, so the answer never depends on callback order.
+        """
+        timer = self.timer
+        if timer is not None and not self.marked_lost and self.expire is not None:
+            try:
+                now = asyncio.get_running_loop().time()
+            except RuntimeError:  # no running loop: nothing can have changed
+                return False
+            if now >= timer.when():
+                timer.cancel()
+                self.timer = None
+                self.expire(self)
+        return self.marked_lost
+
     def valid_for(self) -> float:
         """Seconds the hold surely lasts by this client's clock (no I/O); 0.0 once it ended.
 
@@ -115,7 +137,7 @@ class Hold:
         return max(0.0, self.expires_at - asyncio.get_running_loop().time())
 
     def __repr__(self) -> str:
-        state = f"lost: {self.lost_reason}" if self.lost else f"held x{self.count}"
+        state = f"lost: {self.lost_reason}" if self.marked_lost else f"held x{self.count}"
         return f"<Hold {self.name!r} token={self.token} [{state}]>"
 
 
@@ -284,10 +306,10 @@ class Holds:
 
     def lose(self, hold: Hold, reason: str) -> None:
         """Mark ``hold`` lost, once: log it, forget it, and tell its listeners."""
-        if hold.lost:
+        if hold.marked_lost:
             return
         self._lost_tokens[(hold.key, hold.owner)] = hold.token
-        hold.lost = True
+        hold.marked_lost = True
         hold.lost_reason = reason
         hold.counters.losses += 1
         hold.counters.last_lost = True
@@ -318,6 +340,7 @@ class Holds:
             hold.timer.cancel()
         loop = asyncio.get_running_loop()
         hold.timer = loop.call_at(hold.expires_at, self._lease_ran_out, hold)
+        hold.expire = self._lease_ran_out
 
     def _lease_ran_out(self, hold: Hold) -> None:
         """The hold's lease ran out as the client counts it (its timer, or a check after a

@@ -118,6 +118,27 @@ async def test_short_lease_running_out_marks_the_guard_lost(
     assert len(lost_logs) == 1  # said once
 
 
+@pytest.mark.parametrize("kind", ["lock", "fair_lock", "semaphore"])
+async def test_a_body_that_keeps_the_loop_past_its_lease_reads_it_lost_at_once(
+    aiolock_client: aiolock.Client, kind: str
+) -> None:
+    """A body that runs past its lease's end without yielding (CPU-bound work, or a loop the
+    machine stalled while the body's own wake-up was queued ahead of the lease timer) reads
+    ``lost`` as True at once: the read runs the timer's work, log and counters included."""
+    semaphore = kind == "semaphore"
+    lock = (
+        aiolock_client.semaphore("busy", 1) if semaphore else getattr(aiolock_client, kind)("busy")
+    )
+    loop = asyncio.get_running_loop()
+    with pytest.raises(aiolock.LockLostError, match="lease ran out"):
+        async with lock.acquire(lease=0.2) as guard:
+            end = loop.time() + guard.valid_for() + 0.01  # valid_for() reads the clock later
+            while loop.time() <= end:  # no await: the lease timer cannot run
+                pass
+            assert guard.lost
+    assert lock.statistics().losses == 1
+
+
 class _Stall:
     """Once armed, block the event loop for ``seconds`` at its next turn after the next call's
     bytes were written (a GC pause, a busy machine): the loop then meets the call's reply and

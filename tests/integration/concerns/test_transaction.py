@@ -3,8 +3,9 @@
 A transaction's commands run in one script call that first checks the hold on the server, so
 a holder whose hold is gone (its lease ran out while it was paused and another client took the
 lock, or it was forced) has its writes refused, whatever the client believed.  The stale
-holders here do not learn of their loss before they write: a paused event loop (a GC pause, a
-stopped VM) runs no timer, and a force from another client tells nobody.
+holders here do not learn of their loss before they write: the event loop stands still (a GC
+pause, a stopped VM) after the client checked its hold and before the call's bytes leave, and
+a force from another client tells nobody.
 """
 
 from __future__ import annotations
@@ -23,8 +24,10 @@ from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
 import aiolock
+from aiolock import _scripts
 from aiolock._core.base import Seam
 from aiolock._core.transaction import Transaction
+from aiolock._redis import calls
 from aiolock.testing.pytest_plugin import ServerInfo
 from tests.helpers import assert_clean, evalsha_calls, eventually, keys_of, rw_keys_of
 
@@ -33,6 +36,15 @@ pytestmark = pytest.mark.anyio
 MakeClient = Callable[..., aiolock.Client]
 
 KINDS = ["lock", "fair", "spin", "read", "write", "permit"]
+_TRANSACT_SHAS = {
+    script.sha
+    for script in (
+        _scripts.LOCK_TRANSACT,
+        _scripts.RW_TRANSACT_READ,
+        _scripts.RW_TRANSACT_WRITE,
+        _scripts.SEMAPHORE_TRANSACT,
+    )
+}
 # Who takes the hold from a stale holder: read holds are shared, so a writer takes them.
 RIVAL = {"read": "write"}
 
@@ -117,6 +129,25 @@ async def test_a_failed_command_leaves_the_others_run_as_exec_does(
     assert await redis.smembers(members) == {"ann", "bob"}
 
 
+def pause_the_next_transaction(
+    monkeypatch: pytest.MonkeyPatch, rival: threading.Thread, taken: threading.Event
+) -> None:
+    """The pause of a stale holder, after its client checked the hold and before the next
+    transaction call's bytes leave: start ``rival`` (another client, in a thread) and stand
+    this event loop still (no timer, no renewal runs) until it has taken the lock (``taken``),
+    the holder's lease having run out on the server."""
+    write = calls.write
+
+    async def paused(conn: Any, *commands: tuple[Any, ...]) -> None:
+        transact = any(_TRANSACT_SHAS & {str(arg) for arg in command} for command in commands)
+        if transact and not rival.is_alive() and not taken.is_set():  # the holder's own
+            rival.start()
+            assert taken.wait(10)
+        await write(conn, *commands)
+
+    monkeypatch.setattr(calls, "write", paused)
+
+
 @pytest.mark.parametrize(
     ("kind", "lease"),
     [(kind, 0.4) for kind in KINDS] + [("lock", None), ("write", None), ("permit", None)],
@@ -125,8 +156,10 @@ async def test_a_holder_paused_past_its_lease_has_its_write_refused(
     aiolock_server: ServerInfo,
     make_client: MakeClient,
     redis: Redis,
+    *,
     kind: str,
     lease: float | None,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     holder = make_client(watchdog_timeout=0.4)  # lease=None: the watchdog's lease is short
     members = data_key(holder, kind, "group", "members")
@@ -151,13 +184,9 @@ async def test_a_holder_paused_past_its_lease_has_its_write_refused(
         async with held(holder, kind, "group", lease=lease) as guard:
             async with guard.transaction() as tx:
                 tx.sadd(members, "holder")
-            rival.start()
-            # The pause: this event loop stands still (no timer, no renewal runs) until the
-            # other client has taken the lock, its lease having run out on the server.
-            assert taken.wait(10)
-            assert not guard.lost  # the holder has not noticed: only the server can refuse
+            pause_the_next_transaction(monkeypatch, rival, taken)
             try:
-                async with guard.transaction() as tx:
+                async with guard.transaction() as tx:  # only the server can refuse it
                     tx.sadd(members, "stale holder")
                     tx.incr(f"{members}:writes")
             except aiolock.LockLostError as exc:

@@ -20,7 +20,13 @@ from redis.crc import key_slot
 import aiolock
 from aiolock.testing.pytest_plugin import ServerInfo
 from tests.helpers import cluster_clients
-from tests.integration.concerns.test_transaction import KINDS, RIVAL, held, lock_of
+from tests.integration.concerns.test_transaction import (
+    KINDS,
+    RIVAL,
+    held,
+    lock_of,
+    pause_the_next_transaction,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -133,8 +139,10 @@ async def test_a_holder_paused_past_its_lease_has_its_write_refused_on_a_cluster
     aiolock_cluster: ServerInfo,
     clients: Callable[..., aiolock.Client],
     cluster: RedisCluster,
+    *,
     kind: str,
     lease: float | None,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """As on one server (see concerns/test_transaction.py): the paused holder's event loop
     stands still while a client in another thread takes the lock on the lock's node."""
@@ -162,11 +170,9 @@ async def test_a_holder_paused_past_its_lease_has_its_write_refused_on_a_cluster
         async with held(holder, kind, "group", lease=lease) as guard:
             async with guard.transaction() as tx:
                 tx.sadd(members, "holder")
-            rival.start()
-            assert taken.wait(10)  # the pause
-            assert not guard.lost
+            pause_the_next_transaction(monkeypatch, rival, taken)
             try:
-                async with guard.transaction() as tx:
+                async with guard.transaction() as tx:  # only the server can refuse it
                     tx.sadd(members, "stale holder")
             except aiolock.LockLostError:
                 refused = True
