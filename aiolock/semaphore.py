@@ -229,7 +229,7 @@ class Permit:
             raise LockNotOwnedError(f"permit {self.id!r} of {self.semaphore.name!r} is not held")
 
     def __repr__(self) -> str:
-        state = "lost" if self.lost else "held"
+        state = "lost" if self._hold.marked_lost else "held"
         return f"<Permit {self.id!r} of {self.semaphore.name!r} [{state}]>"
 
 

@@ -64,6 +64,10 @@ class CompositeHold(Generic[TokenT]):
         return sum(not part.lost for part in self.parts) < self.needed
 
     @property
+    def marked_lost(self) -> bool:
+        return sum(not part.marked_lost for part in self.parts) < self.needed
+
+    @property
     def lost_reason(self) -> str | None:
         reasons = [f"{part.name!r}: {part.lost_reason}" for part in self.parts if part.lost]
         return "; ".join(reasons) if self.lost else None

@@ -39,6 +39,11 @@ class Holding(Protocol[TokenT_co]):
     def lost(self) -> bool: ...
 
     @property
+    def marked_lost(self) -> bool:
+        """``lost`` as recorded so far: no expiry run early (a read for a repr)."""
+        ...
+
+    @property
     def lost_reason(self) -> str | None: ...
 
     @property
@@ -115,7 +120,7 @@ class LockGuard(Generic[TokenT_co]):
 
     def __repr__(self) -> str:
         holding = self._holding
-        state = "lost" if holding.lost else "held"
+        state = "lost" if holding.marked_lost else "held"
         return f"<LockGuard {self.lock.name!r} token={holding.token} [{state}]>"
 
 

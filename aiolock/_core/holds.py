@@ -89,7 +89,9 @@ class Hold:
     # No longer tracked (released, lost, its release's outcome unknown): nothing vouches for it.
     ended: bool = False
     timer: asyncio.TimerHandle | None = None
-    expire: Callable[[Hold], None] | None = None  # what the timer runs, armed with it
+    # The registry's expiry (its rule: lost unless a release began in time), which the timer
+    # runs and a read of ``lost`` past the deadline runs early.
+    on_expiry: Callable[[Hold], None] | None = None
     listeners: list[Callable[[], object]] = field(default_factory=list)
     # Acquire requests of this hold that were resent (an earlier copy went out on a connection
     # that failed, and may still arrive): voided before the release that ends the hold.
@@ -115,15 +117,15 @@ class Hold:
         moment runs the timer's work itself, so the answer never depends on callback order.
         """
         timer = self.timer
-        if timer is not None and not self.marked_lost and self.expire is not None:
+        if timer is not None and not self.marked_lost and self.on_expiry is not None:
             try:
                 now = asyncio.get_running_loop().time()
-            except RuntimeError:  # no running loop: nothing can have changed
+            except RuntimeError:  # no running loop: the deadline cannot be checked
                 return False
             if now >= timer.when():
                 timer.cancel()
                 self.timer = None
-                self.expire(self)
+                self.on_expiry(self)
         return self.marked_lost
 
     def valid_for(self) -> float:
@@ -243,6 +245,7 @@ class Holds:
                 renew,
                 renew_keys,
                 channels,
+                on_expiry=self._lease_ran_out,
             )
             hold.granted_at = asyncio.get_running_loop().time()
             hold.confirmed_at = sent_at
@@ -340,7 +343,6 @@ class Holds:
             hold.timer.cancel()
         loop = asyncio.get_running_loop()
         hold.timer = loop.call_at(hold.expires_at, self._lease_ran_out, hold)
-        hold.expire = self._lease_ran_out
 
     def _lease_ran_out(self, hold: Hold) -> None:
         """The hold's lease ran out as the client counts it (its timer, or a check after a

@@ -13,6 +13,7 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
+from aiolock import _scripts
 from aiolock._core.base import Seam
 from aiolock._redis import calls
 from tests.helpers import assert_clean, eventually, services_of
@@ -137,6 +138,37 @@ async def test_a_body_that_keeps_the_loop_past_its_lease_reads_it_lost_at_once(
                 pass
             assert guard.lost
     assert lock.statistics().losses == 1
+
+
+async def test_a_renewal_read_after_the_lease_deadline_still_keeps_the_hold(
+    make_client: MakeClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The server renewed the lease, and the watchdog reads that reply only after the
+    client's deadline has passed (a busy loop): the reply proves the lease never ran out, so
+    the hold is kept, not taken for lost by the clock."""
+    client = make_client(watchdog_timeout=0.3)
+    lock = client.lock("late-renewal")
+    calls_ = services_of(client).calls
+    run_synced = calls_.run_synced
+    loop = asyncio.get_running_loop()
+    late: list[Any] = []  # the hold whose next renewal reply is read late
+
+    async def read_late(script: Any, *args: Any, **kwargs: Any) -> Any:
+        reply = await run_synced(script, *args, **kwargs)
+        if late and script is _scripts.LOCK_RENEW:
+            hold = late.pop()
+            while loop.time() <= hold.expires_at:  # no await: the lease timer cannot run
+                pass
+        return reply
+
+    monkeypatch.setattr(calls_, "run_synced", read_late)
+    async with lock.acquire() as guard:
+        seam = Seam(lock)
+        late.append(seam.hold(seam.owner()[0]))
+        await eventually(lambda: not late and lock.statistics().renewals >= 2, what="renewed")
+        assert not guard.lost
+        assert await lock.is_held()
+    assert lock.statistics().losses == 0
 
 
 class _Stall:
