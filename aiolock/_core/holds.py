@@ -84,14 +84,14 @@ class Hold:
     renew: Script  # the kind's renew script, which the watchdog batches by
     renew_keys: tuple[str, ...]  # the KEYS that script takes for this hold
     channels: tuple[str, ...]  # where this client's waiters for the lock park, if on channels
+    # The registry's expiry (its rule: lost unless a release began in time), which the timer
+    # runs and a read of ``lost`` past the deadline runs early.
+    on_expiry: Callable[[Hold], None]
     marked_lost: bool = False  # by the registry (Holds.lose): read ``lost``
     lost_reason: str | None = None
     # No longer tracked (released, lost, its release's outcome unknown): nothing vouches for it.
     ended: bool = False
     timer: asyncio.TimerHandle | None = None
-    # The registry's expiry (its rule: lost unless a release began in time), which the timer
-    # runs and a read of ``lost`` past the deadline runs early.
-    on_expiry: Callable[[Hold], None] | None = None
     listeners: list[Callable[[], object]] = field(default_factory=list)
     # Acquire requests of this hold that were resent (an earlier copy went out on a connection
     # that failed, and may still arrive): voided before the release that ends the hold.
@@ -117,7 +117,7 @@ class Hold:
         moment runs the timer's work itself, so the answer never depends on callback order.
         """
         timer = self.timer
-        if timer is not None and not self.marked_lost and self.on_expiry is not None:
+        if timer is not None and not self.marked_lost:
             try:
                 now = asyncio.get_running_loop().time()
             except RuntimeError:  # no running loop: the deadline cannot be checked
@@ -245,7 +245,7 @@ class Holds:
                 renew,
                 renew_keys,
                 channels,
-                on_expiry=self._lease_ran_out,
+                self._lease_ran_out,
             )
             hold.granted_at = asyncio.get_running_loop().time()
             hold.confirmed_at = sent_at

@@ -126,10 +126,10 @@ async def test_a_body_that_keeps_the_loop_past_its_lease_reads_it_lost_at_once(
     """A body that runs past its lease's end without yielding (CPU-bound work, or a loop the
     machine stalled while the body's own wake-up was queued ahead of the lease timer) reads
     ``lost`` as True at once: the read runs the timer's work, log and counters included."""
-    semaphore = kind == "semaphore"
-    lock = (
-        aiolock_client.semaphore("busy", 1) if semaphore else getattr(aiolock_client, kind)("busy")
-    )
+    if kind == "semaphore":
+        lock: Any = aiolock_client.semaphore("busy", 1)
+    else:
+        lock = getattr(aiolock_client, kind)("busy")
     loop = asyncio.get_running_loop()
     with pytest.raises(aiolock.LockLostError, match="lease ran out"):
         async with lock.acquire(lease=0.2) as guard:
@@ -148,8 +148,8 @@ async def test_a_renewal_read_after_the_lease_deadline_still_keeps_the_hold(
     the hold is kept, not taken for lost by the clock."""
     client = make_client(watchdog_timeout=0.3)
     lock = client.lock("late-renewal")
-    calls_ = services_of(client).calls
-    run_synced = calls_.run_synced
+    runner = services_of(client).calls
+    run_synced = runner.run_synced
     loop = asyncio.get_running_loop()
     late: list[Any] = []  # the hold whose next renewal reply is read late
 
@@ -161,7 +161,7 @@ async def test_a_renewal_read_after_the_lease_deadline_still_keeps_the_hold(
                 pass
         return reply
 
-    monkeypatch.setattr(calls_, "run_synced", read_late)
+    monkeypatch.setattr(runner, "run_synced", read_late)
     async with lock.acquire() as guard:
         seam = Seam(lock)
         late.append(seam.hold(seam.owner()[0]))
