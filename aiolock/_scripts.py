@@ -21,6 +21,7 @@ __all__ = [
     "FAIR_ACQUIRE",
     "FAIR_FORCE",
     "FAIR_KEEP",
+    "FAIR_LAST",
     "FAIR_RELEASE",
     "FAIR_WITHDRAW",
     "LATCH_COUNT_DOWN",
@@ -106,6 +107,7 @@ LOCK_TRANSACT = Script.load("lock", "transact")
 
 FAIR_ACQUIRE = Script.load("fair", "acquire")
 FAIR_RELEASE = Script.load("fair", "release")
+FAIR_LAST = Script.load("fair", "last")
 FAIR_WITHDRAW = Script.load("fair", "withdraw")
 FAIR_FORCE = Script.load("fair", "force")
 FAIR_KEEP = Script.load("fair", "keep")

@@ -1,12 +1,12 @@
 """``AsyncFairLock``: first come, first served across every client, with the queue in Redis.
 
 A kind on the shared base (:mod:`aiolock._core.base`) with the scripts in ``scripts/fair/``: the
-lock hash of the plain lock, plus a queue of waiting owners (tickets) and their deadlines on
-the server's clock.  A try that does not get the lock takes (or keeps) the owner's place and
-sets its deadline; a release grants the lock to exactly the next waiter itself, and tells
-it with one message on the channel of that waiter's client, naming it and carrying the grant
-(:class:`~aiolock._core.waiting.NamedWait`), so there is no herd however many clients wait, no
-channel per waiting task, and the waiter starts with no further call.
+lock hash of the plain lock, plus a queue of waiting owners (a list, first in line first) and
+their deadlines on the server's clock.  A try that does not get the lock takes (or keeps) the
+owner's place and sets its deadline; a release grants the lock to exactly the next waiter
+itself, and tells it with one message on the channel of that waiter's client, naming it and
+carrying the grant (:class:`~aiolock._core.waiting.NamedWait`), so there is no herd however
+many clients wait, no channel per waiting task, and the waiter starts with no further call.
 
 **The hand-off by message.**  The grant's lease is counted on the waiter's clock from a safe
 lower bound of the moment the server made it (:class:`~aiolock._core.clock.ServerClock`,
@@ -16,10 +16,17 @@ arrival.  Its lease is the one the waiter's last try asked for, at most ``fair_w
 ``lease=None`` hold so granted has its first renewal brought forward.  A grant the waiter
 cannot count on (no clock sample, too little lease left, a capped explicit lease, an owner
 its client holds already) is taken by a try instead: the server marks grants from the queue
-(``':q'``), and a try of an owner its client knows no hold of (``fresh``) adopts such a grant
+(``'q:<owner>'``), and a try of an owner its client knows no hold of (``fresh``) adopts such a grant
 as its one hold, which also covers a lost message and a try in flight when the release
 granted.  A waiter that leaves without the lock (timeout, cancellation) withdraws with
 ``fresh`` too, which takes back a grant its client never took.
+
+**Paying for what the client knows.**  The first try of an owner's only waiting call says so
+(``first``: the server then reads no lock hash and looks for no member of the owner), a try
+with a recent sample of the server's clock sends its lower bound of it (``t:<ms>``: no
+``TIME``), and the owner's last release with no fault around it is ``fair/last.lua``, one
+``HDEL`` of the hold's fields and the hand-over, stamped the same way (see
+``docs/internals.md``).
 
 Waiters that give up withdraw from the queue at once (a ``withdraw`` script, settled in the
 background like any call whose caller has gone).  A parked waiter does not try again, neither to
@@ -73,28 +80,25 @@ _SHORTEST_GRANT = 0.05
 without a try (and at least a third of its lease)."""
 
 
+_RESAMPLE = 10.0
+"""How old (s) the sample of the server's clock may be for a try to send its lower bound of
+the server's time instead of having the script read the clock (and so sample it again)."""
+
+
 @dataclass(frozen=True, slots=True)
 class FairKeys(LockKeys):
-    """The plain lock's keys, plus the queue: ``queue`` (owner -> ticket), ``queued`` (owner
-    -> what a grant from the queue needs, and the server time in ms until which the try that
-    queued it keeps it in line), the wake-up channels ``<wake_prefix><client id>`` and the
-    alive keys ``<alive><client id>`` of the lock's slot; ``channel`` is this client's."""
+    """The plain lock's keys, plus the queue: ``queue`` (a list of waiters, each with what a
+    grant from the queue needs and the server time in ms until which the try that queued it
+    keeps it in line: ``scripts/fair/_queue.lua``), the wake-up channels
+    ``<wake_prefix><client id>`` and the alive keys ``<alive><client id>`` of the lock's
+    slot; ``channel`` is this client's."""
 
     queue: str
-    queued: str
     wake_prefix: str
     alive: str
 
     def script_keys(self) -> tuple[str, ...]:
-        return (
-            self.lock,
-            self.meta,
-            self.queue,
-            self.queued,
-            self.wake_prefix,
-            self.fence,
-            self.alive,
-        )
+        return (self.lock, self.meta, self.queue, self.wake_prefix, self.fence, self.alive)
 
 
 class KeepAlive:
@@ -111,6 +115,7 @@ class KeepAlive:
     __slots__ = (
         "__weakref__",
         "_alive",
+        "_calls",
         "_entry",
         "_parked",
         "_turns",
@@ -123,7 +128,7 @@ class KeepAlive:
     )
 
     def __init__(self, keys: FairKeys, alive: AliveKey, turns: Turns) -> None:
-        self.keys = (keys.lock, keys.queue, keys.queued, keys.wake_prefix)
+        self.keys = (keys.lock, keys.queue, keys.wake_prefix)
         self._alive = alive
         self._turns = turns
         # The server's clock against the loop's, from the name's queued tries: per name, so
@@ -133,11 +138,31 @@ class KeepAlive:
         # with how many such calls each has in flight: their tries ask for no grant from the
         # queue (the withdraw that follows a refusal would have to take it back).
         self.once: dict[str, int] = {}
+        # The waiting calls of each owner in progress: -1 for one that has not tried yet (its
+        # first try tells the server the owner has nothing there: no place to look for).
+        self._calls: dict[str, int] = {}
         self._parked = 0  # waiting calls that parked, on _entry (whose names they are)
         self._entry: NamedEntry | None = None
         self.due = math.inf  # (loop time) the lock may be free then with nobody told
         self.look_at = 0.0  # the next look at the lock, at the latest
         self.count_at = 0.0  # the next look that also checks the queue has our owners
+
+    def begin(self, owner: str) -> None:
+        calls = self._calls.get(owner, 0)
+        self._calls[owner] = -1 if calls == 0 else abs(calls) + 1
+
+    def end(self, owner: str) -> None:
+        calls = abs(self._calls.pop(owner, 1)) - 1
+        if calls:
+            self._calls[owner] = calls
+
+    def first_try(self, owner: str) -> bool:
+        """Whether this try of ``owner`` is the first of its only waiting call, so that the
+        owner has nothing on the server (its earlier calls' withdraws were settled first)."""
+        if self._calls.get(owner) != -1 or owner in self.once:
+            return False
+        self._calls[owner] = 1
+        return True
 
     def add(self, entry: NamedEntry) -> None:
         self._parked += 1
@@ -382,8 +407,7 @@ class AsyncFairLock(LockKind):
             meta=base.meta,
             fence=base.fence,
             channel=wake_prefix + services.owners.client_id,
-            queue=f"{base.lock}:q",
-            queued=f"{base.lock}:qa",
+            queue=f"{base.lock}:ql",
             wake_prefix=wake_prefix,
             alive=alive,
         )
@@ -395,9 +419,18 @@ class AsyncFairLock(LockKind):
 
     def _attempt(self, owner: str, request: int, lease_ms: int) -> Call:
         wait_ms = round(self._services.fair_wait_timeout * 1000)
-        args = (lease_ms, owner, request, wait_ms, *self._late_args(owner), *self._fresh(owner))
-        if owner in self._keeper().once:
+        keeper = self._keeper()
+        late = self._late_args(owner)
+        fresh = self._fresh(owner)
+        if keeper.first_try(owner) and fresh and not late:
+            fresh = ("fresh", "first")
+        args: tuple[Any, ...] = (lease_ms, owner, request, wait_ms, *late, *fresh)
+        if owner in keeper.once:
             args = (*args, "once")
+        now = asyncio.get_running_loop().time()
+        if keeper.clock.age(now) < _RESAMPLE:
+            # Its deadline from the client's lower bound of the server's time: no TIME.
+            args = (*args, f"t:{keeper.clock.server_ms_at_least(now)}")
         return _scripts.FAIR_ACQUIRE, self._script_keys(), args
 
     def _fresh(self, owner: str) -> tuple[str, ...]:
@@ -433,8 +466,10 @@ class AsyncFairLock(LockKind):
         if not server_ms:
             return seconds
         keeper = self._keeper()
-        keeper.clock.sample(attempt.sent_at, int(server_ms))
-        keeper.expect(asyncio.get_running_loop().time() + seconds)
+        now = asyncio.get_running_loop().time()
+        if server_ms != "-":  # '-': the try sent its lower bound of the server's time
+            keeper.clock.sample(attempt.sent_at, int(server_ms), now)
+        keeper.expect(now + seconds)
         return math.inf
 
     def _accept(
@@ -471,6 +506,19 @@ class AsyncFairLock(LockKind):
     def _release_call(self, owner: str, request: int, undo: int | None) -> Call:
         args = release_args(owner, request, undo)
         return _scripts.FAIR_RELEASE, self._script_keys(), args
+
+    def _plain_release(self, hold: Hold) -> Call | None:
+        """The owner's last release with no fault around it (``fair/last.lua``): its hold's
+        fields end in one ``HDEL`` and the lock is granted to the next waiter, stamped with
+        this client's lower bound of the server's time when it has one (no ``TIME``)."""
+        if hold.resent:
+            return None
+        stamp = None
+        keeper = self._services.peek_name_state("fair-keep", self.name)
+        if isinstance(keeper, KeepAlive):
+            stamp = keeper.clock.server_ms_at_least(asyncio.get_running_loop().time())
+        args = (hold.owner, "-" if stamp is None else stamp)
+        return _scripts.FAIR_LAST, self._script_keys(), args
 
     def _force_call(self) -> Call:
         return _scripts.FAIR_FORCE, self._script_keys(), ()

@@ -161,13 +161,16 @@ async def _fair(client: Client, name: str, permits: int | None) -> Report:
         pipe.hgetall(keys.lock)
         pipe.pttl(keys.lock)
         queue_fencing_counter(pipe, keys)
-        pipe.zrange(keys.queue, 0, -1)
-        pipe.hgetall(keys.queued)
+        pipe.lrange(keys.queue, 0, -1)
 
     values, _ = await _snapshot(client, keys.lock, reads)
-    time, fields, pttl, counter, queue, queued = values
+    time, fields, pttl, counter, queue = values
     now = _ms(time)
-    ends = {_str(owner): _deadline(entry) for owner, entry in queued.items()}
+    ends: dict[str, int] = {}  # in line, first in line first (an owner's first member)
+    for member in map(_str, queue):
+        owner, deadline = _member(member)
+        if owner is not None and owner not in ends:
+            ends[owner] = deadline
     # Past its try's deadline, a waiter is live while its client's alive key lasts (see
     # scripts/fair/_queue.lua); one that is neither has vanished: the next look drops it.
     clients = sorted({owner.partition(":")[0] for owner, end in ends.items() if end <= now})
@@ -181,7 +184,7 @@ async def _fair(client: Client, name: str, permits: int | None) -> Report:
         lasts = {c: now + int(ms) for c, ms in zip(clients, alive, strict=True) if int(ms) > 0}
         for owner, end in ends.items():
             ends[owner] = max(end, lasts.get(owner.partition(":")[0], 0))
-    live = [owner for owner in map(_str, queue) if ends.get(owner, 0) > now]
+    live = [owner for owner, end in ends.items() if end > now]
     waiters = [
         Waiter(owner, position, _seconds(ends[owner] - now))
         for position, owner in enumerate(live, 1)
@@ -318,7 +321,7 @@ def _pairs(reply: Any) -> list[tuple[Any, int]]:
 
 def _hash_holders(raw: dict[Any, Any], pttl: int) -> list[Holder]:
     """The holder of a lock hash (see scripts/common/_hold.lua): fields ``<owner> -> count``
-    beside its ``f:<owner>`` (the token) and ``r:<owner>``, and ``:w``, ``:q``,
+    beside its ``f:<owner>`` (the token) and ``r:<owner>``, and ``:w``, ``q:<owner>``,
     ``:late:<owner>`` and ``x:<owner>``; the whole hash expires with the lease.  (An owner id
     starts with its client's hex id: never with one of those prefixes.)"""
     fields = {_str(key): _str(value) for key, value in raw.items()}
@@ -326,7 +329,7 @@ def _hash_holders(raw: dict[Any, Any], pttl: int) -> list[Holder]:
     return [
         Holder(owner, int(count), lease, _int(fields.get(f"f:{owner}")))
         for owner, count in sorted(fields.items())
-        if not owner.startswith((":", "x:", "f:", "r:"))
+        if not owner.startswith((":", "x:", "f:", "r:", "q:"))
     ]
 
 
@@ -348,11 +351,14 @@ def _str(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _deadline(entry: Any) -> int:
-    """A fair waiter's deadline (server ms) from its entry, '<lease ms> <request n> <wait ms>
-    <deadline>' (scripts/fair/_queue.lua); 0 for an entry of another shape."""
-    last = _str(entry).rpartition(" ")[2]
-    return int(last) if last.isdigit() else 0
+def _member(member: str) -> tuple[str | None, int]:
+    """A fair waiter's owner and deadline (server ms) from its member of the queue, '<lease
+    ms> <request n> <wait ms> <deadline> <owner>' (scripts/fair/_queue.lua); no owner for a
+    member of another shape."""
+    parts = member.split(" ", 4)
+    if len(parts) < 5 or not all(part.isdigit() for part in parts[:4]):
+        return None, 0
+    return parts[4], int(parts[3])
 
 
 def _int(value: Any) -> int | None:

@@ -160,7 +160,8 @@ class HoldKind(Guarded[int]):
         it resent, no release of the owner's resent lately), for a kind whose hold fields are
         all named by their owner; ``None`` for a release script (the default).  Its reply is
         the number of fields it removed: 3 or more when the hold was there (see
-        :meth:`_release_plainly`)."""
+        :meth:`_release_plainly`).  A kind whose lock must be handed over in the same call
+        (the fair lock) answers a :data:`Call` of a script with the same reply."""
         return None
 
     def _transact_call(self, hold: Hold) -> Call:
@@ -715,11 +716,13 @@ class HoldKind(Guarded[int]):
             services.holds.realias(self._hold_key, owner, request, window)
             settlement.release_unknown(owner, request, self._plain_outcome(work, owner), copies)
 
-        removed = int(
-            await services.calls.command(
+        if isinstance(command[0], Script):  # a kind's own script (the fair lock's hand-off)
+            sent = services.calls.run(*command, orphan=unknown, on_send=copies.sending)
+        else:
+            sent = services.calls.command(
                 self._keys.lock, command, orphan=unknown, on_send=copies.sending
             )
-        )
+        removed = int(await sent)
         if copies.resent:
             services.holds.realias(self._hold_key, owner, request, window)
         if removed not in (0, 3):

@@ -88,6 +88,10 @@ class Services:
             self._names[(kind, name)] = state
         return state  # type: ignore[return-value]
 
+    def peek_name_state(self, kind: str, name: str) -> object | None:
+        """The shared state of ``kind``/``name`` if one is alive (made by nobody here)."""
+        return self._names.get((kind, name))
+
 
 def _address(redis: Redis | RedisCluster) -> str:
     if isinstance(redis, RedisCluster):

@@ -180,6 +180,15 @@ class Keeper(Protocol):
         """A try that took a turn ended."""
         ...
 
+    def begin(self, owner: str) -> None:
+        """A waiting call of ``owner`` begins (its tries tell the server whether the owner may
+        have a place already)."""
+        ...
+
+    def end(self, owner: str) -> None:
+        """That call ended."""
+        ...
+
 
 class NamedWait:
     """Park on this client's channel of the lock until a hand-off names this owner.
@@ -224,6 +233,8 @@ class NamedWait:
         self._kept = False  # counted by the keeper (since its first park)
         self._since = services.owners.last_request()  # this call's tries come after it
         counters.contenders += 1
+        if keeper is not None:
+            keeper.begin(owner)
         entry = services.pubsub.join_existing(channel)
         if entry is not None:
             self._enter(entry)
@@ -279,8 +290,10 @@ class NamedWait:
         pass
 
     def leave(self, granted: bool) -> None:
-        if self._keeper is not None and self._kept:
-            self._keeper.discard()
+        if self._keeper is not None:
+            self._keeper.end(self._owner)
+            if self._kept:
+                self._keeper.discard()
         entry = self._entry
         if entry is not None:
             assert isinstance(entry, NamedEntry)

@@ -345,8 +345,8 @@ async def leftovers_on(
     slot and prefix); a fair waiters' client's alive key that expires within its timeout.
     Anything else is left behind: a lock hash of any kind, a meta hash with
     any other field (a marker of a fault-free call) or kept past its marks, a fair lock's queue
-    (``<prefix>:fair:{name}:q`` and its waiters' entries ``:qa``: every waiter that gave up must
-    have left it), a subscription (a release channel, or a fair lock's wake-up channel).
+    (``<prefix>:fair:{name}:ql``, a list of its waiters: every waiter that gave up must have
+    left it), a subscription (a release channel, or a fair lock's wake-up channel).
 
     ``clients`` names the workers' clients by id, to say whose owners a leftover names."""
 
@@ -405,12 +405,10 @@ async def leftovers_on(
                 if pttl > FAIR_WAIT_TIMEOUT_MS:
                     found.append(f"alive key kept past its timeout: {key!r} (pttl {pttl} ms)")
                 continue
-            if key.startswith(f"{PREFIX}:fair:".encode()) and key.endswith((b":q", b":qa")):
-                waiters: list[tuple[Any, Any]] = (
-                    cast(list[tuple[Any, Any]], await redis.zrange(key, 0, -1, withscores=True))
-                    if key.endswith(b":q")
-                    else list((await redis.hgetall(key)).items())
-                )
+            if key.startswith(f"{PREFIX}:fair:".encode()) and key.endswith(b":ql"):
+                # Members '<lease ms> <request n> <wait ms> <deadline> <owner>'.
+                entries = [_text(m).split(" ", 4) for m in await redis.lrange(key, 0, -1)]
+                waiters = [(m[-1], " ".join(m[:-1])) for m in entries]
                 named = ", ".join(f"{whose(owner)} ({_text(v)})" for owner, v in waiters[:5])
                 found.append(
                     f"fair queue left behind: {key!r} (pttl {pttl} ms, {len(waiters)} "
@@ -424,7 +422,7 @@ async def leftovers_on(
                 owners = [
                     f"{whose(field)} x{_text(count)}"
                     for field, count in fields.items()
-                    if not field.startswith((b":", b"f:", b"r:", b"x:"))
+                    if not field.startswith((b":", b"f:", b"r:", b"x:", b"q:"))
                 ]
                 if kind == b"zset":  # a semaphore's permits (or readers): id -> lease end
                     seconds, micros = await redis.time()

@@ -9,6 +9,7 @@ watchdog lease, the pub/sub service, the owners' request ids, ``closed`` and ``c
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 from collections.abc import AsyncIterator
 from typing import Any
@@ -76,6 +77,12 @@ class _Keeper:
 
     def tried(self) -> None:
         pass
+
+    def begin(self, owner: str) -> None:
+        self.calls.append(f"begin {owner}")
+
+    def end(self, owner: str) -> None:
+        self.calls.append(f"end {owner}")
 
 
 @pytest.fixture
@@ -249,14 +256,20 @@ async def test_a_hand_off_wakes_only_the_owner_it_names(services: Any) -> None:
     waits["b"].park(60)  # parks again: counted once
     for wait in waits.values():
         wait.leave(granted=False)
-    # Each waiter is counted from its first park to its leaving; the keeper reads their names
-    # from the entry they park on.
+    # Each call is counted from its start to its end, and each waiter from its first park to
+    # its leaving; the keeper reads their names from the entry they park on.
     assert keeper.calls == [
+        "begin a",
+        "begin b",
+        "begin c",
         "add ['a']",
         "add ['a', 'b']",
         "add ['a', 'b', 'c']",
+        "end a",
         "discard",
+        "end b",
         "discard",
+        "end c",
         "discard",
     ]
     assert (counters.contenders, counters.waiters, entry.refs) == (0, 0, 0)
@@ -317,13 +330,29 @@ async def test_a_grant_arriving_between_two_parks_is_kept_and_a_stale_one_droppe
 def test_the_server_clock_maps_server_time_to_an_earlier_loop_time() -> None:
     clock = ServerClock()
     assert clock.lower_bound(5_000, now=10.0) is None  # no sample: no bound
-    clock.sample(sent_at=10.0, server_ms=1_000)  # the server read 1.000 s at loop time >= 10
+    clock.sample(sent_at=10.0, server_ms=1_000, read_at=10.002)  # read within [10, 10.002]
     # Read in whole ms, rounded down: 1.000 may have been 1.000999, and 1.500 exactly.
     assert clock.lower_bound(1_500, now=10.0) == pytest.approx(10.499)
     # Aged for clock drift: a second later, the bound is a millisecond earlier.
     assert clock.lower_bound(1_500, now=11.0) == pytest.approx(10.499 - DRIFT)
-    clock.sample(sent_at=20.0, server_ms=9_000)  # the latest sample replaces it
+    clock.sample(sent_at=20.0, server_ms=9_000, read_at=20.001)  # the latest replaces it
     assert clock.lower_bound(9_000, now=20.0) == pytest.approx(19.999)
+
+
+def test_the_server_clock_bounds_the_server_time_now_from_below() -> None:
+    clock = ServerClock()
+    assert clock.server_ms_at_least(now=10.0) is None  # no sample: no bound
+    assert clock.age(now=10.0) == math.inf
+    clock.sample(sent_at=10.0, server_ms=1_000, read_at=10.002)
+    # The server read 1.000 s no later than loop time 10.002: half a second after that, its
+    # clock reads at least 1.500 s (aged for drift over that half second).
+    assert clock.server_ms_at_least(now=10.502) == math.floor(1_500 - DRIFT * 500)
+    assert clock.age(now=10.502) == pytest.approx(0.5)
+    # The bound never passes what the server may read: at most 1.000999 at 10.0, so at
+    # 10.502 at most ~1.503 s; the bound is below the least it may read.
+    bound = clock.server_ms_at_least(now=10.502)
+    assert bound is not None
+    assert bound <= 1_500
 
 
 # -- Backoff: the spin lock's full-jitter sleeps ------------------------------------------------

@@ -87,24 +87,29 @@ end
 
 -- The optional ARGV after a script's own, from index first on: the resent releases whose late
 -- copies the hold must refuse ('late:' .. their request ids, comma-separated), the fair
--- lock's flags 'fresh' and 'once' (see fair/acquire.lua), and, last, a resend's mark (the
--- resend window in ms: Calls.run's mark_resends appends it).  Returns the ids (or nil), the
--- mark (or nil), and whether 'fresh' and 'once' were there.  Neither ids nor mark is there on
--- the fault-free path.
+-- lock's flags 'fresh', 'once' and 'first' and its 't:<ms>' (see fair/acquire.lua), and,
+-- last, a resend's mark (the resend window in ms: Calls.run's mark_resends appends it).
+-- Returns the ids (or nil), the mark (or nil), whether 'fresh', 'once' and 'first' were
+-- there, and the ms of 't:' (or nil).  Neither ids nor mark is there on the fault-free path.
 local function optional_args(first)
-    local late, resent, fresh, once
+    local late, resent, fresh, once, first_try, at
     for i = first, #ARGV do
-        if string.sub(ARGV[i], 1, 5) == 'late:' then
-            late = string.sub(ARGV[i], 6)
-        elseif ARGV[i] == 'fresh' then
+        local arg = ARGV[i]
+        if string.sub(arg, 1, 5) == 'late:' then
+            late = string.sub(arg, 6)
+        elseif arg == 'fresh' then
             fresh = true
-        elseif ARGV[i] == 'once' then
+        elseif arg == 'once' then
             once = true
+        elseif arg == 'first' then
+            first_try = true
+        elseif string.sub(arg, 1, 2) == 't:' then
+            at = tonumber(string.sub(arg, 3))
         else
-            resent = ARGV[i]
+            resent = arg
         end
     end
-    return late, resent, fresh, once
+    return late, resent, fresh, once, first_try, at
 end
 
 -- Whether request (owner/n) is a late copy of a release its client resent: n is one of the

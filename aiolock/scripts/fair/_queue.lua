@@ -1,67 +1,86 @@
 -- The fair lock's queue helpers, included by the scripts of this folder (not run alone).
 --
--- The queue is a sorted set of waiting owners, QUEUE, scored by ticket (first ask first), and a
--- hash, QUEUED, of what each waiter's last try left: '<lease ms> <request n> <wait ms>
--- <deadline>', what a grant from the queue needs (see acquire.lua) and the server time in ms
--- until which that try alone keeps the waiter in line.  After it, a waiter is live while its
--- client is: while the client's alive key, ALIVE .. <client id>, exists (one key per client and
--- Cluster slot, set for the wait timeout by the client's keep-alive, keep.lua, every half of
--- it while the client has parked waiters there).  A waiter that is neither is dropped once it
--- is next: expiry is lazy, only the head is ever checked, and only while the lock is free (a
--- vanished waiter in the middle delays nobody until it is next).  An owner enters and leaves
--- both keys together, and they expire together (ten wait timeouts after the last try or
--- keep-alive that armed them: they outlive their last live waiter only after a fault).
+-- The queue, QUEUE, is a list of waiters, first in line at the head: a try pushes its member at
+-- the tail (RPUSH), so the order is the order in which the server applied the tries, whatever
+-- the clients' clocks.  A member is '<lease ms> <request n> <wait ms> <deadline> <owner>': what
+-- a grant from the queue needs (see acquire.lua), the server time in ms until which the try
+-- that queued it keeps it in line, and the owner last (an explicit owner may hold spaces).
+-- After that deadline a waiter is live while its client is: while the client's alive key,
+-- ALIVE .. <client id>, exists (one key per client and Cluster slot, set for the wait timeout
+-- by the client's keep-alive, keep.lua, every half of it while the client has parked waiters
+-- there).  A waiter that is neither is dropped once it is next: expiry is lazy, only the head
+-- is ever checked, and only while the lock is free (a vanished waiter in the middle delays
+-- nobody until it is next).  The list expires ten wait timeouts after the last try or
+-- keep-alive that armed it: it outlives its last live waiter only after a fault.
 -- The hand-off message goes to the next waiter's client only: on the channel WAKE .. <client
 -- id>, naming the waiter.  That channel and the alive keys are not declared keys (the next
 -- waiter is only known here), but WAKE and ALIVE, passed as keys, carry the lock's Cluster
 -- slot: what they prefix lives in it.  Needs common/_time first.
 
--- The keys the helpers work on: a fair script's KEYS[1] and KEYS[3..7].  keep.lua, which
+-- The keys the helpers work on: a fair script's KEYS[1] and KEYS[3..6].  keep.lua, which
 -- keeps many locks in one call, points them at each lock in turn.
-local LOCK, QUEUE, QUEUED, WAKE, FENCE, ALIVE = KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6],
-    KEYS[7]
+local LOCK, QUEUE, WAKE, FENCE, ALIVE = KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 
--- How long the queue's keys live after a try or keep-alive arms them, in wait timeouts; a
--- keep-alive arms them again when less than QUEUE_REARM wait timeouts are left.
+-- How long the queue lives after a try or keep-alive arms it, in wait timeouts; a keep-alive
+-- arms it again when less than QUEUE_REARM wait timeouts are left.
 local QUEUE_TTL, QUEUE_REARM = 10, 6
 
--- A waiter's entry in QUEUED: lease ms, request n, wait ms, deadline (numbers), or nil.
-local function waiter_args(entry)
-    local ms, n, wait, deadline = string.match(entry or '', '^(%d+) (%d+) (%d+) (%d+)$')
+-- A member's lease ms, request n, wait ms, deadline (numbers but n) and owner, or nil.
+local function parse(member)
+    local ms, n, wait, deadline, owner =
+        string.match(member or '', '^(%d+) (%d+) (%d+) (%d+) (.+)$')
     if not ms then
         return nil
     end
-    return tonumber(ms), n, tonumber(wait), tonumber(deadline)
+    return tonumber(ms), n, tonumber(wait), tonumber(deadline), owner
 end
 
--- The first live waiter of the queue, dropping at most 100 vanished ones ahead of it (its try's
--- deadline passed and its client's alive key is gone, as of now): returns the owner, the
--- server time in ms until which it is surely live, its entry, and whether the caller took it
--- out of the queue already, or nil.  head: the head of the queue, if the caller read it
--- already; ticket: the caller took that head out of the queue too (ZPOPMIN), and this was its
--- ticket.
-local function live_head(now, head, ticket)
+-- A member's owner, or nil.
+local function owner_of(member)
+    return string.match(member or '', '^%d+ %d+ %d+ %d+ (.+)$')
+end
+
+-- The members of owner in the queue, and the index of the first of them (0: the head), or
+-- nil.  O(n): only a call that may have a member already looks (not a call's first try).
+local function members_of(owner)
+    local found, first = {}, nil
+    for i, member in ipairs(redis.call('LRANGE', QUEUE, 0, -1)) do
+        if owner_of(member) == owner then
+            found[#found + 1] = member
+            first = first or i - 1
+        end
+    end
+    return found, first
+end
+
+-- Put member back at the head (a waiter only woken keeps its place); a queue the pop emptied
+-- was deleted, and is armed again.
+local function put_back(member, wait)
+    if redis.call('LPUSH', QUEUE, member) == 1 then
+        redis.call('PEXPIRE', QUEUE, QUEUE_TTL * wait)
+    end
+end
+
+-- Take the first live waiter out of the queue, dropping at most 100 vanished ones ahead of it
+-- (its try's deadline passed and its client's alive key is gone, as of now): returns its
+-- member and the server time in ms until which it is surely live, or nil.  first: the head,
+-- if the caller popped it already.
+local function live_head(now, first)
     for i = 1, 101 do
-        local first = head or redis.call('ZRANGE', QUEUE, 0, 0)[1]
-        local taken = head ~= nil and ticket ~= nil
-        head = nil
-        if not first then
+        local member = first or redis.call('LPOP', QUEUE)
+        first = nil
+        if not member then
             return nil
         end
-        local entry = redis.call('HGET', QUEUED, first)
-        local _, _, _, deadline = waiter_args(entry)
+        local _, _, _, deadline, owner = parse(member)
         if deadline and deadline <= now then
             -- Past its try's deadline: live while its client keeps its alive key.
-            local alive = redis.call('PTTL', ALIVE .. string.match(first, '^[^:]*'))
+            local alive = redis.call('PTTL', ALIVE .. string.match(owner, '^[^:]*'))
             deadline = alive > 0 and now + alive or nil
         end
-        if deadline or i == 101 then
-            return first, deadline or now, entry, taken
+        if deadline or (owner and i == 101) then
+            return member, deadline or now
         end
-        if not taken then
-            redis.call('ZREM', QUEUE, first)
-        end
-        redis.call('HDEL', QUEUED, first)
     end
 end
 
@@ -80,13 +99,23 @@ local function bound(owner, ms)
     redis.call('PUBLISH', WAKE .. client, '+' .. ms .. ' ' .. owner)
 end
 
+-- After a grant with a lease of ms: a lease shorter than the wait timeout may end before the
+-- keep-alive of the next in line looks at the lock (at least once a wait timeout), so the
+-- next in line is told when it ends.
+local function bound_next(ms, wait)
+    local next_owner = ms < wait and owner_of(redis.call('LINDEX', QUEUE, 0))
+    if next_owner then
+        bound(next_owner, ms)
+    end
+end
+
 -- Wake the waiter at the head of the queue, if any, without granting it the lock (force.lua:
 -- a grant could reach the forcing client's own waiter before the force's reply, which then
 -- takes every hold of the lock in that client for lost).  Whether it is live is not checked
 -- here: if it vanished, the keep-alive of a client waiting behind it drops it once it is no
 -- longer live (keep.lua), and hands the lock over then.
 local function wake_next()
-    local next_owner = redis.call('ZRANGE', QUEUE, 0, 0)[1]
+    local next_owner = owner_of(redis.call('LINDEX', QUEUE, 0))
     if next_owner then
         wake(next_owner)
     end
@@ -95,42 +124,35 @@ end
 -- The lock has just become free (released, withdrawn from, or found free by a keep-alive):
 -- grant it to the first live waiter of the queue itself, so that the waiter starts with no
 -- further call, and tell its client so in one message, '=<token> <lease ms> <server time ms>
--- <request n> <owner>' (a client id never starts with '=').  The lock hash marks such a grant
--- with ':q' = n until the owner's client takes it as its own by a try (acquire.lua): the
--- message may be lost, or come after the waiter gave up (its withdraw then takes the grant
--- back, withdraw.lua).  The lease is the one the waiter's last try asked for, at most the
--- wait timeout: a waiter that vanished blocks the lock no longer than a vanished head does.
--- A waiter whose try asked for no grant from the queue (lease 0: a fault path) is only woken.
--- Vanished waiters at the head are dropped first (see live_head).
-local function hand_over(now, first, ticket)
-    local head, _, entry, taken = live_head(now, first, ticket)
+-- <request n> <owner>' (a client id never starts with '=').  now: the server's time in ms,
+-- or a lower bound of it (the releasing client's: the waiter counts the lease from it).  The
+-- lock hash marks such a grant with 'q:<owner>' = n until the owner's client takes it as its own by
+-- a try (acquire.lua): the message may be lost, or come after the waiter gave up (its
+-- withdraw then takes the grant back, withdraw.lua).  The lease is the one the waiter's last
+-- try asked for, at most the wait timeout: a waiter that vanished blocks the lock no longer
+-- than a vanished head does.  A waiter whose try asked for no grant from the queue (lease 0:
+-- a fault path) is only woken, and keeps its place.  Vanished waiters at the head are dropped
+-- first (see live_head); first: the head, if the caller popped it already.  Returns the
+-- server time until which a head only woken is surely live, else nil.
+local function hand_over(now, first)
+    local head, live_until = live_head(now, first)
     if not head then
-        return
+        return nil
     end
-    local ms, n, wait = waiter_args(entry)
-    if not ms or ms < 1 then
-        if taken then
-            redis.call('ZADD', QUEUE, ticket, head)  -- it stays in line, at its place
-        end
-        wake(head)
-        return
+    local ms, n, wait, _, owner = parse(head)
+    if ms < 1 then
+        put_back(head, wait)
+        wake(owner)
+        return live_until
     end
-    if not taken then
-        redis.call('ZREM', QUEUE, head)
-    end
-    redis.call('HDEL', QUEUED, head)
-    -- A hold as common/_hold.lua's grant() makes it, with ':q' in the same write.
+    -- A hold as common/_hold.lua's grant() makes it, with 'q:<owner>' in the same write.
     local token = redis.call('INCR', FENCE)
-    redis.call('HSET', LOCK, head, 1, 'f:' .. head, token, 'r:' .. head, head .. '/' .. n,
-        ':q', n)
+    redis.call('HSET', LOCK, owner, 1, 'f:' .. owner, token, 'r:' .. owner, owner .. '/' .. n,
+        'q:' .. owner, n)
     redis.call('PEXPIRE', LOCK, ms)
-    local client = string.match(head, '^[^:]*')
+    local client = string.match(owner, '^[^:]*')
     redis.call('PUBLISH', WAKE .. client,
-        '=' .. token .. ' ' .. ms .. ' ' .. now .. ' ' .. n .. ' ' .. head)
-    -- As acquire.lua's grant from the queue: a lease shorter than the wait timeout may end
-    -- before the keep-alive of the next in line sees it.
-    local next_owner = ms < wait and redis.call('ZRANGE', QUEUE, 0, 0)[1]
-    if next_owner then
-        bound(next_owner, ms)
-    end
+        '=' .. token .. ' ' .. ms .. ' ' .. now .. ' ' .. n .. ' ' .. owner)
+    bound_next(ms, wait)
+    return nil
 end

@@ -3,11 +3,10 @@
 --
 -- KEYS[1]  the lock hash
 -- KEYS[2]  the meta hash (unused here: every fair script takes the same keys)
--- KEYS[3]  the queue: owner -> ticket
--- KEYS[4]  the waiters (unused here: every fair script takes the same keys)
--- KEYS[5]  the prefix of the per-client wake-up channels
--- KEYS[6]  the fencing token counter (unused here: every fair script takes the same keys)
--- KEYS[7]  the prefix of the alive keys (unused here: every fair script takes the same keys)
+-- KEYS[3]  the queue (see _queue.lua)
+-- KEYS[4]  the prefix of the per-client wake-up channels
+-- KEYS[5]  the fencing token counter (unused here: every fair script takes the same keys)
+-- KEYS[6]  the prefix of the alive keys (unused here: every fair script takes the same keys)
 --
 -- Returns 1 if the lock existed, else 0.
 --@include common/_time

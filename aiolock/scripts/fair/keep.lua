@@ -3,8 +3,8 @@
 --
 -- KEYS[1]  the prefix of the per-client alive keys of the slot (see _queue.lua)
 -- KEYS[2]  the fencing token counter of the slot (a grant from the queue takes a token)
--- KEYS[4i-1], KEYS[4i], KEYS[4i+1], KEYS[4i+2]  lock i's hash, queue, waiters and wake-up
---          channel prefix (see acquire.lua), for i = 1, 2, ...
+-- KEYS[3i], KEYS[3i+1], KEYS[3i+2]  lock i's hash, queue and wake-up channel prefix (see
+--          acquire.lua), for i = 1, 2, ...
 -- ARGV[1]  the fair wait timeout in milliseconds
 -- ARGV[2]  the client id
 -- ARGV[3]  '1' when the client's alive key should exist (it set it, and has not deleted it)
@@ -24,7 +24,8 @@
 -- publishes nothing, or its head was only woken), it drops vanished waiters at the head and
 -- hands the lock over to the first live one (see hand_over in _queue.lua).  With an owners
 -- count (m >= 0; the client sends one every other wait timeout or so) it also re-arms the
--- queue's expiry and reports the owners it does not have.
+-- queue's expiry and reports the owners it does not have (reading the whole queue: O(n), once
+-- every other wait timeout or so).
 --@include common/_time
 --@include fair/_queue
 local wait = tonumber(ARGV[1])
@@ -41,25 +42,26 @@ ALIVE, FENCE = KEYS[1], KEYS[2]
 local now
 local dues, missing = {}, {}
 local arg = 5
-for i = 3, #KEYS, 4 do
-    LOCK, QUEUE, QUEUED, WAKE = KEYS[i], KEYS[i + 1], KEYS[i + 2], KEYS[i + 3]
+for i = 3, #KEYS, 3 do
+    LOCK, QUEUE, WAKE = KEYS[i], KEYS[i + 1], KEYS[i + 2]
     local m = tonumber(ARGV[arg])
     local lost = {}
     if m >= 0 then
-        -- In chunks: unpack() is bounded by Lua's stack.
-        for from = arg + 1, arg + m, 500 do
-            local to = math.min(from + 499, arg + m)
-            local entries = redis.call('HMGET', QUEUED, unpack(ARGV, from, to))
-            for j = 1, to - from + 1 do
-                if not entries[j] then
-                    lost[#lost + 1] = ARGV[from + j - 1]
-                end
+        local present = {}
+        for _, member in ipairs(redis.call('LRANGE', QUEUE, 0, -1)) do
+            local owner = owner_of(member)
+            if owner then
+                present[owner] = true
             end
         end
-        local pttl = redis.call('PTTL', QUEUED)
+        for j = arg + 1, arg + m do
+            if not present[ARGV[j]] then
+                lost[#lost + 1] = ARGV[j]
+            end
+        end
+        local pttl = redis.call('PTTL', QUEUE)
         if pttl ~= -2 and pttl < QUEUE_REARM * wait then
             redis.call('PEXPIRE', QUEUE, QUEUE_TTL * wait)
-            redis.call('PEXPIRE', QUEUED, QUEUE_TTL * wait)
         end
         arg = arg + m + 1
     else
@@ -69,14 +71,11 @@ for i = 3, #KEYS, 4 do
     local held = redis.call('PTTL', LOCK)
     if held == -2 then
         now = now or now_ms()
-        local head, live_until = live_head(now)
-        if head then
-            hand_over(now, head)
-            held = redis.call('PTTL', LOCK)
-            if held == -2 then  -- only woken: look again when it may have vanished
-                due = math.max(live_until - now + 1, 1)
-            end
+        local live_until = hand_over(now)
+        if live_until then  -- only woken: look again when it may have vanished
+            due = math.max(live_until - now + 1, 1)
         end
+        held = redis.call('PTTL', LOCK)
     end
     if held >= 0 then
         -- A lease that runs out publishes nothing: look again then, and hand over.  PTTL 0:

@@ -1,15 +1,14 @@
 -- Release one hold of a fair lock; the last release deletes it and grants it to the next
--- waiter (or wakes it: see hand_over in _queue.lua).
+-- waiter (or wakes it: see hand_over in _queue.lua).  The owner's last fault-free release
+-- is last.lua; this one serves the others (re-entered holds, undo, resends, late copies).
 --
 -- KEYS[1]  the lock hash
 -- KEYS[2]  the meta hash: an undo of an acquire that was not applied marks '<owner>/<n>'
 --          there (see common/_requests.lua); nothing else is written to it
--- KEYS[3]  the queue: owner -> ticket
--- KEYS[4]  the waiters: owner -> '<lease ms> <request n> <wait ms> <deadline>' (see
---          acquire.lua)
--- KEYS[5]  the prefix of the per-client wake-up channels
--- KEYS[6]  the fencing token counter (a grant from the queue takes a token)
--- KEYS[7]  the prefix of the per-client alive keys of the lock's slot (see _queue.lua)
+-- KEYS[3]  the queue (see _queue.lua)
+-- KEYS[4]  the prefix of the per-client wake-up channels
+-- KEYS[5]  the fencing token counter (a grant from the queue takes a token)
+-- KEYS[6]  the prefix of the per-client alive keys of the lock's slot (see _queue.lua)
 -- ARGV[1]  owner id
 -- ARGV[2]  request id, unique per call of this owner; a resent call carries the same id
 -- ARGV[3]  optional: undo mode, the id of an acquire request whose outcome the caller never
@@ -21,15 +20,15 @@
 local owner, request = ARGV[1], ARGV[1] .. '/' .. ARGV[2]
 local held = redis.call('HMGET', KEYS[1], owner, 'r:' .. owner, ':w', ':late:' .. owner)
 local first
--- The fault-free last release comes first, before the helpers below (defining them costs the
--- server more than this path): the owner's one hold, no undo, not a resend of the request
--- applied last, no resent release of this owner around.  With nobody queued, that is all.
--- The head is taken out of the queue as it is read, {owner, ticket}: it is granted, or dropped
--- if it vanished; hand_over puts it back at its ticket if it is only to be woken.
+-- The last release with no fault of its own comes first, before the helpers below (defining
+-- them costs the server more than this path): the owner's one hold, no undo, not a resend of
+-- the request applied last, no resent release of this owner around.  With nobody queued,
+-- that is all.  The head is taken out of the queue as it is read: it is granted, or dropped
+-- if it vanished; hand_over puts it back at the head if it is only to be woken.
 if held[1] == '1' and not ARGV[3] and held[2] ~= request and not held[4] then
     redis.call('DEL', KEYS[1])
-    first = redis.call('ZPOPMIN', KEYS[3])
-    if not first[1] then
+    first = redis.call('LPOP', KEYS[3])
+    if not first then
         return 0
     end
 end
@@ -39,7 +38,7 @@ end
 --@include common/_hold
 --@include fair/_queue
 if first then  -- released above: hand the lock over to the queue's head
-    hand_over(now_ms(), first[1], first[2])
+    hand_over(now_ms(), first)
     return 0
 end
 local undo = ARGV[3] and owner .. '/' .. ARGV[3]

@@ -185,7 +185,7 @@ async def test_fair_waiters_behind_a_long_hold_released_early_are_told_of_each_n
         tasks.append(asyncio.create_task(waiter(client)))
 
         async def queued(count: int = i + 1) -> bool:  # each parks behind the long hold
-            return int(await redis.zcard(f"{keys_of(holder).lock}:q")) == count
+            return int(await redis.llen(f"{keys_of(holder).lock}:ql")) == count
 
         await eventually(queued, what=f"{i + 1} queued")
     await holder.unlock()

@@ -381,14 +381,19 @@ async def test_a_voided_fair_try_does_not_queue_its_owner_again_after_it_left(
         queue = keys.queue
         try_call = seam.attempt_call(owner, services.owners.next_request(), 30_000)
         assert not isinstance(await services.calls.run(*try_call), list)  # queued
-        assert await redis.zscore(queue, owner) is not None
+        assert await _queued(redis, queue, owner)
         await seam.settlement.void(owner, [try_call[2][2]])
         withdraw = seam.withdraw_call(owner)
         assert withdraw is not None  # a fair lock keeps its waiters on the server
         assert await services.calls.run(*withdraw) == 1  # it gave up
         assert not isinstance(await services.calls.run(*try_call), list)  # the late copy
-        assert await redis.zscore(queue, owner) is None  # not queued again
+        assert not await _queued(redis, queue, owner)  # not queued again
     assert not await lock.is_locked()
+
+
+async def _queued(redis: Redis, queue: str, owner: str) -> bool:
+    """Whether ``owner`` has a member in a fair lock's queue (scripts/fair/_queue.lua)."""
+    return any(str(m).split(" ", 4)[4] == owner for m in await redis.lrange(queue, 0, -1))
 
 
 async def test_marks_past_their_time_are_pruned_when_a_void_mark_is_added(
@@ -668,10 +673,10 @@ async def test_the_client_keeps_the_id_of_a_resent_release_for_the_resend_window
 ) -> None:
     """redis-py itself resends a release script (the server stalls past a short socket
     timeout): the client keeps its id, its owner's next acquire carries it, and a late copy of
-    the release then leaves the new hold alone.  (The fair lock's: the plain lock's last
-    release is a plain command, see the next test.)"""
+    the release then leaves the new hold alone.  (The write lock's: the plain and fair locks'
+    last release is one HDEL, see the next test.)"""
     flaky, client = await _resending_client(aiolock_server, aiolock_client, redis)
-    lock = client.fair_lock("resent-release")
+    lock = client.rw_lock("resent-release").write_lock()
     try:
         await lock.lock()
         seam = Seam(lock)
@@ -702,16 +707,17 @@ async def hdel_calls(redis: Redis) -> int:
     return int(stats.get("cmdstat_hdel", {}).get("calls", 0))
 
 
-@pytest.mark.parametrize("kind", ["lock", "spin_lock"])
+@pytest.mark.parametrize("kind", ["lock", "spin_lock", "fair_lock"])
 async def test_a_late_copy_of_a_resent_plain_release_leaves_the_next_hold_alone(
     aiolock_server: ServerInfo, aiolock_client: aiolock.Client, redis: Redis, kind: str
 ) -> None:
     """The plain lock's last release is a plain HDEL of the owner's fields, which cannot
-    refuse a late copy of itself.  redis-py resends it (the server stalls past a short socket
-    timeout): the owner's next hold of the lock goes by another id for the resend window, so
-    that the first copy, arriving late, names none of that hold's fields."""
+    refuse a late copy of itself (the fair lock's, fair/last.lua, the same HDEL and the
+    hand-over).  redis-py resends it (the server stalls past a short socket timeout): the
+    owner's next hold of the lock goes by another id for the resend window, so that the first
+    copy, arriving late, names none of that hold's fields."""
     flaky, client = await _resending_client(aiolock_server, aiolock_client, redis)
-    lock = client.lock("resent-hdel") if kind == "lock" else client.spin_lock("resent-hdel")
+    lock = getattr(client, kind)("resent-hdel")
     try:
         await lock.lock()
         seam = Seam(lock)
@@ -726,9 +732,18 @@ async def test_a_late_copy_of_a_resent_plain_release_leaves_the_next_hold_alone(
         alias, _ = seam.owner()
         assert alias.startswith(f"{owner}~")  # the owner's next hold goes by another id
         await lock.lock()
-        copy = ("HDEL", seam.keys.lock, owner, f"f:{owner}", f"r:{owner}", ":w")
         # The late copy names none of it.
-        assert await redis.execute_command(*copy) == 0  # type: ignore[no-untyped-call]
+        if kind == "fair_lock":
+            keys = seam.keys
+            assert isinstance(keys, FairKeys)
+            copy = (owner, "-")
+            assert (
+                await services_of(client).calls.run(_scripts.FAIR_LAST, keys.script_keys(), copy)
+                == 0
+            )
+        else:
+            hdel = ("HDEL", seam.keys.lock, owner, f"f:{owner}", f"r:{owner}", ":w")
+            assert await redis.execute_command(*hdel) == 0  # type: ignore[no-untyped-call]
         assert await lock.hold_count() == 1
         assert await redis.hget(seam.keys.lock, alias) == "1"
         await lock.unlock()

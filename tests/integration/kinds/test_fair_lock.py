@@ -46,29 +46,34 @@ def fair_keys(lock: aiolock.AsyncFairLock) -> FairKeys:
     return keys
 
 
+def member_owner(member: str) -> str:
+    """The owner of a member of a fair lock's queue, '<lease ms> <request n> <wait ms>
+    <deadline> <owner>' (scripts/fair/_queue.lua)."""
+    return member.split(" ", 4)[4]
+
+
 async def queue(redis: Redis, lock: aiolock.AsyncFairLock) -> list[str]:
     """The owners waiting for ``lock``, first in line first."""
-    return [str(owner) for owner in await redis.zrange(fair_keys(lock).queue, 0, -1)]
+    return [member_owner(str(m)) for m in await redis.lrange(fair_keys(lock).queue, 0, -1)]
 
 
 async def queued(redis: Redis, lock: aiolock.AsyncFairLock, count: int) -> None:
     """Wait until exactly ``count`` owners are in ``lock``'s queue."""
 
     async def reached() -> bool:
-        return int(await redis.zcard(fair_keys(lock).queue)) == count
+        return int(await redis.llen(fair_keys(lock).queue)) == count
 
     await eventually(reached, what=f"{count} owner(s) queued")
 
 
 async def no_queue_keys(redis: Redis, lock: aiolock.AsyncFairLock) -> bool:
-    keys = fair_keys(lock)
-    return int(await redis.exists(keys.queue, keys.queued)) == 0
+    return int(await redis.exists(fair_keys(lock).queue)) == 0
 
 
 async def deadlines(redis: Redis, lock: aiolock.AsyncFairLock) -> dict[str, int]:
-    """Each waiter's deadline (server ms), the last field of its entry in the waiters hash."""
-    entries = await redis.hgetall(fair_keys(lock).queued)
-    return {str(owner): int(str(entry).split()[-1]) for owner, entry in entries.items()}
+    """Each waiter's deadline (server ms), the fourth field of its member of the queue."""
+    members = [str(m) for m in await redis.lrange(fair_keys(lock).queue, 0, -1)]
+    return {member_owner(m): int(m.split(" ", 4)[3]) for m in members}
 
 
 async def publish_calls(redis: Redis) -> int:
@@ -87,12 +92,12 @@ def parked_on(client: aiolock.Client, lock: aiolock.AsyncFairLock) -> int:
     return 0 if entry is None or not entry.confirmed else entry.parked
 
 
-async def test_a_hand_off_costs_a_queued_try_and_a_release_19_commands(
+async def test_a_hand_off_costs_a_queued_try_and_a_release_11_commands(
     aiolock_client: aiolock.Client, make_client: Callable[..., aiolock.Client], redis: Redis
 ) -> None:
     """The contended acquisition's cost on the server, counted by it: a try that takes a place
-    is 8 commands, the release that grants the next waiter 11 (benchmarks/README.md, "The
-    queue in two keys", says what each is for).  The subscriber's idle PING is no part of it."""
+    is 4 commands, the release that grants the next waiter 7 (benchmarks/README.md, "The queue
+    a list", says what each is for).  The subscriber's idle PING is no part of it."""
     warm = aiolock_client.fair_lock("counted-warm")  # the scripts loaded on the server
     await warm.lock()
     await warm.unlock()
@@ -100,51 +105,44 @@ async def test_a_hand_off_costs_a_queued_try_and_a_release_19_commands(
     await holder.lock(lease=60)
     client = make_client(fair_wait_timeout=60)  # no keep-alive call within the test
     lock = client.fair_lock("counted")
-    granted, done = asyncio.Event(), asyncio.Event()
+    granted = [asyncio.Event() for _ in range(3)]
+    release, done = asyncio.Event(), asyncio.Event()
 
-    async def waiter(first: bool) -> None:
+    async def waiter(i: int) -> None:
         await lock.lock(lease=60)
-        if first:
-            granted.set()
-        await done.wait()
+        granted[i].set()
+        await (release if i == 0 else done).wait()
         await lock.unlock()
 
-    tasks = [asyncio.create_task(waiter(first=True))]
+    # Two waiters parked; the first holds, and samples the server's clock with its try.
+    tasks = [asyncio.create_task(waiter(0))]
     await queued(redis, holder, 1)
     await eventually(lambda: parked_on(client, lock) == 1, what="the first waiter parked")
+    tasks.append(asyncio.create_task(waiter(1)))
+    await queued(redis, holder, 2)
+    await eventually(lambda: parked_on(client, lock) == 2, what="the second parked")
+    await holder.unlock()
+    await granted[0].wait()
 
     async def take_a_place() -> None:
-        tasks.append(asyncio.create_task(waiter(first=False)))
+        tasks.append(asyncio.create_task(waiter(2)))
         await queued(redis, holder, 2)
-        await eventually(lambda: parked_on(client, lock) == 2, what="the second parked")
+        await eventually(lambda: parked_on(client, lock) == 2, what="the third parked")
 
     async def hand_over() -> None:
-        await holder.unlock()
-        await granted.wait()
+        release.set()
+        await granted[1].wait()
 
     def without_probes(ran: dict[str, int]) -> dict[str, int]:
-        return {name: n for name, n in ran.items() if name not in ("zcard", "ping")}
+        return {name: n for name, n in ran.items() if name not in ("llen", "ping")}
 
     try_ran = without_probes(await counted(redis, take_a_place))
-    assert try_ran == {
+    assert try_ran == {"evalsha": 1, "pttl": 1, "hmget": 1, "rpush": 1}
+    release_ran = without_probes(await counted(redis, hand_over))
+    assert release_ran == {
         "evalsha": 1,
-        "hgetall": 1,
-        "hmget": 1,
-        "time": 1,
-        "zrange": 1,
-        "zadd": 1,
-        "hset": 1,
-        "pttl": 1,
-    }
-    release_ran = await counted(redis, hand_over)
-    assert without_probes(release_ran) == {
-        "evalsha": 1,
-        "hmget": 1,
-        "del": 1,
-        "zpopmin": 1,
-        "time": 1,
-        "hget": 1,
         "hdel": 1,
+        "lpop": 1,
         "incr": 1,
         "hset": 1,
         "pexpire": 1,
@@ -152,6 +150,81 @@ async def test_a_hand_off_costs_a_queued_try_and_a_release_19_commands(
     }
     done.set()
     await asyncio.gather(*tasks)
+    await assert_clean(redis, client)
+
+
+async def server_ms(redis: Redis) -> int:
+    seconds, micros = await redis.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+async def test_a_release_stamps_its_grant_with_a_lower_bound_of_the_servers_clock(
+    aiolock_client: aiolock.Client, make_client: Callable[..., aiolock.Client], redis: Redis
+) -> None:
+    """The owner's last release stamps the grant it makes with its client's lower bound of the
+    server's time (no TIME): never later than the server's clock when it granted, and close to
+    it.  The waiter counts its lease from that moment, so it must not be later."""
+    holder = aiolock_client.fair_lock("stamped", owner="holder")
+    await holder.lock()
+    client = make_client()
+    lock = client.fair_lock("stamped")
+    granted = [asyncio.Event(), asyncio.Event()]
+    release = asyncio.Event()
+
+    async def waiter(i: int) -> None:
+        async with lock.acquire(wait=30):
+            granted[i].set()
+            if i == 0:
+                await release.wait()
+
+    tasks = [asyncio.create_task(waiter(0))]
+    await queued(redis, holder, 1)
+    tasks.append(asyncio.create_task(waiter(1)))
+    await queued(redis, holder, 2)
+    await eventually(lambda: parked_on(client, lock) == 2, what="both parked")
+    await holder.unlock()
+    await granted[0].wait()  # the first holds; its try sampled the server's clock
+    async with redis.pubsub() as pubsub:
+        await pubsub.subscribe(fair_keys(lock).channel)
+        before = await server_ms(redis)
+        release.set()
+        await granted[1].wait()
+        after = await server_ms(redis)
+        grants = []
+        while (message := await pubsub.get_message(timeout=1.0)) is not None:
+            if message["type"] == "message" and str(message["data"]).startswith("="):
+                grants.append(int(str(message["data"]).split()[2]))
+    assert len(grants) == 1
+    assert before - 100 <= grants[0] <= after
+    await asyncio.gather(*tasks)
+    await assert_clean(redis, client)
+
+
+async def test_a_resent_try_keeps_one_place(
+    aiolock_client: aiolock.Client, make_client: Callable[..., aiolock.Client], redis: Redis
+) -> None:
+    """A first try pushes its member without looking for one; its resend (the same call again,
+    with the resend mark) looks, and replaces it in place, whichever copy lands first: the
+    owner never has two places.  A first copy that lands after the resend was voided by it."""
+    holder = aiolock_client.fair_lock("resent-try", owner="holder")
+    await holder.lock()
+    client = make_client()
+    for order in ("first copy first", "resend first"):
+        seam = Seam(client.fair_lock("resent-try", owner=order.replace(" ", "-")))
+        owner = seam.owner()[0]
+        services = seam.services
+        script, keys, args = seam.attempt_call(owner, services.owners.next_request(), 30_000)
+        copy = (*args, "fresh", "first") if "first" not in args else args
+        resend = (*copy, services.resend_window_ms)  # as Calls.run marks a resend
+        calls = [copy, resend] if order == "first copy first" else [resend, copy]
+        for call in calls:
+            assert not isinstance(await services.calls.run(script, keys, call), list)
+        assert await queue(redis, holder) == [owner]
+        withdraw = seam.withdraw_call(owner)
+        assert withdraw is not None
+        assert await services.calls.run(*withdraw) == 1
+        assert await queue(redis, holder) == []
+    await holder.unlock()
     await assert_clean(redis, client)
 
 
@@ -320,7 +393,7 @@ async def test_a_vanished_waiter_delays_the_next_by_at_most_the_wait_timeout(
 
         async def subprocess_queued() -> bool:
             assert process.returncode is None, "the waiter process exited early"
-            return int(await redis.zcard(fair_keys(holder).queue)) == 1
+            return int(await redis.llen(fair_keys(holder).queue)) == 1
 
         await eventually(subprocess_queued, timeout=30, what="the other process queued")
         [dead_owner] = await queue(redis, holder)
@@ -367,15 +440,19 @@ async def test_a_live_waiter_is_never_dropped(
     await queued(redis, holder, 1)
     second = asyncio.create_task(waiter(second_client, "second"))
     await queued(redis, holder, 2)
-    keys = fair_keys(holder)
-    line = await redis.zrange(keys.queue, 0, -1, withscores=True)
+    for client in (first_client, second_client):
+        lock = client.fair_lock("patient")
+        await eventually(lambda: parked_on(client, lock) == 1, what="parked")  # noqa: B023
+    line = await queue(redis, holder)
+    pushed = (await command_calls(redis)).get("rpush", 0)
     loop = asyncio.get_running_loop()
     end = loop.time() + 2.0  # the holding time: over six wait timeouts
     while loop.time() < end:
-        # Both keep their places and their tickets: a waiter dropped and queued again would
-        # have a new ticket, behind the other.
-        assert await redis.zrange(keys.queue, 0, -1, withscores=True) == line
+        # Both keep their places: a waiter dropped and queued again would be pushed again,
+        # behind the other.
+        assert await queue(redis, holder) == line
         await asyncio.sleep(0.02)
+    assert (await command_calls(redis)).get("rpush", 0) == pushed
     await holder.unlock()
     await asyncio.gather(first, second)
     assert served == ["first", "second"]
@@ -411,7 +488,6 @@ async def test_no_keys_left_behind(
     for client in clients:
         await assert_clean(redis, client)
     assert not await redis.exists(keys.queue)
-    assert not await redis.exists(keys.queued)
     left = sorted([str(key) async for key in redis.scan_iter(match=f"{keys.lock}*")])
     assert left == []  # no fault, no marker: not even the meta hash
 
@@ -433,7 +509,7 @@ async def test_many_waiters_on_many_locks_use_one_channel_per_lock(
     tasks = [asyncio.create_task(waiter(i)) for i in range(500)]
 
     async def all_queued() -> bool:
-        sizes = [int(await redis.zcard(fair_keys(holder).queue)) for holder in holders]
+        sizes = [int(await redis.llen(fair_keys(holder).queue)) for holder in holders]
         return sum(sizes) == 500
 
     await eventually(all_queued, timeout=30, what="500 waiters queued")
@@ -602,7 +678,7 @@ async def test_parked_waiters_keep_their_places_with_one_call_for_all(
             return parked_on(client, lock) == 30
 
         await eventually(all_parked, what="all 30 parked")
-    lines = [await redis.zrange(fair_keys(h).queue, 0, -1, withscores=True) for h in holders]
+    lines = [await redis.lrange(fair_keys(h).queue, 0, -1) for h in holders]
     before = await command_calls(redis)
 
     async def kept_a_while() -> bool:  # 3 s at least: every try's deadline and lease passed
@@ -612,12 +688,12 @@ async def test_parked_waiters_keep_their_places_with_one_call_for_all(
     await eventually(kept_a_while, timeout=15, what="the alive key set twenty times")
     calls = await command_calls(redis)
     after = {name: count - before.get(name, 0) for name, count in calls.items()}
-    assert after.get("hgetall", 0) == after.get("zadd", 0) == 0  # no waiter tried again
+    assert after.get("hgetall", 0) == after.get("rpush", 0) == 0  # no waiter tried again
     # Every script call was a keep-alive's (one SET of the alive key for all 60 waiters on
     # both locks) or a renewal of the holds (HEXISTS).
     assert after["evalsha"] <= after["set"] + after["hexists"]
     for holder, line in zip(holders, lines, strict=True):
-        assert await redis.zrange(fair_keys(holder).queue, 0, -1, withscores=True) == line
+        assert await redis.lrange(fair_keys(holder).queue, 0, -1) == line
         server_ms = int((await redis.time())[0]) * 1000
         assert all(deadline < server_ms for deadline in (await deadlines(redis, holder)).values())
         await holder.unlock()
@@ -654,11 +730,10 @@ async def test_a_waiter_whose_place_was_lost_takes_one_again(
     [owner] = await queue(redis, holder)
     # As if dropped while its client stalled past the timeout (its alive key expired).
     await redis.delete(alive)
-    await redis.zrem(keys.queue, owner)
-    await redis.hdel(keys.queued, owner)
+    await redis.delete(keys.queue)
 
     async def queued_again() -> bool:  # its client's keep-alive found the key gone
-        return bool(await redis.hexists(keys.queued, owner))
+        return await queue(redis, holder) == [owner]
 
     await eventually(queued_again, what="the waiter queued again")
     assert await queue(redis, holder) == [owner]
@@ -834,7 +909,7 @@ async def test_a_try_or_look_in_the_last_millisecond_of_a_lease_is_due_again_rig
     keys = waiter.keys
     assert isinstance(keys, FairKeys)
     owner = waiter.owner()[0]
-    keep_keys = (keys.alive, keys.fence, keys.lock, keys.queue, keys.queued, keys.wake_prefix)
+    keep_keys = (keys.alive, keys.fence, keys.lock, keys.queue, keys.wake_prefix)
     keep_args = (5000, services.owners.client_id, "0", "-", -1)
     loop = asyncio.get_running_loop()
     for _ in range(5):
@@ -855,7 +930,7 @@ async def test_a_try_or_look_in_the_last_millisecond_of_a_lease_is_due_again_rig
         assert 0 not in dues  # each look while it was held is due again when the lease ends
         await redis.delete(keys.lock)
     await redis.delete(f"{keys.alive}{services.owners.client_id}")
-    assert not await redis.exists(keys.queue, keys.queued)
+    assert not await redis.exists(keys.queue)
 
 
 async def test_a_lost_grant_is_adopted_by_the_next_try_as_one_hold(
@@ -875,10 +950,10 @@ async def test_a_lost_grant_is_adopted_by_the_next_try_as_one_hold(
     await holder.unlock()
     keys = fair_keys(lock)
     assert await redis.hget(keys.lock, owner) == "1"  # granted from the queue, unheard
-    assert await redis.hget(keys.lock, ":q") is not None
+    assert await redis.hget(keys.lock, f"q:{owner}") is not None
     assert await lock.try_lock(wait=0)
     assert await lock.hold_count() == 1
-    assert await redis.hget(keys.lock, ":q") is None
+    assert await redis.hget(keys.lock, f"q:{owner}") is None
     assert await redis.pttl(keys.lock) > 10_000  # the lease asked for (the watchdog's 30 s)
     await lock.unlock()
     assert not await redis.exists(keys.lock)

@@ -203,12 +203,13 @@ async def test_inspect_shows_a_fair_waiter_past_its_try_while_its_client_keeps_i
     lock = aiolock_client.fair_lock("kept-shown", owner="boss")
     await lock.lock()
     waiter = asyncio.create_task(other.fair_lock("kept-shown", owner="w").try_lock(wait=30))
-    queued = f"{keys_of(lock).lock}:qa"
+    queue = f"{keys_of(lock).lock}:ql"
 
     async def past_its_try() -> bool:
-        entry = await redis.hget(queued, f"{other.id}:x:w")
+        members = [str(m).split(" ", 4) for m in await redis.lrange(queue, 0, -1)]
         seconds, micros = await redis.time()
-        return entry is not None and int(str(entry).split()[-1]) < seconds * 1000 + micros // 1000
+        now = seconds * 1000 + micros // 1000
+        return any(m[4] == f"{other.id}:x:w" and int(m[3]) < now for m in members)
 
     await eventually(past_its_try, what="the waiter's try's deadline passed")
     report = await inspect(aiolock_client, "fair", "kept-shown")
