@@ -138,9 +138,11 @@ class KeepAlive:
         # with how many such calls each has in flight: their tries ask for no grant from the
         # queue (the withdraw that follows a refusal would have to take it back).
         self.once: dict[str, int] = {}
-        # The waiting calls of each owner in progress: -1 for one that has not tried yet (its
-        # first try tells the server the owner has nothing there: no place to look for).
-        self._calls: dict[str, int] = {}
+        # The acquire calls of each owner in progress: -1 for one that has not tried yet (its
+        # first try tells the server the owner has nothing there: no place to look for), its
+        # member of the queue for one that took a place (its retries and its withdraw name
+        # it: no search), else how many there are.
+        self._calls: dict[str, int | str] = {}
         self._parked = 0  # waiting calls that parked, on _entry (whose names they are)
         self._entry: NamedEntry | None = None
         self.due = math.inf  # (loop time) the lock may be free then with nobody told
@@ -148,21 +150,33 @@ class KeepAlive:
         self.count_at = 0.0  # the next look that also checks the queue has our owners
 
     def begin(self, owner: str) -> None:
-        calls = self._calls.get(owner, 0)
-        self._calls[owner] = -1 if calls == 0 else abs(calls) + 1
+        calls = self._calls.get(owner)
+        self._calls[owner] = -1 if calls is None else _count(calls) + 1
 
     def end(self, owner: str) -> None:
-        calls = abs(self._calls.pop(owner, 1)) - 1
+        calls = _count(self._calls.pop(owner, 1)) - 1
         if calls:
             self._calls[owner] = calls
 
     def first_try(self, owner: str) -> bool:
         """Whether this try of ``owner`` is the first of its only waiting call, so that the
-        owner has nothing on the server (its earlier calls' withdraws were settled first)."""
-        if self._calls.get(owner) != -1 or owner in self.once:
+        owner has nothing on the server (its earlier calls' withdraws were settled first).
+        Not for a call that will not wait (``once``): it reads the lock hash, and so adopts a
+        grant from the queue its owner may have had since a withdraw that never landed."""
+        if self._calls.get(owner) != -1:
             return False
         self._calls[owner] = 1
-        return True
+        return owner not in self.once
+
+    def placed(self, owner: str, member: str) -> None:
+        """A try of ``owner``'s only call took (or kept) this place in the queue."""
+        if _count(self._calls.get(owner, 2)) == 1:
+            self._calls[owner] = member
+
+    def member(self, owner: str) -> str | None:
+        """The place of ``owner``'s only call in the queue, as its last try left it."""
+        calls = self._calls.get(owner)
+        return calls if isinstance(calls, str) else None
 
     def add(self, entry: NamedEntry) -> None:
         self._parked += 1
@@ -201,6 +215,11 @@ class KeepAlive:
             return
         for name in entry.names() if owners is None else owners:
             entry.wake_named(name.decode() if isinstance(name, bytes) else name)
+
+
+def _count(calls: int | str) -> int:
+    """How many calls a :attr:`KeepAlive._calls` value stands for."""
+    return 1 if isinstance(calls, str) or calls == -1 else calls
 
 
 class Turns:
@@ -422,8 +441,11 @@ class AsyncFairLock(LockKind):
         keeper = self._keeper()
         late = self._late_args(owner)
         fresh = self._fresh(owner)
+        member = keeper.member(owner)
         if keeper.first_try(owner) and fresh and not late:
             fresh = ("fresh", "first")
+        elif member is not None:
+            fresh = (*fresh, f"m:{member}")  # where its place is: no search
         args: tuple[Any, ...] = (lease_ms, owner, request, wait_ms, *late, *fresh)
         if owner in keeper.once:
             args = (*args, "once")
@@ -444,28 +466,33 @@ class AsyncFairLock(LockKind):
         keeper = self._keeper()  # kept alive by this frame, with its record of the call
         once = keeper.once
         once[owner] = once.get(owner, 0) + 1
+        keeper.begin(owner)
         try:
             return await super()._acquire_as(owner, task, lease)
         finally:
+            keeper.end(owner)
             if once[owner] == 1:
                 del once[owner]
             else:
                 once[owner] -= 1
 
     def _busy(self, attempt: Attempt, reply: Any) -> float:
-        """A queued try answers ``'<pause ms> <server time ms>'``: the pause, and a sample of
-        the server's clock (a late copy's refusal answers the pause alone: it queued nothing,
-        and its caller, if any, tries again after the pause).
+        """A queued try answers ``'<pause ms> <server time ms> <member>'``: the pause, a sample
+        of the server's clock (``-`` when the try sent its bound of it) and the owner's place
+        in the queue (a late copy's refusal answers the pause alone: it queued nothing, and
+        its caller, if any, tries again after the pause).
 
         A queued waiter does not try again when the lease it met runs out: its client's
         keep-alive looks at the lock then, once for all its waiters, and hands it over."""
         if isinstance(reply, bytes):
             reply = reply.decode()
-        pause, _, server_ms = str(reply).partition(" ")
+        pause, _, rest = str(reply).partition(" ")
         seconds = super()._busy(attempt, int(pause))
-        if not server_ms:
+        if not rest:
             return seconds
+        server_ms, _, member = rest.partition(" ")
         keeper = self._keeper()
+        keeper.placed(attempt.owner, member)
         now = asyncio.get_running_loop().time()
         if server_ms != "-":  # '-': the try sent its lower bound of the server's time
             keeper.clock.sample(attempt.sent_at, int(server_ms), now)
@@ -542,5 +569,8 @@ class AsyncFairLock(LockKind):
         return NamedWait(self._services, self._keys.channel, self._counters, owner, self._keeper())
 
     def _withdraw_call(self, owner: str) -> Call:
-        # With fresh, it also takes back a grant from the queue its client never took.
-        return _scripts.FAIR_WITHDRAW, self._script_keys(), (owner, *self._fresh(owner))
+        # With fresh, it also takes back a grant from the queue its client never took; with
+        # the member its last try left, it finds its place without a search.
+        member = self._keeper().member(owner)
+        known = () if member is None else (f"m:{member}",)
+        return _scripts.FAIR_WITHDRAW, self._script_keys(), (owner, *self._fresh(owner), *known)

@@ -508,9 +508,11 @@ class HoldKind(Guarded[int]):
                     if granted:
                         return
         finally:
-            waiting.leave(granted)
-            if not granted:
-                self._gave_up(owner)
+            try:
+                if not granted:
+                    self._gave_up(owner)  # first: its withdraw may need the waiting's record
+            finally:
+                waiting.leave(granted)
 
     # -- one attempt: send, reconcile, record ------------------------------------------------
 

@@ -87,12 +87,13 @@ end
 
 -- The optional ARGV after a script's own, from index first on: the resent releases whose late
 -- copies the hold must refuse ('late:' .. their request ids, comma-separated), the fair
--- lock's flags 'fresh', 'once' and 'first' and its 't:<ms>' (see fair/acquire.lua), and,
--- last, a resend's mark (the resend window in ms: Calls.run's mark_resends appends it).
--- Returns the ids (or nil), the mark (or nil), whether 'fresh', 'once' and 'first' were
--- there, and the ms of 't:' (or nil).  Neither ids nor mark is there on the fault-free path.
+-- lock's flags 'fresh', 'once' and 'first', its 't:<ms>' and 'm:<member>' (see
+-- fair/acquire.lua), and, last, a resend's mark (the resend window in ms: Calls.run's
+-- mark_resends appends it).  Returns the ids (or nil), the mark (or nil), whether 'fresh',
+-- 'once' and 'first' were there, the ms of 't:' and the member of 'm:' (or nil).  Neither ids
+-- nor mark is there on the fault-free path.
 local function optional_args(first)
-    local late, resent, fresh, once, first_try, at
+    local late, resent, fresh, once, first_try, at, member
     for i = first, #ARGV do
         local arg = ARGV[i]
         if string.sub(arg, 1, 5) == 'late:' then
@@ -105,11 +106,13 @@ local function optional_args(first)
             first_try = true
         elseif string.sub(arg, 1, 2) == 't:' then
             at = tonumber(string.sub(arg, 3))
+        elseif string.sub(arg, 1, 2) == 'm:' then
+            member = string.sub(arg, 3)
         else
             resent = arg
         end
     end
-    return late, resent, fresh, once, first_try, at
+    return late, resent, fresh, once, first_try, at, member
 end
 
 -- Whether request (owner/n) is a late copy of a release its client resent: n is one of the

@@ -19,10 +19,11 @@
 --          no hold of this owner on this lock; 'once' when the caller will not wait (one
 --          attempt: it withdraws at once if refused); 'first' when the client knows the owner
 --          has nothing on the server, in the lock or its queue (the first try of its only
---          call, fresh: see below); 't:<ms>', a lower bound of the server's time in ms from
---          the client's sample of its clock, used for the waiter's deadline instead of TIME;
---          and last, set on a resend, the client's resend window in ms, for which the
---          request is then voided
+--          call, fresh: see below); 'm:<member>', the owner's place in the queue as its
+--          call's last try left it (it is looked for by value, not searched for by owner);
+--          't:<ms>', a lower bound of the server's time in ms from the client's sample of its
+--          clock, used for the waiter's deadline instead of TIME; and last, set on a resend,
+--          the client's resend window in ms, for which the request is then voided
 --
 -- Returns {fencing token, hold count, PTTL} when granted, else '<ms> <server time ms>': in how
 -- many ms the lock may be free with nobody told (the lock's lease, which publishes nothing
@@ -30,8 +31,8 @@
 -- the lock and hands it over if it is free; a hand-off message comes sooner, and a grant from
 -- the queue tells the next in line when its lease ends, see _queue.lua.  Then the server's
 -- clock when it queued, which the client relates to its own (the time a grant by message was
--- made is on the server's clock), or '-' when the try used 't:' (it read no clock).  A late
--- copy's refusal answers the ms alone.
+-- made is on the server's clock), or '-' when the try used 't:' (it read no clock), and the
+-- owner's member of the queue.  A late copy's refusal answers the ms alone.
 --
 -- A release grants the lock to the head of the queue itself (hand_over in _queue.lua), with
 -- the lease and request id its last try stored here, and marks it 'q:<owner>'.  A 'fresh' try of an
@@ -53,7 +54,7 @@
 --@include fair/_queue
 local owner = ARGV[2]
 local request = owner .. '/' .. ARGV[3]
-local late, resent, fresh, once, first, at = optional_args(5)
+local late, resent, fresh, once, first, at, known = optional_args(5)
 local lease = tonumber(ARGV[1])
 local wait = tonumber(ARGV[4])
 if not lease or lease < 1 or lease > 1e12 then
@@ -64,7 +65,9 @@ if not wait or wait < 3 or wait > 1e12 then
 end
 
 -- Take (or keep) the owner's place: pttl, the lock's (-2: free).  look: the owner may have a
--- member already (not a first try), which is then replaced in place, keeping its turn.
+-- member already (not a first try), which is then replaced in place, keeping its turn: found
+-- by value when the client named it ('m:'), else searched for (O(n): a resend, whose first
+-- copy may have replaced the member named, or a call that does not know its place).
 local function enqueue(pttl, look)
     local now = at or now_ms()
     -- What a grant from the queue needs (hand_over): lease 0 after a fault (the grant must
@@ -73,7 +76,12 @@ local function enqueue(pttl, look)
     -- vanished blocks the lock no longer than a vanished head does.  Then the deadline.
     local queued = (late or resent or once) and 0 or math.min(lease, wait)
     local member = queued .. ' ' .. ARGV[3] .. ' ' .. wait .. ' ' .. (now + wait) .. ' ' .. owner
-    local mine = look and select(2, members_of(owner)) or nil
+    local mine
+    if look and known and not resent then
+        mine = redis.call('LPOS', QUEUE, known)
+    elseif look then
+        mine = select(2, members_of(owner))
+    end
     if mine then
         redis.call('LSET', QUEUE, mine, member)
     elseif redis.call('RPUSH', QUEUE, member) == 1 then
@@ -86,7 +94,7 @@ local function enqueue(pttl, look)
     -- holder that died releases nothing), or after a wait timeout in any case.  PTTL 0: the
     -- lease ends in this very millisecond (the key expires only once the clock is past it).
     local pause = pttl >= 0 and pttl or wait
-    return math.max(pause, 1) .. ' ' .. (at and '-' or now)
+    return math.max(pause, 1) .. ' ' .. (at and '-' or now) .. ' ' .. member
 end
 
 local function attempt()

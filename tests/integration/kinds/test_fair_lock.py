@@ -228,6 +228,32 @@ async def test_a_resent_try_keeps_one_place(
     await assert_clean(redis, client)
 
 
+async def test_waiters_find_their_places_by_value_not_by_a_search(
+    aiolock_client: aiolock.Client, make_client: Callable[..., aiolock.Client], redis: Redis
+) -> None:
+    """A call's first try pushes its member; its client keeps it, so its later tries (the
+    one the subscription's confirmation wakes, say) and its withdraw name it (LPOS, LREM from
+    the head) instead of reading the whole queue into the script: many waiters giving up at
+    once cost O(n) each in C, not in Lua."""
+    holder = aiolock_client.fair_lock("by-value", owner="holder")
+    await holder.lock()
+    clients = [make_client(), make_client()]
+    before = await command_calls(redis)
+    quitters = [
+        asyncio.create_task(client.fair_lock("by-value").try_lock(wait=0.5))
+        for client in clients
+        for _ in range(5)
+    ]
+    assert not any(await asyncio.gather(*quitters))
+    await eventually(lambda: no_queue_keys(redis, holder), what="every waiter withdrawn")
+    calls = await command_calls(redis)
+    ran = {name: calls.get(name, 0) - before.get(name, 0) for name in ("lrange", "lrem", "rpush")}
+    assert ran == {"lrange": 0, "lrem": 10, "rpush": 10}
+    await holder.unlock()
+    for client in clients:
+        await assert_clean(redis, client)
+
+
 async def test_fifo_across_clients(
     aiolock_client: aiolock.Client, make_client: Callable[..., aiolock.Client], redis: Redis
 ) -> None:
