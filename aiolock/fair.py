@@ -160,7 +160,8 @@ class KeepAlive:
 
     def first_try(self, owner: str) -> bool:
         """Whether this try of ``owner`` is the first of its only waiting call, so that the
-        owner has nothing on the server (its earlier calls' withdraws were settled first).
+        owner has nothing on the server (its earlier calls' withdraws were settled first; one
+        that gave up is remembered: see ``AsyncFairLock._left_behind``).
         Not for a call that will not wait (``once``): it reads the lock hash, and so adopts a
         grant from the queue its owner may have had since a withdraw that never landed."""
         if self._calls.get(owner) != -1:
@@ -169,12 +170,14 @@ class KeepAlive:
         return owner not in self.once
 
     def placed(self, owner: str, member: str) -> None:
-        """A try of ``owner``'s only call took (or kept) this place in the queue."""
+        """A try of ``owner``'s only call took (or kept) this place in the queue (``""``:
+        it took none)."""
         if _count(self._calls.get(owner, 2)) == 1:
             self._calls[owner] = member
 
     def member(self, owner: str) -> str | None:
-        """The place of ``owner``'s only call in the queue, as its last try left it."""
+        """The place of ``owner``'s only call in the queue, as its last try left it (``""``:
+        none), or ``None`` when the client does not know it."""
         calls = self._calls.get(owner)
         return calls if isinstance(calls, str) else None
 
@@ -442,9 +445,10 @@ class AsyncFairLock(LockKind):
         late = self._late_args(owner)
         fresh = self._fresh(owner)
         member = keeper.member(owner)
-        if keeper.first_try(owner) and fresh and not late:
+        first = keeper.first_try(owner)
+        if first and fresh and not late and not self._left_behind(owner):
             fresh = ("fresh", "first")
-        elif member is not None:
+        elif member:
             fresh = (*fresh, f"m:{member}")  # where its place is: no search
         args: tuple[Any, ...] = (lease_ms, owner, request, wait_ms, *late, *fresh)
         if owner in keeper.once:
@@ -542,8 +546,10 @@ class AsyncFairLock(LockKind):
             return None
         stamp = None
         keeper = self._services.peek_name_state("fair-keep", self.name)
-        if isinstance(keeper, KeepAlive):
-            stamp = keeper.clock.server_ms_at_least(asyncio.get_running_loop().time())
+        now = asyncio.get_running_loop().time()
+        if isinstance(keeper, KeepAlive) and keeper.clock.age(now) < _RESAMPLE:
+            # A young sample only: ageing covers the clocks' rates, not a server changed since.
+            stamp = keeper.clock.server_ms_at_least(now)
         args = (hold.owner, "-" if stamp is None else stamp)
         return _scripts.FAIR_LAST, self._script_keys(), args
 
@@ -568,9 +574,25 @@ class AsyncFairLock(LockKind):
     def _waiting(self, owner: str) -> Waiting:
         return NamedWait(self._services, self._keys.channel, self._counters, owner, self._keeper())
 
-    def _withdraw_call(self, owner: str) -> Call:
+    def _withdraw_call(self, owner: str) -> Call | None:
         # With fresh, it also takes back a grant from the queue its client never took; with
-        # the member its last try left, it finds its place without a search.
+        # the member its last try left, it finds its place without a search.  A call whose
+        # tries were all answered, the last taking no place (once), has nothing to withdraw.
         member = self._keeper().member(owner)
+        if member == "":
+            return None
         known = () if member is None else (f"m:{member}",)
         return _scripts.FAIR_WITHDRAW, self._script_keys(), (owner, *self._fresh(owner), *known)
+
+    def _withdraw_lost(self, owner: str) -> None:
+        keys = self._keys
+        assert isinstance(keys, FairKeys)
+        self._services.holds.abandoned(keys.queue, owner)
+
+    def _left_behind(self, owner: str) -> bool:
+        """Whether a withdraw of ``owner`` gave up lately, so that its place may still be in
+        the queue: the next try looks for it instead of pushing a second one (the record is
+        used up)."""
+        keys = self._keys
+        assert isinstance(keys, FairKeys)
+        return self._services.holds.was_abandoned(keys.queue, owner)

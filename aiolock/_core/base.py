@@ -220,9 +220,12 @@ class HoldKind(Guarded[int]):
         """
         call = self._withdraw_call(owner)
         if call is not None:
-            self._services.holds.defer(self._keys.lock, owner, self._withdraw(call))
+            self._services.holds.defer(self._keys.lock, owner, self._withdraw(call, owner))
 
-    async def _withdraw(self, call: Call) -> None:
+    def _withdraw_lost(self, owner: str) -> None:
+        """A withdraw of ``owner`` never landed: its entry may stay on the server a while."""
+
+    async def _withdraw(self, call: Call, owner: str) -> None:
         """Send a withdraw (idempotent) until it lands, the waiter's entry surely ended
         (``fair_wait_timeout`` after its last try), or the client closed: until then the entry
         holds others back.  Sent also while the client closes: closing waits for it (see
@@ -233,6 +236,7 @@ class HoldKind(Guarded[int]):
             await until_it_lands(lambda: services.calls.run(*call), give_up, services)
         except (RedisError, OSError) as exc:
             logger.warning("could not withdraw a waiter of %r: %r", self.name, exc)
+            self._withdraw_lost(owner)
 
     # -- acquiring ---------------------------------------------------------------------------
 

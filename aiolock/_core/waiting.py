@@ -233,12 +233,12 @@ class NamedWait:
         self._kept = False  # counted by the keeper (since its first park)
         self._since = services.owners.last_request()  # this call's tries come after it
         counters.contenders += 1
-        if keeper is not None:
-            keeper.begin(owner)
         entry = services.pubsub.join_existing(channel)
         if entry is not None:
             self._enter(entry)
         self._entry = entry
+        if keeper is not None:
+            keeper.begin(owner)
 
     def _enter(self, entry: Entry) -> None:
         assert isinstance(entry, NamedEntry)

@@ -10,8 +10,9 @@
 -- by the client's keep-alive, keep.lua, every half of it while the client has parked waiters
 -- there).  A waiter that is neither is dropped once it is next: expiry is lazy, only the head
 -- is ever checked, and only while the lock is free (a vanished waiter in the middle delays
--- nobody until it is next).  The list expires ten wait timeouts after the last try or
--- keep-alive that armed it: it outlives its last live waiter only after a fault.
+-- nobody until it is next).  The list expires QUEUE_TTL wait timeouts after it was last
+-- armed: by the try that made it, by a keep-alive that checks its owners, and by one grant
+-- from the queue in four (see hand_over); it outlives its last live waiter only after a fault.
 -- The hand-off message goes to the next waiter's client only: on the channel WAKE .. <client
 -- id>, naming the waiter.  That channel and the alive keys are not declared keys (the next
 -- waiter is only known here), but WAKE and ALIVE, passed as keys, carry the lock's Cluster
@@ -21,9 +22,9 @@
 -- keeps many locks in one call, points them at each lock in turn.
 local LOCK, QUEUE, WAKE, FENCE, ALIVE = KEYS[1], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 
--- How long the queue lives after a try or keep-alive arms it, in wait timeouts; a keep-alive
--- arms it again when less than QUEUE_REARM wait timeouts are left.
-local QUEUE_TTL, QUEUE_REARM = 10, 6
+-- How long the queue lives after it is armed, in wait timeouts; a keep-alive arms it again
+-- when less than QUEUE_REARM wait timeouts are left.
+local QUEUE_TTL, QUEUE_REARM = 60, 40
 
 -- A member's lease ms, request n, wait ms, deadline (numbers but n) and owner, or nil.
 local function parse(member)
@@ -126,9 +127,9 @@ end
 -- further call, and tell its client so in one message, '=<token> <lease ms> <server time ms>
 -- <request n> <owner>' (a client id never starts with '=').  now: the server's time in ms,
 -- or a lower bound of it (the releasing client's: the waiter counts the lease from it).  The
--- lock hash marks such a grant with 'q:<owner>' = n until the owner's client takes it as its own by
--- a try (acquire.lua): the message may be lost, or come after the waiter gave up (its
--- withdraw then takes the grant back, withdraw.lua).  The lease is the one the waiter's last
+-- lock hash marks such a grant with 'q:<owner>' = n, for as long as the hold lasts unless the
+-- owner's client takes it as its own by a try (acquire.lua): the message may be lost, or come
+-- after the waiter gave up (its withdraw then takes the grant back, withdraw.lua).  The lease is the one the waiter's last
 -- try asked for, at most the wait timeout: a waiter that vanished blocks the lock no longer
 -- than a vanished head does.  A waiter whose try asked for no grant from the queue (lease 0:
 -- a fault path) is only woken, and keeps its place.  Vanished waiters at the head are dropped
@@ -154,5 +155,12 @@ local function hand_over(now, first)
     redis.call('PUBLISH', WAKE .. client,
         '=' .. token .. ' ' .. ms .. ' ' .. now .. ' ' .. n .. ' ' .. owner)
     bound_next(ms, wait)
+    -- A queue that never empties must not expire under its waiters, whose clients check it
+    -- only once they waited two timeouts: one grant in four arms it again (a no-op on an
+    -- emptied queue), so a list in use for QUEUE_TTL timeouts, granting at least once a
+    -- timeout, misses it with odds of (3/4)^60.
+    if now % 4 == 0 then
+        redis.call('PEXPIRE', QUEUE, QUEUE_TTL * wait)
+    end
     return nil
 end

@@ -17,7 +17,7 @@
 -- ARGV[5..] optional, as for lock/acquire.lua: 'late:<ids>', releases of this owner its client
 --          resent lately, whose late copies the hold must refuse; 'fresh' when the client knows
 --          no hold of this owner on this lock; 'once' when the caller will not wait (one
---          attempt: it withdraws at once if refused); 'first' when the client knows the owner
+--          attempt: a refusal takes no place); 'first' when the client knows the owner
 --          has nothing on the server, in the lock or its queue (the first try of its only
 --          call, fresh: see below); 'm:<member>', the owner's place in the queue as its
 --          call's last try left it (it is looked for by value, not searched for by owner);
@@ -32,22 +32,22 @@
 -- the queue tells the next in line when its lease ends, see _queue.lua.  Then the server's
 -- clock when it queued, which the client relates to its own (the time a grant by message was
 -- made is on the server's clock), or '-' when the try used 't:' (it read no clock), and the
--- owner's member of the queue.  A late copy's refusal answers the ms alone.
+-- owner's member of the queue (none for 'once').  A late copy's refusal answers the ms alone.
 --
 -- A release grants the lock to the head of the queue itself (hand_over in _queue.lua), with
 -- the lease and request id its last try stored here, and marks it 'q:<owner>'.  A 'fresh' try of an
 -- owner that holds such a grant takes it as its own (its message was lost or late, or the
 -- try was in flight when the release granted): one hold, now of this request, the lease at
 -- least the one asked for.  Without 'fresh' (the client knows its hold) a try re-enters.
--- A try carrying 'late:', 'once' or a resend mark stores lease 0: it is woken, not granted.
+-- A try carrying 'late:' or a resend mark stores lease 0: it is woken, not granted.
 --
 -- Granted only when the lock is free and the queue is empty or starts with this owner.  A
 -- resend never counts a second hold or takes a second place.  Every command is paid per
 -- acquisition, so each path reads only what it needs: a 'first' try (the contended
--- acquisition's) reads the lock's PTTL alone (no re-entry, no grant of its own to adopt) and
--- pushes its member without looking for one; the queue's head only when the lock is free; the
--- clock only when the client vouches for none; vanished waiters are dropped by releases and
--- keep-alives only.
+-- acquisition's) reads the lock's PTTL and the meta hash (no re-entry, no grant of its own to
+-- adopt) and pushes its member without looking for one; the queue's head only when the lock
+-- is free; the clock only when the client vouches for none; vanished waiters are dropped by
+-- releases and keep-alives only.
 --@include common/_time
 --@include common/_requests
 --@include common/_hold
@@ -70,11 +70,19 @@ end
 -- copy may have replaced the member named, or a call that does not know its place).
 local function enqueue(pttl, look)
     local now = at or now_ms()
+    -- Parked until a hand-off message names this owner; meanwhile its client's alive key keeps
+    -- its place, and its keep-alive looks at the lock when the holder's lease runs out (a
+    -- holder that died releases nothing), or after a wait timeout in any case.  PTTL 0: the
+    -- lease ends in this very millisecond (the key expires only once the clock is past it).
+    local pause = math.max(pttl >= 0 and pttl or wait, 1) .. ' ' .. (at and '-' or now)
+    if once then
+        return pause  -- a caller that will not wait takes no place (and withdraws nothing)
+    end
     -- What a grant from the queue needs (hand_over): lease 0 after a fault (the grant must
-    -- carry 'late:' ids, or the request was resent) or for a caller that will not wait (its
-    -- withdraw follows), else at most the wait timeout, so that a grant to a waiter that
-    -- vanished blocks the lock no longer than a vanished head does.  Then the deadline.
-    local queued = (late or resent or once) and 0 or math.min(lease, wait)
+    -- carry 'late:' ids, or the request was resent), else at most the wait timeout, so that a
+    -- grant to a waiter that vanished blocks the lock no longer than a vanished head does.
+    -- Then the deadline.
+    local queued = (late or resent) and 0 or math.min(lease, wait)
     local member = queued .. ' ' .. ARGV[3] .. ' ' .. wait .. ' ' .. (now + wait) .. ' ' .. owner
     local mine
     if look and known and not resent then
@@ -89,12 +97,7 @@ local function enqueue(pttl, look)
         -- keep-alives of the clients waiting (keep.lua), not by every try.
         redis.call('PEXPIRE', QUEUE, QUEUE_TTL * wait)
     end
-    -- Parked until a hand-off message names this owner; meanwhile its client's alive key keeps
-    -- its place, and its keep-alive looks at the lock when the holder's lease runs out (a
-    -- holder that died releases nothing), or after a wait timeout in any case.  PTTL 0: the
-    -- lease ends in this very millisecond (the key expires only once the clock is past it).
-    local pause = pttl >= 0 and pttl or wait
-    return math.max(pause, 1) .. ' ' .. (at and '-' or now) .. ' ' .. member
+    return pause .. ' ' .. member
 end
 
 local function attempt()

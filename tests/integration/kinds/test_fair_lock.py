@@ -578,26 +578,48 @@ async def test_try_lock_without_waiting_leaves_no_queue_entry(
     assert await no_queue_keys(redis, holder)
 
 
-async def test_a_caller_that_will_not_wait_is_never_granted_from_the_queue(
+async def test_a_caller_that_will_not_wait_takes_no_place_and_withdraws_nothing(
     aiolock_client: aiolock.Client, make_client: Callable[..., aiolock.Client], redis: Redis
 ) -> None:
     """A refused one-shot try (``try_lock(wait=0)``, a composite's part: its try carries
-    ``once``) stays queued until its withdraw lands; a release meanwhile only wakes it, so the
-    lock is free right after.  The try is replayed here with its withdraw not yet sent."""
+    ``once``) takes no place in the queue, so a release meanwhile grants nobody, and its call
+    sends no withdraw: one script call in all."""
     holder = aiolock_client.fair_lock("once", owner="holder")
     await holder.lock()
-    seam = Seam(make_client().fair_lock("once", owner="once"))
+    client = make_client()
+    lock = client.fair_lock("once", owner="once")
+    await lock.try_lock(wait=0)  # the scripts loaded, and the subscriber idle
+    before = await command_calls(redis)
+    assert not await lock.try_lock(wait=0)
+    after = await command_calls(redis)
+    assert after["evalsha"] - before["evalsha"] == 1  # the try; no withdraw
+    assert await queue(redis, holder) == []
+    await holder.unlock()
+    assert not await redis.exists(fair_keys(holder).lock)  # nobody to grant it to
+    await assert_clean(redis, client)
+
+
+async def test_a_try_after_a_withdraw_that_never_landed_keeps_one_place(
+    aiolock_client: aiolock.Client, make_client: Callable[..., aiolock.Client], redis: Redis
+) -> None:
+    """A withdraw that gave up (the server out of reach for longer than it tries) may leave
+    the owner's place behind: the owner's next call does not take its first try for one with
+    nothing on the server, so it finds that place and keeps it, and its own withdraw then
+    leaves nothing."""
+    holder = aiolock_client.fair_lock("left-behind", owner="holder")
+    await holder.lock()
+    client = make_client()
+    lock = client.fair_lock("left-behind", owner="again")
+    seam = Seam(lock)
     owner, services = seam.owner()[0], seam.services
     script, keys, args = seam.attempt_call(owner, services.owners.next_request(), 30_000)
-    assert not isinstance(await services.calls.run(script, keys, (*args, "once")), list)
-    await holder.unlock()
-    assert not await redis.exists(fair_keys(holder).lock)  # woken, not granted
-    assert await queue(redis, holder) == [owner]
-    withdraw = seam.withdraw_call(owner)
-    assert withdraw is not None
-    await services.calls.run(*withdraw)
+    assert not isinstance(await services.calls.run(script, keys, args), list)
+    assert await queue(redis, holder) == [owner]  # the place a lost withdraw left
+    seam.lock._withdraw_lost(owner)  # as the withdraw's giving up records it
+    assert not await lock.try_lock(wait=0.3)
     assert await no_queue_keys(redis, holder)
-    assert not await redis.exists(fair_keys(holder).lock)
+    await holder.unlock()
+    await assert_clean(redis, client)
 
 
 async def test_a_newcomer_does_not_barge_in_ahead_of_the_queue(
