@@ -739,6 +739,7 @@ class Summary:
     errors: Counter[str]
     losses: int
     max_wait: float
+    max_waits: dict[str, float]  # kind -> its longest wait (a forever wait's too)
     faults: Counter[str]
     kinds: dict[str, tuple[int, int]]  # kind -> (attempts, grants)
     nested: Counter[str]  # nested acquisitions: calls, reentrant, fresh, timeout, error, ...
@@ -753,11 +754,13 @@ def summarize(phases: Iterable[Phase]) -> Summary:
         for text in (attempt.result, attempt.outcome or "")
         if text.startswith("error:")
     )
-    waits = [
-        _seconds(attempt.t_done - attempt.t_start)
+    waited = [
+        (attempt.kind, _seconds(attempt.t_done - attempt.t_start))
         for attempt in attempts
         if attempt.t_done is not None and attempt.result in (GRANTED, TIMEOUT)
     ]
+    waits = [wait for _, wait in waited]
+    max_waits = {kind: max((w for k, w in waited if k == kind), default=0.0) for kind in KINDS}
     kinds = {
         kind: (
             sum(attempt.kind == kind for attempt in attempts),
@@ -785,6 +788,7 @@ def summarize(phases: Iterable[Phase]) -> Summary:
         errors=errors,
         losses=sum(attempt.granted and _ended_lost(attempt) for attempt in attempts),
         max_wait=max(waits, default=0.0),
+        max_waits=max_waits,
         faults=faults,
         kinds=kinds,
         nested=nested,
@@ -805,6 +809,8 @@ def format_summary(summary: Summary) -> str:
             f"timeouts {summary.timeouts}, cancelled {summary.cancelled}, "
             f"losses {summary.losses}, max wait {summary.max_wait:.3f}s",
             f"kinds: {kinds}",
+            "longest wait by kind: "
+            + ", ".join(f"{kind} {wait:.1f}s" for kind, wait in summary.max_waits.items()),
             f"nested acquisitions: {counts(summary.nested)}",
             f"faults: {counts(summary.faults)}",
             f"redis errors seen by callers: {counts(summary.errors)}",

@@ -416,6 +416,8 @@ def test_summary() -> None:
     summary = summarize([phase])
     assert (summary.attempts, summary.grants, summary.timeouts, summary.losses) == (4, 2, 1, 1)
     assert summary.max_wait == pytest.approx(1.2)
+    assert summary.max_waits["lock"] == pytest.approx(1.2)
+    assert summary.max_waits["fair"] == pytest.approx(0.0, abs=1e-6)  # granted at once
     assert dict(summary.faults) == {"pause": 2, "freeze": 1}
     assert dict(summary.errors) == {"TimeoutError": 1}
     assert summary.kinds == {
