@@ -32,7 +32,8 @@ PREFIX = "secure"
 # The commands aiolock runs: its scripts' own calls (ACL checks commands run by scripts too),
 # EVALSHA with the EVAL fallback, the inspection calls, and the subscriber connection's.
 AIOLOCK_COMMANDS = (
-    "+evalsha +eval +hexists +hget +hmget +hset +hdel +incr +exists +del +pexpire +pttl +publish "
+    "+evalsha +eval +hexists +hget +hmget +hset +hdel +hlen +incr +exists +del +pexpire +pttl "
+    "+publish "
     "+subscribe +unsubscribe +ping +info"
 )
 ACL = f"""\

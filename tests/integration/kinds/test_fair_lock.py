@@ -96,8 +96,9 @@ async def test_a_hand_off_costs_a_queued_try_and_a_release_11_commands(
     aiolock_client: aiolock.Client, make_client: Callable[..., aiolock.Client], redis: Redis
 ) -> None:
     """The contended acquisition's cost on the server, counted by it: a try that takes a place
-    is 4 commands, the release that grants the next waiter 7 (benchmarks/README.md, "The queue
-    a list", says what each is for).  The subscriber's idle PING is no part of it."""
+    is 4 commands, the release that grants the next waiter 7, and one grant from the queue in
+    four re-arms the queue's expiry (one more `PEXPIRE`; benchmarks/README.md, "The queue a
+    list", says what each is for).  The subscriber's idle PING is no part of it."""
     warm = aiolock_client.fair_lock("counted-warm")  # the scripts loaded on the server
     await warm.lock()
     await warm.unlock()
@@ -139,13 +140,13 @@ async def test_a_hand_off_costs_a_queued_try_and_a_release_11_commands(
     try_ran = without_probes(await counted(redis, take_a_place))
     assert try_ran == {"evalsha": 1, "pttl": 1, "hmget": 1, "rpush": 1}
     release_ran = without_probes(await counted(redis, hand_over))
+    assert release_ran.pop("pexpire") in (1, 2)  # the hold's lease; and the queue's, 1 in 4
     assert release_ran == {
         "evalsha": 1,
         "hdel": 1,
         "lpop": 1,
         "incr": 1,
         "hset": 1,
-        "pexpire": 1,
         "publish": 1,
     }
     done.set()
@@ -617,7 +618,8 @@ async def test_a_try_after_a_withdraw_that_never_landed_keeps_one_place(
     assert await queue(redis, holder) == [owner]  # the place a lost withdraw left
     seam.lock._withdraw_lost(owner)  # as the withdraw's giving up records it
     assert not await lock.try_lock(wait=0.3)
-    assert await no_queue_keys(redis, holder)
+    # Its withdraw, in the background, removes the one place (a second would stay).
+    await eventually(lambda: no_queue_keys(redis, holder), what="the place withdrawn")
     await holder.unlock()
     await assert_clean(redis, client)
 

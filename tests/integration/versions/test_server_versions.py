@@ -28,8 +28,8 @@ PASSWORD = "s3cret-acl"
 # The plain lock's commands, as docs/deployment.md lists them (no TLS here: the Redis 6.2
 # binary is built without it, and test_security.py runs this user over TLS on Redis 7).
 PLAIN_LOCK_COMMANDS = (
-    "+evalsha +eval +hexists +hget +hmget +hset +incr +exists +del +pexpire +pttl +publish "
-    "+subscribe +unsubscribe +ping"
+    "+evalsha +eval +hexists +hget +hmget +hset +hdel +hlen +incr +exists +del +pexpire +pttl "
+    "+publish +subscribe +unsubscribe +ping +info"
 )
 
 
