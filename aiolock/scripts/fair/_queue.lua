@@ -157,8 +157,8 @@ local function hand_over(now, first)
     bound_next(ms, wait)
     -- A queue that never empties must not expire under its waiters, whose clients check it
     -- only once they waited two timeouts: one grant in four arms it again (a no-op on an
-    -- emptied queue), so a list in use for QUEUE_TTL timeouts, granting at least once a
-    -- timeout, misses it with odds of (3/4)^60.
+    -- emptied queue).  A queue whose waiters all wait less than that grants at least once
+    -- every two timeouts, so it misses every re-arm of its QUEUE_TTL with odds of (3/4)^30.
     if now % 4 == 0 then
         redis.call('PEXPIRE', QUEUE, QUEUE_TTL * wait)
     end
