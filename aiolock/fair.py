@@ -169,6 +169,15 @@ class KeepAlive:
         self._calls[owner] = 1
         return owner not in self.once
 
+    def server_ms(self) -> int | None:
+        """This client's lower bound of the server's time now (ms), from a sample of its clock
+        younger than ``_RESAMPLE`` (ageing covers the clocks' rates, not a server changed
+        since), or ``None``: the script then reads the clock."""
+        now = asyncio.get_running_loop().time()
+        if self.clock.age(now) >= _RESAMPLE:
+            return None
+        return self.clock.server_ms_at_least(now)
+
     def placed(self, owner: str, member: str) -> None:
         """A try of ``owner``'s only call took (or kept) this place in the queue (``""``:
         it took none)."""
@@ -453,10 +462,10 @@ class AsyncFairLock(LockKind):
         args: tuple[Any, ...] = (lease_ms, owner, request, wait_ms, *late, *fresh)
         if owner in keeper.once:
             args = (*args, "once")
-        now = asyncio.get_running_loop().time()
-        if keeper.clock.age(now) < _RESAMPLE:
+        server_ms = keeper.server_ms()
+        if server_ms is not None:
             # Its deadline from the client's lower bound of the server's time: no TIME.
-            args = (*args, f"t:{keeper.clock.server_ms_at_least(now)}")
+            args = (*args, f"t:{server_ms}")
         return _scripts.FAIR_ACQUIRE, self._script_keys(), args
 
     def _fresh(self, owner: str) -> tuple[str, ...]:
@@ -544,12 +553,8 @@ class AsyncFairLock(LockKind):
         this client's lower bound of the server's time when it has one (no ``TIME``)."""
         if hold.resent:
             return None
-        stamp = None
         keeper = self._services.peek_name_state("fair-keep", self.name)
-        now = asyncio.get_running_loop().time()
-        if isinstance(keeper, KeepAlive) and keeper.clock.age(now) < _RESAMPLE:
-            # A young sample only: ageing covers the clocks' rates, not a server changed since.
-            stamp = keeper.clock.server_ms_at_least(now)
+        stamp = keeper.server_ms() if isinstance(keeper, KeepAlive) else None
         args = (hold.owner, "-" if stamp is None else stamp)
         return _scripts.FAIR_LAST, self._script_keys(), args
 
