@@ -61,7 +61,15 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
         "--impls",
         help="comma-separated subset of: "
         + ", ".join([*impls.IMPLS, *impls.SHARED])
-        + " (the last four run in `shared` only)",
+        + " (the last four run in `shared` only); `cluster` takes aiolock, redispy-0.001 and "
+        + "its floors: "
+        + ", ".join(cluster.FLOORS),
+    )
+    parser.add_argument(
+        "--rate",
+        type=float,
+        help="cluster: the acquisitions/s of its paced runs (default: 3/4 of the slowest "
+        "implementation's free-running rate; 0: no paced runs)",
     )
     parser.add_argument("--out", type=Path, help="results directory")
     args = parser.parse_args(argv)
@@ -86,7 +94,7 @@ def _run_scenarios(args: argparse.Namespace, url: str, names: list[str]) -> dict
         "fanin": lambda: fanin.run(url, names, repeats=args.repeats, quick=args.quick),
         "names": lambda: many_names.run(url, names, repeats=args.repeats, quick=args.quick),
         "cluster": lambda: cluster.run(
-            args.server, chosen_impls, repeats=args.repeats, quick=args.quick
+            args.server, chosen_impls, repeats=args.repeats, quick=args.quick, rate=args.rate
         ),
     }
     chosen = SCENARIOS if args.scenario == "all" else (args.scenario,)

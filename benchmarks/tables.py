@@ -369,7 +369,7 @@ def _names_table(section: dict[str, Any], labels: dict[str, str]) -> list[str]:
 
 def _cluster_table(section: dict[str, Any]) -> list[str]:
     """Acquisitions/s over the cluster, then per node: share, CPU and commands per acquisition
-    of the node's own locks."""
+    of the node's own locks; free-running, then paced at one rate (see the scenario's module)."""
     out = [
         f"**cluster**: {section['locks']:,} locks, {section['processes']} processes x "
         f"{section['tasks_per_process']} tasks, each picking a lock at random and holding it "
@@ -377,8 +377,20 @@ def _cluster_table(section: dict[str, Any]) -> list[str]:
         f"{section['binary']} cluster",
         "",
     ]
+    out += _cluster_rows(section, medians(section), "free-running")
+    paced = section.get("paced") or {}
+    if paced.get("impls"):
+        paced_figures = {name: entry["median"] for name, entry in paced["impls"].items()}
+        how = f"paced at {paced['rate']:,.0f} acquisitions/s in all"
+        out += ["", *_cluster_rows(section, paced_figures, how)]
+    return out
+
+
+def _cluster_rows(
+    section: dict[str, Any], figures_by_impl: dict[str, dict[str, Any]], how: str
+) -> list[str]:
     rows: list[Row] = []
-    for name, figures in medians(section).items():
+    for name, figures in figures_by_impl.items():
         label = section["labels"].get(name, name)
         if "error" in figures:
             rows.append([label, f"failed: {figures['error']}"])
@@ -390,6 +402,9 @@ def _cluster_table(section: dict[str, Any]) -> list[str]:
                     fmt(figures.get("acquisitions_per_s", math.nan), 0) if node == 0 else "",
                     fmt(figures.get("served", math.nan) * 100) if node == 0 else "",
                     fmt(figures.get("overlaps", math.nan), 0) if node == 0 else "",
+                    fmt(figures.get("server_cpu_us_per_acquisition", math.nan), 0)
+                    if node == 0
+                    else "",
                     node,
                     figures.get(f"node{node}_share", math.nan) * 100,
                     figures.get(f"node{node}_cpu_us_per_own_acquisition", math.nan),
@@ -402,13 +417,28 @@ def _cluster_table(section: dict[str, Any]) -> list[str]:
         "acq/s",
         "served %",
         "overlaps",
+        "server CPU µs/acq, all nodes",
         "node",
         "share of acq %",
         "server CPU µs/acq",
         "commands/acq",
         "node CPU %",
     ]
-    return out + _table(header, rows)
+    out = [f"{how}:", "", *_table(header, rows)]
+    base = figures_by_impl.get("redispy-0.001", {}).get("server_cpu_us_per_acquisition")
+    if base:
+        ratios = [
+            f"{section['labels'].get(name, name)} "
+            f"{figures['server_cpu_us_per_acquisition'] / base:.2f} x"
+            for name, figures in figures_by_impl.items()
+            if name != "redispy-0.001" and figures.get("server_cpu_us_per_acquisition")
+        ]
+        if ratios:
+            out += [
+                "",
+                f"Server CPU per acquisition over redis-py's ({how}): " + "; ".join(ratios) + ".",
+            ]
+    return out
 
 
 def _sweep_table(section: dict[str, Any], labels: dict[str, str]) -> list[str]:

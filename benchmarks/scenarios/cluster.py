@@ -12,6 +12,21 @@ PX, a 1 ms poll, a Lua release).  Figures: acquisitions/s; served (tasks that ac
 once); overlaps (two holds of one lock at once: must be 0); and per node, from ``INFO`` over the
 window: its share of the acquisitions (by the slots of the locks), its server CPU per
 acquisition of its own locks, and its commands per acquisition.
+
+Free-running, each implementation runs as fast as its clients go: on a machine whose cores the
+clients and the nodes share, a client that costs more CPU per acquisition runs fewer a second,
+and a node then reads fewer commands per wake-up, so its CPU per acquisition rises with no more
+work per acquisition (redis-py's own moved from 85 to 210 µs between 3,300 and 600 acquisitions
+a second, measured).  The tasks also hold longer on a saturated machine, so more acquisitions
+find their lock held.  So every implementation then runs again **paced**: its processes start
+acquisitions at one common rate (``rate``, by default 3/4 of the lowest free-running rate of the
+run), and the nodes' CPU per acquisition is compared at one load.
+
+``--impls`` may also name two floors (:data:`FLOORS`, not run by default), the servers' side of
+two designs with no client logic and redis-py's 1 ms poll for waits: ``floor-script`` runs
+aiolock's fault-free acquire (the fast path of ``lock/acquire.lua`` alone) and its plain
+``HDEL`` release; ``floor-string`` a string lock that keeps fencing tokens (``MULTI``, ``INCR``
+of the counter, ``SET NX PX``, ``EXEC``) and redis-py's release script.
 """
 
 from __future__ import annotations
@@ -21,13 +36,14 @@ import random
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 from redis.asyncio import RedisCluster
 from redis.asyncio.lock import Lock as RedisPyLock
 from redis.crc import key_slot
 
 import aiolock
+from aiolock._core.keys import LockKeys
 from aiolock.testing.embedded import EmbeddedCluster
 
 from ..stats import ServerProbe, median_of_runs
@@ -42,7 +58,35 @@ LOCKS = 1000
 PROCESSES = 4
 TASKS = 64
 IMPLS = ("aiolock", "redispy-0.001")
-LABELS = {"aiolock": "aiolock lock", "redispy-0.001": "redis-py Lock sleep=0.001"}
+# Not aiolock, and not run unless asked (``--impls``): the server's side of two designs, with
+# no client logic and redis-py's 1 ms poll for waits (the cheapest wait for the server here).
+FLOORS = ("floor-script", "floor-string")
+LABELS = {
+    "aiolock": "aiolock lock",
+    "redispy-0.001": "redis-py Lock sleep=0.001",
+    "floor-script": "floor: aiolock's fault-free script + HDEL, 1 ms poll",
+    "floor-string": "floor: MULTI INCR + SET NX PX, release script, 1 ms poll",
+}
+
+# The fault-free fast path of ``lock/acquire.lua`` alone: what every aiolock acquisition runs.
+_FLOOR_ACQUIRE = """
+if redis.call('EXISTS', KEYS[1], KEYS[2]) == 0 then
+    local token = redis.call('INCR', KEYS[3])
+    local owner = ARGV[2]
+    redis.call('HSET', KEYS[1], owner, 1, 'f:' .. owner, token, 'r:' .. owner,
+        owner .. '/' .. ARGV[3])
+    redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[1]))
+    return {token, 1, tonumber(ARGV[1])}
+end
+return redis.call('PTTL', KEYS[1])
+"""
+# A string lock's release: redis-py's, with the token in the value.
+_FLOOR_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+    return redis.call('DEL', KEYS[1])
+end
+return 0
+"""
 
 
 def _key(run_id: str, index: int) -> str:
@@ -69,11 +113,64 @@ async def _open(
 
         return aiolock_pair, close_aiolock
 
+    if impl in FLOORS:
+        return _floor(redis, impl, tasks), redis.aclose
+
     def redispy_pair(name: str) -> tuple[Any, Any]:
         lock = RedisPyLock(redis, name, timeout=60, sleep=0.001)
         return lock.acquire, lock.release
 
     return redispy_pair, redis.aclose
+
+
+def _floor(redis: RedisCluster, impl: str, tasks: int) -> Callable[[str], Any]:
+    """The (acquire, release) factory of a floor design (see :data:`FLOORS`)."""
+    client = uuid.uuid4().hex
+    acquire_script = redis.register_script(_FLOOR_ACQUIRE)
+    release_script = redis.register_script(_FLOOR_RELEASE)
+    requests = iter(range(1, 1 << 62))
+
+    def pair(name: str) -> tuple[Any, Any]:
+        keys = LockKeys.build("bench", name, cluster=True)
+        task = asyncio.current_task()
+        owner = f"{client}:t{id(task) % 10_000_000}"
+        value = ""
+
+        async def acquire_hash() -> None:
+            while True:
+                reply = await acquire_script(
+                    keys=[keys.lock, keys.meta, keys.fence],
+                    args=[60_000, owner, next(requests), 0],
+                )
+                if isinstance(reply, list):
+                    return
+                await asyncio.sleep(0.001)
+
+        async def release_hash() -> None:
+            await redis.hdel(
+                keys.lock, owner, f"f:{owner}", f"r:{owner}", ":w", f"x:{owner}", f":late:{owner}"
+            )
+
+        async def acquire_string() -> None:
+            nonlocal value
+            while True:
+                pipe = redis.pipeline(transaction=True)
+                pipe.incr(keys.fence)
+                value = f"{owner}/{next(requests)}"
+                pipe.set(keys.lock, value, nx=True, px=60_000)
+                _, granted = await pipe.execute()
+                if granted:
+                    return
+                await asyncio.sleep(0.001)
+
+        async def release_string() -> None:
+            await release_script(keys=[keys.lock], args=[value])
+
+        if impl == "floor-script":
+            return acquire_hash, release_hash
+        return acquire_string, release_string
+
+    return pair
 
 
 async def contend(
@@ -85,16 +182,29 @@ async def contend(
     start_ns: int,
     end_ns: int,
     seed: int,
+    rate: float | None = None,
 ) -> dict[str, Any]:
     """One process's share: ``tasks`` tasks on random locks from ``start_ns`` to ``end_ns``."""
     pair, close = await _open(impl, url, tasks)
     rng = random.Random(seed)
+    # ``rate``: acquisitions per second this process starts at most (one every 1/rate s, in
+    # order), so that implementations are compared at the same load.
+    pace = {"next": 0.0}
+
+    async def paced() -> None:
+        if rate is None:
+            return
+        loop = asyncio.get_running_loop()
+        at = pace["next"] = max(pace["next"] + 1 / rate, loop.time())
+        await asyncio.sleep(at - loop.time())
+
     records: list[tuple[int, int, int]] = []
     holding: set[int] = set()
     served: set[int] = set()
 
     async def worker(index: int) -> None:
         while time.perf_counter_ns() < end_ns:
+            await paced()
             lock = rng.randrange(LOCKS)
             acquire, release = pair(_key(run_id, lock))
             await acquire()
@@ -137,7 +247,8 @@ async def contend(
 def _slot_of(impl: str, run_id: str, lock: int) -> int:
     key = _key(run_id, lock)
     # aiolock's keys carry the name as their hash tag; redis-py's key is the name itself.
-    return key_slot(f"{{{key}}}".encode() if impl == "aiolock" else key.encode())
+    aiolock_keys = impl == "aiolock" or impl in FLOORS
+    return key_slot(f"{{{key}}}".encode() if aiolock_keys else key.encode())
 
 
 def _overlaps(records: list[tuple[int, int, int]]) -> int:
@@ -164,6 +275,7 @@ def _one_run(
     impl: str,
     duration_s: float,
     tasks: int,
+    rate: float | None = None,
 ) -> dict[str, Any]:
     run_id = uuid.uuid4().hex[:12]
     start_ns = time.perf_counter_ns() + int(3.0 * 1e9)  # the warm-up opens many connections
@@ -179,6 +291,7 @@ def _one_run(
                 "start_ns": start_ns,
                 "end_ns": end_ns,
                 "seed": index,
+                "rate": None if rate is None else rate / len(pool),
             },
         )
         for index in range(len(pool))
@@ -228,30 +341,48 @@ def run(
     repeats: int,
     quick: bool,
     duration_s: float = 3.0,
+    rate: float | None = None,
 ) -> dict[str, Any]:
-    """Every implementation of :data:`IMPLS` (or ``impls``) on a cluster of its own."""
-    names = [name for name in IMPLS if impls is None or name in impls]
+    """Every implementation of :data:`IMPLS` (or ``impls``, which may name :data:`FLOORS`) on a
+    cluster of its own: first free-running, then paced, each at ``rate`` acquisitions/s in all
+    (by default 3/4 of the lowest free-running median of the run), so that the servers' CPU per
+    acquisition is compared at one load (see ``paced`` in the module docstring)."""
+    names = [name for name in (*IMPLS, *FLOORS) if name in (impls or IMPLS)]
     tasks = TASKS
     if quick:
         duration_s, tasks = 1.0, 16
-    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    free: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    paced: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     with EmbeddedCluster(primaries=3, binary=binary) as cluster:
         probes = [ServerProbe(node.url) for node in cluster.primaries]
         try:
             with WorkerPool(PROCESSES) as pool:
                 pool.wait_ready()
-                for repeat in range(repeats):
-                    for name in rotated(names, repeat):
-                        runs[name].append(
-                            _one_run(
-                                pool,
-                                cluster,
-                                probes,
-                                impl=name,
-                                duration_s=duration_s,
-                                tasks=tasks,
+
+                def stage(runs: dict[str, list[dict[str, Any]]], pace: float | None) -> None:
+                    for repeat in range(repeats):
+                        for name in rotated(names, repeat):
+                            runs[name].append(
+                                _one_run(
+                                    pool,
+                                    cluster,
+                                    probes,
+                                    impl=name,
+                                    duration_s=duration_s,
+                                    tasks=tasks,
+                                    rate=pace,
+                                )
                             )
-                        )
+
+                stage(free, None)
+                if rate is None:
+                    slowest = min(
+                        cast(float, median_of_runs(r).get("acquisitions_per_s", 0.0))
+                        for r in free.values()
+                    )
+                    rate = round(0.75 * slowest, -1) or None
+                if rate:
+                    stage(paced, rate)
         finally:
             for probe in probes:
                 probe.close()
@@ -263,5 +394,9 @@ def run(
         "hold_s": HOLD_S,
         "duration_s": duration_s,
         "labels": {name: LABELS[name] for name in names},
-        "impls": {n: {"runs": r, "median": median_of_runs(r)} for n, r in runs.items()},
+        "impls": {n: {"runs": r, "median": median_of_runs(r)} for n, r in free.items()},
+        "paced": {
+            "rate": rate,
+            "impls": {n: {"runs": r, "median": median_of_runs(r)} for n, r in paced.items() if r},
+        },
     }
