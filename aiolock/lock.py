@@ -16,6 +16,7 @@ from ._core.guard import LockGuard
 from ._core.holds import Hold
 from ._core.keys import LockKeys
 from ._core.services import Services
+from ._core.settlement import Attempt
 from ._core.waiting import ChannelWait, Waiting
 
 __all__ = ["AsyncRLock", "LockGuard", "LockStatistics", "ReentrantKind"]
@@ -41,6 +42,16 @@ class ReentrantKind(LockKind):
             (keys.lock, keys.meta, keys.fence),
             (lease_ms, owner, request, parks, *self._late_args(owner)),
         )
+
+    def _grant(self, reply: Any, lease_ms: int) -> list[Any] | None:
+        # ``lock/acquire.lua`` answers a fault-free fresh hold with its token alone, and a
+        # refusal with {pttl}.
+        if isinstance(reply, int):
+            return [reply, 1, lease_ms]
+        return reply if len(reply) == 3 else None
+
+    def _busy(self, attempt: Attempt, reply: Any) -> float:
+        return super()._busy(attempt, reply[0])
 
     def _release_call(self, owner: str, request: int, undo: int | None) -> Call:
         keys = self._keys

@@ -91,6 +91,10 @@ class Settled(Protocol):
         """The kind's call that voids the owner's acquire ``requests``."""
         ...
 
+    def grant(self, reply: Any, lease_ms: int) -> list[Any] | None:
+        """The grant an acquire call's ``reply`` answers; ``None``: the lock was refused."""
+        ...
+
     def released_last(self, hold: Hold | None) -> None:
         """A release of this client deleted the lock."""
         ...
@@ -161,7 +165,8 @@ class Settlement:
         owner = attempt.owner
         if attempt.resent:
             await self.void(owner, [attempt.request])  # a first copy may still arrive
-        if failure is None and not isinstance(work.result(), list):
+        lease_ms = round(attempt.lease * 1000)
+        if failure is None and self.lock.grant(work.result(), lease_ms) is None:
             return  # the lock was busy: nothing was granted
         # Granted, or failed with an unknown outcome: undo exactly that request, if it landed.
         request = self.lock.services.owners.next_request()

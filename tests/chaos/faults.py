@@ -288,12 +288,15 @@ class Injector(_Scheduled):
 
 def describe_reply(data: bytes) -> str:
     """What a cut request's dropped reply said: a grant (with its hold count: 2 or more is a
-    reentrant grant), a number (busy: the pause in ms; a release: the holds left), nil..."""
+    reentrant grant), busy (the pause in ms), a number (an acquire: a fresh hold's token; a
+    release: the holds left), nil..."""
     lines = data.split(b"\r\n")
     if not data:
         return "no reply"
     if lines[0] == b"*3" and len(lines) >= 3:
         return f"grant(token={lines[1][1:].decode()}, count={lines[2][1:].decode()})"
+    if lines[0] == b"*1" and len(lines) >= 2:
+        return f"busy {lines[1][1:].decode()}"
     if data.startswith(b":"):
         return f"int {lines[0][1:].decode()}"
     if data.startswith((b"$-1", b"_", b"*-1")):

@@ -16,6 +16,7 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
+from aiolock._core.base import Seam
 from tests.helpers import counted, eventually, keys_of, services_of
 
 pytestmark = pytest.mark.anyio
@@ -45,6 +46,40 @@ async def test_an_uncontended_cycle_is_six_commands_and_publishes_nothing(
     assert await redis.keys(f"{aiolock_client.key_prefix}:*") == [
         f"{aiolock_client.key_prefix}:fence"
     ]
+
+
+async def test_a_fault_free_grant_answers_its_token_alone(
+    aiolock_client: aiolock.Client, redis: Redis
+) -> None:
+    """The fault-free fresh grant answers the fencing token alone, an integer (no table to
+    build on the server); the client reads it as count 1 with the lease it asked.  A refusal
+    answers ``{pttl}``, a re-entry the whole ``{token, count, pttl}``."""
+    lock = aiolock_client.lock("short-answer")
+    seam = Seam(lock)
+    owner, _ = seam.owner()
+    services = services_of(aiolock_client)
+    fresh = seam.attempt_call(owner, services.owners.next_request(), 20_000)
+    token = await services.calls.run(*fresh)
+    assert isinstance(token, int)
+    assert await redis.hget(keys_of(lock).lock, f"f:{owner}") == str(token)
+    assert 19_000 < await redis.pttl(keys_of(lock).lock) <= 20_000
+    assert seam.grant(token, 20_000) == [token, 1, 20_000]
+    again = seam.attempt_call(owner, services.owners.next_request(), 20_000)
+    assert await services.calls.run(*again) == [token, 2, pytest.approx(20_000, abs=1_000)]
+    other = seam.attempt_call("another owner", services.owners.next_request(), 20_000)
+    refused = await services.calls.run(*other)
+    assert isinstance(refused, list)
+    assert len(refused) == 1
+    assert 0 < refused[0] <= 20_000
+    assert seam.grant(refused, 20_000) is None
+    for _ in range(2):
+        assert (
+            await services.calls.run(
+                *seam.release_call(owner, services.owners.next_request(), None)
+            )
+            is not None
+        )
+    assert not await redis.exists(keys_of(lock).lock)
 
 
 async def test_a_release_publishes_for_a_waiter_it_refused(
