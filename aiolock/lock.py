@@ -43,7 +43,7 @@ class ReentrantKind(LockKind):
             (lease_ms, owner, request, parks, *self._late_args(owner)),
         )
 
-    def _grant(self, reply: Any, lease_ms: int) -> list[Any] | None:
+    def _grant_of(self, reply: Any, lease_ms: int) -> list[Any] | None:
         # ``lock/acquire.lua`` answers a fault-free fresh hold with its token alone, and a
         # refusal with {pttl}.
         if isinstance(reply, int):

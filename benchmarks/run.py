@@ -73,6 +73,8 @@ def _parse(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--out", type=Path, help="results directory")
     args = parser.parse_args(argv)
+    if args.rate is not None and args.rate < 0:
+        parser.error("--rate must be 0 or more")
     if args.quick and "--repeats" not in (argv if argv is not None else sys.argv):
         args.repeats = 1
     return args

@@ -420,8 +420,8 @@ def _cluster_rows(
         "server CPU µs/acq, all nodes",
         "node",
         "share of acq %",
-        "server CPU µs/acq",
-        "commands/acq",
+        "server CPU µs/own acq",
+        "commands/own acq",
         "node CPU %",
     ]
     out = [f"{how}:", "", *_table(header, rows)]

@@ -6,7 +6,7 @@ kind has and the semaphore's permits have not.  A kind supplies:
 
 - its keys (:meth:`HoldKind._build_keys`) and its scripts, as ready calls: an attempt
   (:meth:`_attempt`: a grant ``{token, count, pttl}`` or the seconds to wait before trying
-  again, in ms; a kind whose script answers in a shorter form reads it in :meth:`_grant` and
+  again, in ms; a kind whose script answers in a shorter form reads it in :meth:`_grant_of` and
   :meth:`_busy`), a release with an undo mode (:meth:`_release_call`), a force for a lock
   (:meth:`_force_call`), and the renew script the watchdog runs for its holds (``_renew``);
 - how its waiters wait and wake (:meth:`_waiting`, see :mod:`aiolock._core.waiting`);
@@ -149,7 +149,7 @@ class HoldKind(Guarded[int]):
         return (self._keys.lock,)
 
     def _attempt(self, owner: str, request: int, lease_ms: int) -> Call:
-        """One try: its script answers a grant or the PTTL to wait (see :meth:`_grant`)."""
+        """One try: its script answers a grant or the PTTL to wait (see :meth:`_grant_of`)."""
         raise NotImplementedError
 
     def _release_call(self, owner: str, request: int, undo: int | None) -> Call:
@@ -544,7 +544,7 @@ class HoldKind(Guarded[int]):
         lease_s = services.watchdog_timeout if lease is None else lease
         attempt = Attempt(owner, services.owners.next_request(), lease_s, loop.time())
         reply, synced = await self._send(attempt)
-        grant = self._grant(reply, round(attempt.lease * 1000))
+        grant = self._grant_of(reply, round(attempt.lease * 1000))
         if grant is None:
             return self._busy(attempt, reply)
         reconciled = await self._settlement().reconcile(attempt, grant, synced)
@@ -565,7 +565,7 @@ class HoldKind(Guarded[int]):
             mark_resends=services.resend_window_ms,
         )
 
-    def _grant(self, reply: Any, lease_ms: int) -> list[Any] | None:
+    def _grant_of(self, reply: Any, lease_ms: int) -> list[Any] | None:
         """The grant an acquire's ``reply`` answers, as ``[token, count, pttl]`` (``lease_ms``:
         the lease the call asked); ``None``: it was refused (:meth:`_busy` reads that reply)."""
         return reply if isinstance(reply, list) else None
@@ -908,7 +908,7 @@ class Seam:
     def attempt_call(self, owner: str, request: int, lease_ms: int) -> Call:
         """The call one attempt of ``owner`` sends, as request ``request`` with a lease of
         ``lease_ms``: its script answers a grant or the PTTL to wait (read it with
-        :meth:`grant`)."""
+        :meth:`grant_of`)."""
         return self.lock._attempt(owner, request, lease_ms)
 
     def withdraw_call(self, owner: str) -> Call | None:
@@ -927,10 +927,10 @@ class Seam:
         """The kind's release of one hold; with ``undo``, only if that acquire was applied."""
         return self.lock._release_call(owner, request, undo)
 
-    def grant(self, reply: Any, lease_ms: int) -> list[Any] | None:
+    def grant_of(self, reply: Any, lease_ms: int) -> list[Any] | None:
         """The grant an acquire call's ``reply`` answers, as ``[token, count, pttl]``
         (``lease_ms``: the lease the call asked); ``None``: the lock was refused."""
-        return self.lock._grant(reply, lease_ms)
+        return self.lock._grant_of(reply, lease_ms)
 
     def void_call(self, owner: str, requests: list[int]) -> Call:
         """The kind's call that voids the owner's acquire ``requests``."""

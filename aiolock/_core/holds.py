@@ -218,7 +218,8 @@ class Holds:
         renew_keys: tuple[str, ...],
         channels: tuple[str, ...],
     ) -> Hold:
-        """Record a grant ``{token, count, pttl}`` from the acquire script.
+        """Record a grant ``[token, count, pttl]``, as the kind read it from its acquire
+        script's reply (``HoldKind._grant_of``).
 
         ``started``: when the acquire call began (loop time), for the wait it took.
         """

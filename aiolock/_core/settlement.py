@@ -91,7 +91,7 @@ class Settled(Protocol):
         """The kind's call that voids the owner's acquire ``requests``."""
         ...
 
-    def grant(self, reply: Any, lease_ms: int) -> list[Any] | None:
+    def grant_of(self, reply: Any, lease_ms: int) -> list[Any] | None:
         """The grant an acquire call's ``reply`` answers; ``None``: the lock was refused."""
         ...
 
@@ -166,7 +166,7 @@ class Settlement:
         if attempt.resent:
             await self.void(owner, [attempt.request])  # a first copy may still arrive
         lease_ms = round(attempt.lease * 1000)
-        if failure is None and self.lock.grant(work.result(), lease_ms) is None:
+        if failure is None and self.lock.grant_of(work.result(), lease_ms) is None:
             return  # the lock was busy: nothing was granted
         # Granted, or failed with an unknown outcome: undo exactly that request, if it landed.
         request = self.lock.services.owners.next_request()

@@ -25,14 +25,16 @@ run), and the nodes' CPU per acquisition is compared at one load.
 ``--impls`` may also name two floors (:data:`FLOORS`, not run by default), the servers' side of
 two designs with no client logic and redis-py's 1 ms poll for waits: ``floor-script`` runs
 aiolock's fault-free acquire (the fast path of ``lock/acquire.lua`` alone) and its plain
-``HDEL`` release; ``floor-string`` a string lock that keeps fencing tokens (``MULTI``, ``INCR``
-of the counter, ``SET NX PX``, ``EXEC``) and redis-py's release script.
+``HDEL`` release; ``floor-string`` a string lock that draws a fencing token with every try
+(``MULTI``, ``INCR`` of the counter, ``SET NX PX``, ``EXEC``; the client keeps the token) and
+redis-py's release script.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -68,19 +70,20 @@ LABELS = {
     "floor-string": "floor: MULTI INCR + SET NX PX, release script, 1 ms poll",
 }
 
-# The fault-free fast path of ``lock/acquire.lua`` alone: what every aiolock acquisition runs.
+# The fault-free fast path of ``lock/acquire.lua`` alone: what every aiolock acquisition runs
+# (as of d7234ac: the token alone for a grant, strings where numbers were).
 _FLOOR_ACQUIRE = """
 if redis.call('EXISTS', KEYS[1], KEYS[2]) == 0 then
     local token = redis.call('INCR', KEYS[3])
     local owner = ARGV[2]
-    redis.call('HSET', KEYS[1], owner, 1, 'f:' .. owner, token, 'r:' .. owner,
+    redis.call('HSET', KEYS[1], owner, '1', 'f:' .. owner, token, 'r:' .. owner,
         owner .. '/' .. ARGV[3])
-    redis.call('PEXPIRE', KEYS[1], tonumber(ARGV[1]))
-    return {token, 1, tonumber(ARGV[1])}
+    redis.call('PEXPIRE', KEYS[1], ARGV[1])
+    return token
 end
-return redis.call('PTTL', KEYS[1])
+return {redis.call('PTTL', KEYS[1])}
 """
-# A string lock's release: redis-py's, with the token in the value.
+# A string lock's release: redis-py's compare-and-delete of the value its acquire set.
 _FLOOR_RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
     return redis.call('DEL', KEYS[1])
@@ -114,7 +117,7 @@ async def _open(
         return aiolock_pair, close_aiolock
 
     if impl in FLOORS:
-        return _floor(redis, impl, tasks), redis.aclose
+        return _floor(redis, impl), redis.aclose
 
     def redispy_pair(name: str) -> tuple[Any, Any]:
         lock = RedisPyLock(redis, name, timeout=60, sleep=0.001)
@@ -123,7 +126,7 @@ async def _open(
     return redispy_pair, redis.aclose
 
 
-def _floor(redis: RedisCluster, impl: str, tasks: int) -> Callable[[str], Any]:
+def _floor(redis: RedisCluster, impl: str) -> Callable[[str], Any]:
     """The (acquire, release) factory of a floor design (see :data:`FLOORS`)."""
     client = uuid.uuid4().hex
     acquire_script = redis.register_script(_FLOOR_ACQUIRE)
@@ -133,7 +136,7 @@ def _floor(redis: RedisCluster, impl: str, tasks: int) -> Callable[[str], Any]:
     def pair(name: str) -> tuple[Any, Any]:
         keys = LockKeys.build("bench", name, cluster=True)
         task = asyncio.current_task()
-        owner = f"{client}:t{id(task) % 10_000_000}"
+        owner = f"{client}:t{id(task)}"
         value = ""
 
         async def acquire_hash() -> None:
@@ -142,7 +145,7 @@ def _floor(redis: RedisCluster, impl: str, tasks: int) -> Callable[[str], Any]:
                     keys=[keys.lock, keys.meta, keys.fence],
                     args=[60_000, owner, next(requests), 0],
                 )
-                if isinstance(reply, list):
+                if isinstance(reply, int):  # the token: granted
                     return
                 await asyncio.sleep(0.001)
 
@@ -376,11 +379,14 @@ def run(
 
                 stage(free, None)
                 if rate is None:
-                    slowest = min(
+                    rates = [
                         cast(float, median_of_runs(r).get("acquisitions_per_s", 0.0))
                         for r in free.values()
-                    )
-                    rate = round(0.75 * slowest, -1) or None
+                    ]
+                    # An implementation that failed every run has no rate to pace by.
+                    rate = round(0.75 * min([r for r in rates if r > 0] or [0.0]), -1) or None
+                if not rate:
+                    print("[bench] cluster: no paced runs", file=sys.stderr)
                 if rate:
                     stage(paced, rate)
         finally:

@@ -318,7 +318,7 @@ async def test_e_a_resent_grant_is_voided_before_its_release(
 
     await asyncio.create_task(another_owner())
     late = seam.attempt_call(owner, request, 30_000)  # the first copy, arriving now
-    assert seam.grant(await services_of(aiolock_client).calls.run(*late), 30_000) is None
+    assert seam.grant_of(await services_of(aiolock_client).calls.run(*late), 30_000) is None
     await assert_free(redis, lock)
     no_unknown_holds()
 
@@ -348,7 +348,7 @@ async def test_e_a_resent_try_that_was_refused_is_voided_at_once(
     assert len(voided) == 1
     request = int(str(voided[0]).rsplit("/", 1)[1])
     late = seam.attempt_call(owner, request, 30_000)  # the first copy, arriving once it is free
-    assert seam.grant(await services_of(aiolock_client).calls.run(*late), 30_000) is None
+    assert seam.grant_of(await services_of(aiolock_client).calls.run(*late), 30_000) is None
     await assert_free(redis, lock)
 
 
@@ -379,7 +379,7 @@ async def test_e_a_resent_grant_whose_lease_ran_out_is_voided_when_lost(
     assert await redis.hget(seam.keys.meta, f"{owner}/{request}") is not None  # voided
     await eventually(lambda: _gone(redis, lock), what="the lock to expire on the server")
     late = seam.attempt_call(owner, request, 30_000)  # the first copy, arriving now
-    assert seam.grant(await services_of(aiolock_client).calls.run(*late), 30_000) is None
+    assert seam.grant_of(await services_of(aiolock_client).calls.run(*late), 30_000) is None
     await assert_free(redis, lock)
 
 

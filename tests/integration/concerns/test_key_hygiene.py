@@ -242,7 +242,7 @@ async def test_an_undo_marks_for_the_resend_window_only(
         await settlement.retry_release(owner, services.owners.next_request(), late, loop.time() + 5)
         assert 0 < await redis.pttl(marked) <= window, kind
         reply = await services.calls.run(*seam.attempt_call(owner, late, 600_000))  # the late copy
-        assert seam.grant(reply, 600_000) is None, kind  # refused
+        assert seam.grant_of(reply, 600_000) is None, kind  # refused
 
     async def only_the_counter() -> bool:
         return set(await keys_under(redis, client.key_prefix)) <= {f"{client.key_prefix}:fence"}

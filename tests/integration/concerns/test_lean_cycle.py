@@ -63,7 +63,7 @@ async def test_a_fault_free_grant_answers_its_token_alone(
     assert isinstance(token, int)
     assert await redis.hget(keys_of(lock).lock, f"f:{owner}") == str(token)
     assert 19_000 < await redis.pttl(keys_of(lock).lock) <= 20_000
-    assert seam.grant(token, 20_000) == [token, 1, 20_000]
+    assert seam.grant_of(token, 20_000) == [token, 1, 20_000]
     again = seam.attempt_call(owner, services.owners.next_request(), 20_000)
     assert await services.calls.run(*again) == [token, 2, pytest.approx(20_000, abs=1_000)]
     other = seam.attempt_call("another owner", services.owners.next_request(), 20_000)
@@ -71,7 +71,7 @@ async def test_a_fault_free_grant_answers_its_token_alone(
     assert isinstance(refused, list)
     assert len(refused) == 1
     assert 0 < refused[0] <= 20_000
-    assert seam.grant(refused, 20_000) is None
+    assert seam.grant_of(refused, 20_000) is None
     for _ in range(2):
         assert (
             await services.calls.run(

@@ -139,7 +139,7 @@ async def _late_copy_refused(client: aiolock.Client, lock: Any, acquire: Any) ->
     """``acquire``'s first copy arrives late: it grants nothing, and the owner's own next call
     is granted as usual."""
     reply = await services_of(client).calls.run(*acquire)
-    assert Seam(lock).grant(reply, 30_000) is None  # refused, not granted
+    assert Seam(lock).grant_of(reply, 30_000) is None  # refused, not granted
     assert not await lock.is_locked()
     assert await lock.try_lock()
     await lock.unlock()
@@ -174,7 +174,7 @@ async def test_a_late_copy_of_an_undone_acquire_does_not_apply(
     if gone:
         await lock.unlock()
     reply = await services.calls.run(*seam.attempt_call(owner, late, 30_000))  # the late copy
-    assert seam.grant(reply, 30_000) is None  # refused, neither re-entered nor granted
+    assert seam.grant_of(reply, 30_000) is None  # refused, neither re-entered nor granted
     if gone:
         assert not await lock.is_locked()
         assert await lock.try_lock()  # the owner's own next call is granted as usual
@@ -196,7 +196,7 @@ async def test_a_late_copy_of_an_undone_fresh_acquire_does_not_grant(
     undo = seam.release_call(owner, services.owners.next_request(), late)
     assert await services.calls.run(*undo) is None  # nothing held: nothing undone
     reply = await services.calls.run(*seam.attempt_call(owner, late, 30_000))  # the late copy
-    assert seam.grant(reply, 30_000) is None  # refused, not granted
+    assert seam.grant_of(reply, 30_000) is None  # refused, not granted
     assert not await lock.is_locked()
     assert await lock.try_lock()  # the owner's own next call is granted as usual
     await lock.unlock()
@@ -218,7 +218,7 @@ async def test_a_late_copy_of_an_acquire_answered_by_its_resend_does_not_apply_a
     release = seam.release_call(owner, services.owners.next_request(), None)
     assert await services.calls.run(*release) == 1  # released: one hold left
     reply = await services.calls.run(*nested)  # the first copy, late
-    assert seam.grant(reply, 30_000) is None  # refused, not counted again
+    assert seam.grant_of(reply, 30_000) is None  # refused, not counted again
     assert await lock.hold_count() == 1
     await lock.unlock()
     assert not await lock.is_locked()
@@ -268,14 +268,14 @@ async def test_a_resend_after_a_stall_answers_with_a_lease_from_now(
         owner, _ = seam.owner()
     services = services_of(aiolock_client)
     acquire = seam.attempt_call(owner, services.owners.next_request(), 1_000)
-    first = seam.grant(await services.calls.run(*acquire), 1_000)
+    first = seam.grant_of(await services.calls.run(*acquire), 1_000)
     assert first is not None
 
     async def aged() -> bool:  # the server's clock moved on since the first copy
         return 0 < await redis.pttl(seam.keys.lock) < 1_000
 
     await eventually(aged)
-    again = seam.grant(await services.calls.run(*acquire), 1_000)  # the resend
+    again = seam.grant_of(await services.calls.run(*acquire), 1_000)  # the resend
     assert again is not None
     assert again[:2] == first[:2]  # the same grant, not a second hold
     assert again[2] == 1_000  # its lease runs from now
@@ -307,7 +307,7 @@ async def test_a_voided_acquire_grants_nothing_after_another_owner_released(
     owner, _ = seam.owner()
     services = services_of(aiolock_client)
     acquire = seam.attempt_call(owner, services.owners.next_request(), 30_000)
-    landed = seam.grant(await services.calls.run(*acquire), 30_000)
+    landed = seam.grant_of(await services.calls.run(*acquire), 30_000)
     assert landed is not None
     assert landed[1] == 1  # the resend lands
     await seam.settlement.void(owner, [acquire[2][2]])
@@ -335,7 +335,7 @@ async def test_a_voided_read_grants_nothing_while_other_readers_keep_the_lock(
         release = seam.release_call(owner, services.owners.next_request(), None)
         assert await services.calls.run(*release) == 0
         reply = await services.calls.run(*acquire)  # the first copy, late
-        assert seam.grant(reply, 30_000) is None  # refused, not granted
+        assert seam.grant_of(reply, 30_000) is None  # refused, not granted
         assert await redis.hget(seam.keys.lock, f"r:{owner}") is None
     assert not await redis.exists(seam.keys.lock)
 
@@ -527,10 +527,10 @@ async def test_a_resent_acquire_voids_itself(
     if outcome == "refused":
         async with held_by_another_task(blocker):
             resend = await services.calls.run(script, keys, (*args, services.resend_window_ms))
-            assert seam.grant(resend, 30_000) is None
+            assert seam.grant_of(resend, 30_000) is None
     else:
         resend = await services.calls.run(script, keys, (*args, services.resend_window_ms))
-        assert seam.grant(resend, 30_000) is not None
+        assert seam.grant_of(resend, 30_000) is not None
         release = seam.release_call(owner, services.owners.next_request(), None)
         assert await services.calls.run(*release) == 0  # no void call of the client's
         async with held_by_another_task(blocker):  # another owner's release comes after
@@ -538,7 +538,7 @@ async def test_a_resent_acquire_voids_itself(
         if kind == "semaphore":
             await _cycle_permits(semaphore, 40)
     late = await services.calls.run(script, keys, args)  # the first copy, arriving now
-    assert seam.grant(late, 30_000) is None  # voided
+    assert seam.grant_of(late, 30_000) is None  # voided
     if kind == "semaphore":
         assert await semaphore.available() == 1
     else:

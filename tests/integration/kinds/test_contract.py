@@ -506,7 +506,7 @@ async def test_a_grant_the_client_never_saw_is_not_kept_behind_its_back(
         services = seam.services
         late = seam.attempt_call(owner, services.owners.next_request(), 30_000)
         reply = await services.calls.run(*late)  # the late copy lands: a hold nobody knows of
-        assert seam.grant(reply, 30_000) is not None
+        assert seam.grant_of(reply, 30_000) is not None
     assert lock.statistics().held == 0
     assert await lock.try_lock()
     clients = [aiolock_client, *_SERVERS.get(aiolock_client, [])]
