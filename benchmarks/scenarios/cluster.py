@@ -24,7 +24,7 @@ run), and the nodes' CPU per acquisition is compared at one load.
 
 ``--impls`` may also name two floors (:data:`FLOORS`, not run by default), the servers' side of
 two designs with no client logic and redis-py's 1 ms poll for waits: ``floor-script`` runs
-aiolock's fault-free acquire (the fast path of ``lock/acquire.lua`` alone) and its plain
+aiolock's acquire script with a fault-free call's arguments (so its fast path) and its plain
 ``HDEL`` release; ``floor-string`` a string lock that draws a fencing token with every try
 (``MULTI``, ``INCR`` of the counter, ``SET NX PX``, ``EXEC``; the client keeps the token) and
 redis-py's release script.
@@ -46,6 +46,7 @@ from redis.crc import key_slot
 
 import aiolock
 from aiolock._core.keys import LockKeys
+from aiolock._scripts import LOCK_ACQUIRE
 from aiolock.testing.embedded import EmbeddedCluster
 
 from ..stats import ServerProbe, median_of_runs
@@ -70,19 +71,6 @@ LABELS = {
     "floor-string": "floor: MULTI INCR + SET NX PX, release script, 1 ms poll",
 }
 
-# The fault-free fast path of ``lock/acquire.lua`` alone: what every aiolock acquisition runs
-# (as of d7234ac: the token alone for a grant, strings where numbers were).
-_FLOOR_ACQUIRE = """
-if redis.call('EXISTS', KEYS[1], KEYS[2]) == 0 then
-    local token = redis.call('INCR', KEYS[3])
-    local owner = ARGV[2]
-    redis.call('HSET', KEYS[1], owner, '1', 'f:' .. owner, token, 'r:' .. owner,
-        owner .. '/' .. ARGV[3])
-    redis.call('PEXPIRE', KEYS[1], ARGV[1])
-    return token
-end
-return {redis.call('PTTL', KEYS[1])}
-"""
 # A string lock's release: redis-py's compare-and-delete of the value its acquire set.
 _FLOOR_RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then
@@ -129,7 +117,8 @@ async def _open(
 def _floor(redis: RedisCluster, impl: str) -> Callable[[str], Any]:
     """The (acquire, release) factory of a floor design (see :data:`FLOORS`)."""
     client = uuid.uuid4().hex
-    acquire_script = redis.register_script(_FLOOR_ACQUIRE)
+    # aiolock's own acquire script, with the fault-free call's four ARGV (its fast path).
+    acquire_script = redis.register_script(LOCK_ACQUIRE.source)
     release_script = redis.register_script(_FLOOR_RELEASE)
     requests = iter(range(1, 1 << 62))
 
