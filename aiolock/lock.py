@@ -22,6 +22,13 @@ from ._core.waiting import ChannelWait, Waiting
 __all__ = ["AsyncRLock", "LockGuard", "LockStatistics", "ReentrantKind"]
 
 
+def plain_release_fields(owner: str) -> tuple[str, ...]:
+    """The fields of the lock hash the plain release removes: ``owner``'s hold (its count,
+    ``f:``, ``r:``, and ``x:`` and ``:late:`` if a fault left them) and ``:w``; the same list
+    as ``fair/last.lua``'s (``scripts/common/_hold.lua`` says which fields a hold has)."""
+    return (owner, f"f:{owner}", f"r:{owner}", ":w", f"x:{owner}", f":late:{owner}")
+
+
 class ReentrantKind(LockKind):
     """The scripts of the reentrant lock (``scripts/lock/``), shared by the kinds that differ
     from it only in how they wait (the plain lock and the spin lock)."""
@@ -75,17 +82,7 @@ class ReentrantKind(LockKind):
             return None
         if self._published() and (hold.contended or self._counters.contenders):
             return None
-        owner = hold.owner
-        return (
-            "HDEL",
-            self._keys.lock,
-            owner,
-            f"f:{owner}",
-            f"r:{owner}",
-            ":w",
-            f"x:{owner}",
-            f":late:{owner}",
-        )
+        return ("HDEL", self._keys.lock, *plain_release_fields(hold.owner))
 
 
 class AsyncRLock(ReentrantKind):

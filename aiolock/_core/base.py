@@ -544,7 +544,7 @@ class HoldKind(Guarded[int]):
         lease_s = services.watchdog_timeout if lease is None else lease
         attempt = Attempt(owner, services.owners.next_request(), lease_s, loop.time())
         reply, synced = await self._send(attempt)
-        grant = self._grant_of(reply, round(attempt.lease * 1000))
+        grant = self._grant_of(reply, attempt.lease_ms)
         if grant is None:
             return self._busy(attempt, reply)
         reconciled = await self._settlement().reconcile(attempt, grant, synced)
@@ -556,7 +556,7 @@ class HoldKind(Guarded[int]):
         """Send one acquire call: its reply, and how many replicas confirmed it (with
         ``sync_replicas``).  A grant its caller never sees is undone in the background."""
         services = self._services
-        call = self._attempt(attempt.owner, attempt.request, round(attempt.lease * 1000))
+        call = self._attempt(attempt.owner, attempt.request, attempt.lease_ms)
         return await services.calls.run_synced(
             *call,
             sync=services.sync,

@@ -123,6 +123,11 @@ class Attempt:
         self.resent = self.resent or resend
         self.sent_at = asyncio.get_running_loop().time()
 
+    @property
+    def lease_ms(self) -> int:
+        """The lease as the call sends it, in milliseconds."""
+        return round(self.lease * 1000)
+
 
 class Copies:
     """The copies of one release request sent so far (``sending`` is the ``on_send`` of every
@@ -165,8 +170,7 @@ class Settlement:
         owner = attempt.owner
         if attempt.resent:
             await self.void(owner, [attempt.request])  # a first copy may still arrive
-        lease_ms = round(attempt.lease * 1000)
-        if failure is None and self.lock.grant_of(work.result(), lease_ms) is None:
+        if failure is None and self.lock.grant_of(work.result(), attempt.lease_ms) is None:
             return  # the lock was busy: nothing was granted
         # Granted, or failed with an unknown outcome: undo exactly that request, if it landed.
         request = self.lock.services.owners.next_request()

@@ -47,6 +47,7 @@ from redis.crc import key_slot
 import aiolock
 from aiolock._core.keys import LockKeys
 from aiolock._scripts import LOCK_ACQUIRE
+from aiolock.lock import plain_release_fields
 from aiolock.testing.embedded import EmbeddedCluster
 
 from ..stats import ServerProbe, median_of_runs
@@ -139,9 +140,7 @@ def _floor(redis: RedisCluster, impl: str) -> Callable[[str], Any]:
                 await asyncio.sleep(0.001)
 
         async def release_hash() -> None:
-            await redis.hdel(
-                keys.lock, owner, f"f:{owner}", f"r:{owner}", ":w", f"x:{owner}", f":late:{owner}"
-            )
+            await redis.hdel(keys.lock, *plain_release_fields(owner))
 
         async def acquire_string() -> None:
             nonlocal value
@@ -181,14 +180,15 @@ async def contend(
     rng = random.Random(seed)
     # ``rate``: acquisitions per second this process starts at most (one every 1/rate s, in
     # order), so that implementations are compared at the same load.
-    pace = {"next": 0.0}
+    next_start = 0.0
 
     async def paced() -> None:
+        nonlocal next_start
         if rate is None:
             return
         loop = asyncio.get_running_loop()
-        at = pace["next"] = max(pace["next"] + 1 / rate, loop.time())
-        await asyncio.sleep(at - loop.time())
+        next_start = max(next_start + 1 / rate, loop.time())
+        await asyncio.sleep(next_start - loop.time())
 
     records: list[tuple[int, int, int]] = []
     holding: set[int] = set()
