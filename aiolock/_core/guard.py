@@ -15,8 +15,6 @@ from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
 
-import anyio
-
 from ..errors import LockLostError
 from .owners import current_task
 from .validate import check_lease, check_wait
@@ -193,9 +191,25 @@ class Guarded(Generic[TokenT_co]):
 
 
 class GuardContext(Generic[TokenT_co]):
-    """The async context manager behind ``lock.acquire()`` and ``async with lock``."""
+    """The async context manager behind ``lock.acquire()`` and ``async with lock``.
 
-    __slots__ = ("_cancel_on_loss", "_guard", "_lease", "_lock", "_scope", "_wait")
+    With ``cancel_on_loss`` a loss cancels the block's task once, as ``asyncio.timeout()``
+    does: the cancellation is requested while the task is suspended (from a loop callback, so
+    it lands in the block, never in the release after it), awaits in the block's own
+    ``except``/``finally`` run normally, and the exit turns that one cancellation into
+    :class:`LockLostError` (a cancellation from outside still propagates).
+    """
+
+    __slots__ = (
+        "_cancel_on_loss",
+        "_cancelling",
+        "_guard",
+        "_lease",
+        "_lock",
+        "_loss",
+        "_task",
+        "_wait",
+    )
 
     def __init__(
         self,
@@ -209,7 +223,10 @@ class GuardContext(Generic[TokenT_co]):
         self._lease = lease
         self._cancel_on_loss = cancel_on_loss
         self._guard: LockGuard[TokenT_co] | None = None
-        self._scope: anyio.CancelScope | None = None
+        self._task: asyncio.Task[Any] | None = None  # the block's, with cancel_on_loss
+        self._cancelling = 0  # the task's cancellation requests when the block began
+        # None: no loss; "due": a cancellation is on its way; "sent": the task was cancelled.
+        self._loss: Literal["due", "sent"] | None = None
 
     async def __aenter__(self) -> LockGuard[TokenT_co]:
         if self._guard is not None:
@@ -217,13 +234,25 @@ class GuardContext(Generic[TokenT_co]):
         holding = await self._lock._enter(self._wait, self._lease)
         self._guard = LockGuard(self._lock, holding)
         if self._cancel_on_loss:
-            # Entered here and exited in __aexit__, in the same task, around the block.
-            self._scope = scope = anyio.CancelScope()
-            scope.__enter__()
-            holding.listeners.append(scope.cancel)
+            self._task = task = current_task()
+            self._cancelling = task.cancelling()
+            self._loss = None
+            holding.listeners.append(self._lost)
             if holding.lost:
-                scope.cancel()
+                self._lost()
         return self._guard
+
+    def _lost(self) -> None:
+        """The hold was lost (a listener, run by whatever noticed it, maybe the task itself)."""
+        if self._loss is None and self._task is not None:
+            self._loss = "due"
+            asyncio.get_running_loop().call_soon(self._cancel)
+
+    def _cancel(self) -> None:
+        task = self._task
+        if self._loss == "due" and task is not None:  # else the block has ended meanwhile
+            self._loss = "sent"
+            task.cancel(f"aiolock: the lock {self._lock.name!r} was lost")
 
     async def __aexit__(
         self,
@@ -235,9 +264,15 @@ class GuardContext(Generic[TokenT_co]):
         assert guard is not None, "__aexit__ without __aenter__"
         holding = guard._holding
         cancelled_by_loss = False
-        if self._scope is not None:
-            holding.listeners.remove(self._scope.cancel)
-            cancelled_by_loss = bool(self._scope.__exit__(exc_type, exc, tb))
+        task = self._task
+        if task is not None:
+            holding.listeners.remove(self._lost)
+            self._task = None
+            if self._loss == "sent":
+                # Ours, unless the task was cancelled from outside too: then that propagates.
+                outside = task.uncancel() > self._cancelling
+                cancelled_by_loss = exc_type is asyncio.CancelledError and not outside
+            self._loss = None
         self._guard = None
         await self._lock._exit(holding)
         if not holding.lost:

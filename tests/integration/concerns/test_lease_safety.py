@@ -280,6 +280,76 @@ async def test_cancel_on_loss_cancels_a_sleeping_body(make_client: MakeClient) -
     assert not reached_end
 
 
+async def test_cancel_on_loss_cancels_once_and_cleanup_awaits_run(
+    make_client: MakeClient, redis: Redis
+) -> None:
+    # As asyncio.timeout(): one cancellation at the loss; the body's own cleanup awaits (a
+    # rollback, a log call that awaits) are not cancelled again.
+    client = make_client(watchdog_timeout=0.6)
+    lock = client.lock("clean-up")
+    entered = asyncio.Event()
+    cleanup: list[str] = []
+
+    async def body() -> None:
+        async with lock.acquire(cancel_on_loss=True):
+            entered.set()
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                await redis.set("rolled-back", "1")  # an awaited rollback
+                cleanup.append("except")
+                raise
+            finally:
+                await asyncio.sleep(0.01)
+                await redis.incr("finally")
+                cleanup.append("finally")
+
+    async def run() -> tuple[BaseException | None, int]:
+        try:
+            await body()
+        except aiolock.LockLostError as exc:
+            task = asyncio.current_task()
+            assert task is not None
+            return exc, task.cancelling()
+        return None, -1
+
+    runner = asyncio.create_task(run())
+    await entered.wait()
+    assert await make_client().lock("clean-up").force_unlock()
+    error, cancelling = await asyncio.wait_for(runner, 10 * client.watchdog_timeout)
+    assert isinstance(error, aiolock.LockLostError)
+    assert cancelling == 0
+    assert cleanup == ["except", "finally"]
+    assert await redis.get("rolled-back") == "1"
+    assert await redis.get("finally") == "1"
+
+
+async def test_a_body_that_swallows_the_loss_cancellation_still_raises_lock_lost(
+    make_client: MakeClient,
+) -> None:
+    client = make_client(watchdog_timeout=0.6)
+    lock = client.lock("swallowed")
+    entered = asyncio.Event()
+    swallowed = False
+
+    async def body() -> None:
+        nonlocal swallowed
+        async with lock.acquire(cancel_on_loss=True):
+            entered.set()
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                swallowed = True  # and carries on to the end of the block
+
+    task = asyncio.create_task(body())
+    await entered.wait()
+    assert await make_client().lock("swallowed").force_unlock()
+    with pytest.raises(aiolock.LockLostError):
+        await asyncio.wait_for(task, 10 * client.watchdog_timeout)
+    assert swallowed
+    assert task.cancelling() == 0
+
+
 async def test_cancel_on_loss_does_not_hide_outer_cancellation(
     aiolock_client: aiolock.Client,
 ) -> None:
