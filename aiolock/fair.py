@@ -454,7 +454,9 @@ class AsyncFairLock(LockKind):
         late = self._late_args(owner)
         fresh = self._fresh(owner)
         member = keeper.member(owner)
-        first = keeper.first_try(owner)
+        # An explicit owner may have a second call whose try overtakes this one on another
+        # connection: only a task's (one call at a time) may say it has nothing there.
+        first = keeper.first_try(owner) and self._explicit_owner is None
         if first and fresh and not late and not self._left_behind(owner):
             fresh = ("fresh", "first")
         elif member:

@@ -43,6 +43,7 @@ class _Permits(HoldKind):
 
     kind: ClassVar[str] = "semaphore"
     _renew = _scripts.SEMAPHORE_RENEW
+    _ends_with_task = False  # any task may release a permit
 
     def __init__(self, services: Services, name: str, limit: int) -> None:
         super().__init__(services, name, None)

@@ -90,10 +90,37 @@ class LockStatistics:
 
 @dataclass(eq=False, slots=True, weakref_slot=True)
 class NameState:
-    """What every lock object of one kind and name shares in a client: keys and counters."""
+    """What every lock object of one kind and name shares in a client: keys, counters, and
+    the waiting calls of explicit owners."""
 
     keys: LockKeys
     counters: NameCounters
+    # owner -> its calls in the wait loop, for the explicit owners that have some: two tasks
+    # may share an owner, and a grant to one of its calls is a reentrant grant for the others.
+    calls: dict[str, list[Waiting]] | None = None
+
+    def join(self, owner: str, waiting: Waiting) -> None:
+        calls = self.calls
+        if calls is None:
+            calls = self.calls = {}
+        calls.setdefault(owner, []).append(waiting)
+
+    def sharing(self, owner: str) -> bool:
+        """Whether ``owner`` has more than one call in the wait loop."""
+        return self.calls is not None and len(self.calls.get(owner, ())) > 1
+
+    def leave(self, owner: str, waiting: Waiting, *, granted: bool) -> None:
+        """``waiting`` left the wait loop; if it got the lock, the owner's other calls try
+        again at once (they would otherwise wait for a release that this grant put off)."""
+        calls = self.calls
+        assert calls is not None
+        mine = calls[owner]
+        mine.remove(waiting)
+        if not mine:
+            del calls[owner]
+        elif granted:
+            for other in mine:
+                other.nudge()
 
 
 class HoldKind(Guarded[int]):
@@ -113,6 +140,9 @@ class HoldKind(Guarded[int]):
     kind: ClassVar[str]
     """The kind's name: part of its keys (so kinds never share keys) and of its registries."""
     _renew: ClassVar[Script]
+    _ends_with_task: ClassVar[bool] = True
+    """Whether a task-owned hold is released when its task ends (SPEC); a semaphore's permit,
+    which any task may release, keeps the lease rule."""
     _publishes_if_refused: ClassVar[bool] = False
     """Whether the kind's release publishes only when the server refused a waiter since the
     grant (``lock/release.lua``), rather than always: see :meth:`_released_last`."""
@@ -472,6 +502,9 @@ class HoldKind(Guarded[int]):
         started = asyncio.get_running_loop().time()
         await self._services.holds.settle(self._keys.lock, owner)
         waiting = self._waiting(owner)
+        shared = who is None and self._explicit_owner is not None
+        if shared:
+            self._state.join(owner, waiting)
         granted = False
         try:
             pause = waiting.first_pause()
@@ -513,11 +546,20 @@ class HoldKind(Guarded[int]):
                     if granted:
                         return
         finally:
-            try:
-                if not granted:
-                    self._gave_up(owner)  # first: its withdraw may need the waiting's record
-            finally:
-                waiting.leave(granted)
+            self._left(owner, waiting, granted=granted, shared=shared)
+
+    def _left(self, owner: str, waiting: Waiting, *, granted: bool, shared: bool) -> None:
+        """A call of ``owner`` leaves the wait loop (``shared``: its owner is explicit, and
+        may have other calls waiting)."""
+        try:
+            # First: its withdraw may need the waiting's record.  The owner's place on the
+            # server is also its other waiting calls' (one owner): they keep it.
+            if not granted and not (shared and self._state.sharing(owner)):
+                self._gave_up(owner)
+        finally:
+            waiting.leave(granted)
+            if shared:
+                self._state.leave(owner, waiting, granted=granted)
 
     # -- one attempt: send, reconcile, record ------------------------------------------------
 
@@ -615,7 +657,23 @@ class HoldKind(Guarded[int]):
             )  # its first copy may still arrive, after the release
         if hold.watchdog:
             services.watchdog.start()
+        if task is not None and self._ends_with_task and hold.count == 1:
+            services.holds.tie(hold, self._release_ended)
         return hold
+
+    async def _release_ended(self, hold: Hold) -> None:
+        """Release every hold of ``hold``'s owner, whose task ended holding it (see
+        :meth:`Holds.tie`); if that fails the lease ends it."""
+        try:
+            while await self._release(hold.owner):
+                pass
+        except (RedisError, OSError) as exc:
+            self._services.holds.forget(hold)
+            logger.warning(
+                "could not release %r, held by a task that ended; its lease ends it: %r",
+                self.name,
+                exc,
+            )
 
     # -- one release -------------------------------------------------------------------------
 

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import logging
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from .._redis.tasks import Background
 from .metrics import lock_extra
 
 if TYPE_CHECKING:
@@ -107,6 +109,8 @@ class Hold:
     # When (loop time) the last call that found the hold on the server (its grant, a renewal)
     # was sent: a server that started after it may have lost the hold (see HoldKind._release).
     confirmed_at: float = 0.0
+    # Released by the client if its task ends holding it (Holds.tie).
+    tied: bool = False
 
     @property
     def lost(self) -> bool:
@@ -178,6 +182,13 @@ class Holds:
         self._aliases: dict[tuple[str, str], tuple[str, float]] = {}
         self._bases: dict[tuple[str, str], str] = {}
         self.changed = asyncio.Event()  # set when a watchdog hold is added
+        # The task-owned holds of each task that has had one, with what releases each: when
+        # the task ends still holding them, the client releases them (see tie).
+        self._tied: dict[
+            asyncio.Task[Any], dict[Hold, Callable[[Hold], Coroutine[Any, Any, None]]]
+        ] = {}
+        self._callback_context = contextvars.Context()
+        self._releasing_ended = Background()  # the releases of holds whose task ended
 
     def __len__(self) -> int:
         return len(self._holds)
@@ -297,8 +308,37 @@ class Holds:
             hold.count = remaining
         return None
 
+    def tie(self, hold: Hold, release: Callable[[Hold], Coroutine[Any, Any, None]]) -> None:
+        """Run ``release(hold)`` in the background if the hold's task ends while the hold is
+        tracked."""
+        task = hold.task
+        assert task is not None
+        tied = self._tied.get(task)
+        if tied is None:
+            tied = self._tied[task] = {}
+            task.add_done_callback(self._task_ended, context=self._callback_context)
+        tied[hold] = release
+        hold.tied = True
+
+    def _task_ended(self, task: asyncio.Task[Any]) -> None:
+        """A task ended: it can release nothing now, so the client releases what it held
+        (owner identities are never reused, so nobody else can)."""
+        for hold, release in self._tied.pop(task, {}).items():
+            logger.warning(
+                "task %s ended holding %s %r (x%d); releasing it",
+                task.get_name(),
+                hold.kind,
+                hold.name,
+                hold.count,
+                extra=lock_extra(hold.kind, hold.name, hold.owner),
+            )
+            # Not a settlement of the owner (defer): the release waits for those itself.
+            self._releasing_ended.spawn(release(hold))
+
     def forget(self, hold: Hold) -> None:
         """Stop tracking ``hold`` (released, or its outcome unknown): no renewals, no timer."""
+        if hold.task is not None and (tied := self._tied.get(hold.task)) is not None:
+            tied.pop(hold, None)
         hold.ended = True
         if self._holds.get((hold.key, hold.owner)) is hold:
             del self._holds[(hold.key, hold.owner)]
@@ -502,10 +542,13 @@ class Holds:
         entry = self._late.get((key, owner))
         return [] if entry is None else entry[0]
 
-    def pending(self) -> list[asyncio.Task[None]]:
-        return list(self._pending.values())
+    def pending(self) -> list[asyncio.Task[Any]]:
+        """Background work the client waits for as it closes: settlements, and the releases
+        of holds whose task ended."""
+        return [*self._pending.values(), *self._releasing_ended.tasks()]
 
     def clear(self) -> None:
+        self._tied.clear()
         for hold in list(self._holds.values()):
             self.forget(hold)
         self._lost_tokens.clear()

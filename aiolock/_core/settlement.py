@@ -202,9 +202,19 @@ class Settlement:
                 f"{lock.name!r} within {services.sync[1]}s; it was undone"
             )
         count = int(reply[1])
-        if holds.get(lock.registry_key, owner) is not None or (
-            count <= 1 and holds.lost_token(lock.registry_key, owner) != int(reply[0])
-        ):
+        known = holds.get(lock.registry_key, owner)
+        if known is not None:
+            if (
+                known.token == int(reply[0])
+                and count <= known.count
+                and (known.granted_at >= attempt.sent_at)
+            ):
+                # Another call of this owner recorded this very hold while this try was in
+                # flight (a fair grant from the queue, which a try sent before the client knew
+                # of it adopts): not a hold of this call's.  Its next try re-enters.
+                return None
+            return reply
+        if count <= 1 and holds.lost_token(lock.registry_key, owner) != int(reply[0]):
             return reply
         # The server has more holds of this owner than the client knows of: a grant the client
         # never saw (a late copy of an earlier request, applied after its resend was answered),

@@ -17,7 +17,7 @@ import asyncio
 import random
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .._redis.pubsub import Entry, Grant, NamedEntry
+from .._redis.pubsub import Entry, Grant, NamedCall, NamedEntry
 from .holds import NameCounters
 
 if TYPE_CHECKING:
@@ -65,6 +65,11 @@ class Waiting(Protocol):
         """The call leaves the wait loop, with the lock or without it."""
         ...
 
+    def nudge(self) -> None:
+        """Another call of this call's owner got the lock: try again at once (a reentrant
+        grant), now if parked, else at the next park."""
+        ...
+
 
 class ChannelWait:
     """Park on the lock's channel; a release wakes one of this client's waiters.
@@ -83,6 +88,7 @@ class ChannelWait:
         "_counters",
         "_entry",
         "_entry_type",
+        "_parked",
         "_services",
         "_shared",
         "_ticket",
@@ -107,6 +113,8 @@ class ChannelWait:
         self._channel = channel
         self._counters = counters
         self._entry: Entry | None = None
+        # Its parked future; ``True``: nudged between two parks (see nudge).
+        self._parked: asyncio.Future[Any] | bool | None = None
         self._try_first = reentering or counters.contenders == 0
         # The task's place in line among this client's waiters; an owner re-entering a lock
         # it holds goes before all of them.
@@ -132,8 +140,11 @@ class ChannelWait:
                 self._channel, self._counters, self._entry_type
             )
             self._counters.waiters += 1
+        if self._parked is True:
+            return _woken()
         # A bare future in the entry's queue: no coroutine frame or timeout context per task.
-        return entry.park(asyncio.get_running_loop().time() + pause, self._ticket)
+        waiter = self._parked = entry.park(asyncio.get_running_loop().time() + pause, self._ticket)
+        return waiter
 
     def unpark(self, waiter: asyncio.Future[Any]) -> None:
         if self._entry is not None:
@@ -150,7 +161,15 @@ class ChannelWait:
         if self._entry is not None:
             self._entry.bound(until)
 
+    def nudge(self) -> None:
+        waiter = self._parked
+        if isinstance(waiter, asyncio.Future) and not waiter.done() and self._entry is not None:
+            self._entry.wake(waiter)
+        else:
+            self._parked = True
+
     def leave(self, granted: bool) -> None:
+        self._parked = None
         pubsub = self._services.pubsub
         if self._entry is not None:
             pubsub.unreference(self._entry)
@@ -190,7 +209,7 @@ class Keeper(Protocol):
         ...
 
 
-class NamedWait:
+class NamedWait(NamedCall):
     """Park on this client's channel of the lock until a hand-off names this owner.
 
     The queue lives in Redis, so every call tries at once (its try takes its place in line).
@@ -212,7 +231,6 @@ class NamedWait:
         "_entry",
         "_keeper",
         "_kept",
-        "_owner",
         "_services",
         "_since",
     )
@@ -225,10 +243,10 @@ class NamedWait:
         owner: str,
         keeper: Keeper | None = None,
     ) -> None:
+        super().__init__(owner)
         self._services = services
         self._channel = channel
         self._counters = counters
-        self._owner = owner
         self._keeper = keeper
         self._kept = False  # counted by the keeper (since its first park)
         self._since = services.owners.last_request()  # this call's tries come after it
@@ -242,7 +260,7 @@ class NamedWait:
 
     def _enter(self, entry: Entry) -> None:
         assert isinstance(entry, NamedEntry)
-        entry.add(self._owner)
+        entry.add(self)
         self._counters.waiters += 1
 
     def first_pause(self) -> float | None:
@@ -269,7 +287,7 @@ class NamedWait:
         if self._keeper is not None and not self._kept:
             self._kept = True
             self._keeper.add(entry)
-        return entry.park_named(self._owner, asyncio.get_running_loop().time() + pause)
+        return entry.park_named(self, asyncio.get_running_loop().time() + pause)
 
     def unpark(self, waiter: asyncio.Future[Any]) -> None:
         if self._entry is not None:
@@ -283,21 +301,29 @@ class NamedWait:
         if entry is None:
             return None
         assert isinstance(entry, NamedEntry)
-        grant = entry.take_grant(self._owner)
+        grant = entry.take_grant(self.name)
         return grant if grant is not None and grant.request > self._since else None
 
     def held(self, until: float) -> None:
         pass
 
+    def nudge(self) -> None:
+        entry = self._entry
+        if entry is None:
+            self.parked = True
+        else:
+            assert isinstance(entry, NamedEntry)
+            entry.wake_call(self)
+
     def leave(self, granted: bool) -> None:
         if self._keeper is not None:
-            self._keeper.end(self._owner)
+            self._keeper.end(self.name)
             if self._kept:
                 self._keeper.discard()
         entry = self._entry
         if entry is not None:
             assert isinstance(entry, NamedEntry)
-            entry.discard(self._owner)
+            entry.discard(self)
             self._services.pubsub.unreference(entry)
             self._counters.waiters -= 1
         self._counters.contenders -= 1
@@ -311,7 +337,16 @@ class Backoff:
     from its first pause until it leaves.
     """
 
-    __slots__ = ("_counters", "_delay", "_handle", "_maximum", "_services", "_waiting")
+    __slots__ = (
+        "_counters",
+        "_delay",
+        "_handle",
+        "_maximum",
+        "_nudged",
+        "_services",
+        "_waiter",
+        "_waiting",
+    )
 
     def __init__(
         self, services: Services, counters: NameCounters, *, initial: float, maximum: float
@@ -321,6 +356,8 @@ class Backoff:
         self._delay = initial
         self._maximum = maximum
         self._handle: asyncio.TimerHandle | None = None
+        self._waiter: asyncio.Future[Any] | None = None
+        self._nudged = False
         self._waiting = False
         counters.contenders += 1
 
@@ -337,11 +374,15 @@ class Backoff:
         if not self._waiting:
             self._waiting = True
             self._counters.waiters += 1
+        if self._nudged:
+            self._nudged = False
+            return _woken()
         loop = asyncio.get_running_loop()
         sleep = min(random.uniform(0, self._delay), pause)
         self._delay = min(self._delay * 2, self._maximum)
         waiter: asyncio.Future[Any] = loop.create_future()
         self._handle = loop.call_later(sleep, _wake, waiter)
+        self._waiter = waiter
         return waiter
 
     def unpark(self, waiter: asyncio.Future[Any]) -> None:
@@ -355,6 +396,15 @@ class Backoff:
     def held(self, until: float) -> None:
         pass
 
+    def nudge(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            if self._handle is not None:
+                self._handle.cancel()
+            waiter.set_result(True)
+        else:
+            self._nudged = True
+
     def leave(self, granted: bool) -> None:
         if self._handle is not None:
             self._handle.cancel()
@@ -366,3 +416,10 @@ class Backoff:
 def _wake(waiter: asyncio.Future[Any]) -> None:
     if not waiter.done():
         waiter.set_result(True)
+
+
+def _woken() -> asyncio.Future[Any]:
+    """A future already done: a wake-up that came before the park."""
+    woken: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    woken.set_result(True)
+    return woken

@@ -4,8 +4,9 @@ Every ``watchdog_timeout / 3`` it renews all watched holds, one script call per 
 holds holds of one kind (each kind renews with its own script).  A hold
 whose lock is gone or owned by someone else is marked lost at once.  A renewal that fails (the
 connection dropped) is retried quickly; a hold whose lease runs out meanwhile is marked lost by
-its timer, because from then on nobody can say who holds the lock.  A hold whose owning task
-finished without releasing is dropped, and its lock expires within one lease.
+its timer, because from then on nobody can say who holds the lock.  A lock whose owning task
+ended holding it is released by the client (``Holds.tie``); a permit whose task ended is
+dropped, and expires within one lease.
 
 The batches of a round run concurrently, each retrying on its own: on a Cluster a batch whose
 node is dead (until its replica takes over) must not hold up the renewals of the other nodes'
@@ -190,6 +191,8 @@ class Watchdog:
     def _owner_alive(self, hold: Hold) -> bool:
         if hold.task is None or not hold.task.done():
             return True
+        if hold.tied:
+            return False  # the client is releasing it (Holds.tie)
         # The owning task ended without releasing: stop renewing so the lock expires.
         logger.warning(
             "task %s ended while holding lock %r; its lease runs out in at most %.1fs",

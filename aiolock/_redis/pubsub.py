@@ -30,7 +30,7 @@ import logging
 import math
 import zlib
 from collections import deque
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any, ClassVar, NamedTuple, Protocol
@@ -45,6 +45,7 @@ __all__ = [
     "Entry",
     "Grant",
     "Home",
+    "NamedCall",
     "NamedEntry",
     "OneServer",
     "PubSub",
@@ -237,6 +238,12 @@ class Entry:
         if self.expires_one and self._parked and until < self._timer_at:
             self._arm(asyncio.get_running_loop(), until)
 
+    def wake(self, waiter: asyncio.Future[bool]) -> None:
+        """Wake one parked waiter out of turn (another call of its owner got the lock)."""
+        if not waiter.done():
+            self._parked -= 1
+            waiter.set_result(True)
+
     def unpark(self, waiter: asyncio.Future[bool]) -> None:
         """The caller of :meth:`park` was cancelled: stop counting it if it was still parked."""
         if waiter.cancelled():
@@ -312,39 +319,71 @@ class Grant(NamedTuple):
     request: int
 
 
+class NamedCall:
+    """One waiting call on a :class:`NamedEntry`: its owner's name, and where the call is.
+
+    Calls that name the same owner are one owner, and each is woken by a message naming it.
+    """
+
+    __slots__ = ("bound", "name", "parked")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        # Its parked future; ``None`` between two parks; ``True``: woken before it parked.
+        self.parked: asyncio.Future[bool] | bool | None = None
+        self.bound = math.inf  # the loop time its next park ends by at the latest
+
+
 class NamedEntry(Entry):
     """A channel whose messages name the one waiter to wake (the fair lock's hand-off).
 
-    Each waiting owner registers its name for the whole of its wait (:meth:`add` ..
-    :meth:`discard`), so that a message naming it while it is between two tries is kept for its
-    next park instead of lost.  A bound message (``+<ms> <owner>``) shortens that owner's park
-    instead of waking it.  A grant message (``=<token> ...``, :class:`Grant`) wakes its owner
-    and is kept for it until it takes it (:meth:`take_grant`) or leaves; one for an owner not
-    waiting here is dropped (its withdraw takes the grant back on the server).  Anything else
-    that is not a named hand-off (the confirmation of the SUBSCRIBE, a reconnect, a loss) wakes
-    every waiter: each tries, and only the next in the queue can win.
+    Each waiting call registers under its owner's name for the whole of its wait (:meth:`add`
+    .. :meth:`discard`), so that a message naming it while it is between two tries is kept for
+    its next park instead of lost; an owner with several calls has each of them woken.  A bound
+    message (``+<ms> <owner>``) shortens that owner's parks instead of waking it.  A grant
+    message (``=<token> ...``, :class:`Grant`) wakes its owner's calls and is kept until one of
+    them takes it (:meth:`take_grant`) or the last leaves; one for an owner not waiting here is
+    dropped (its withdraw takes the grant back on the server).  Anything else that is not a
+    named hand-off (the confirmation of the SUBSCRIBE, a reconnect, a loss) wakes every waiter:
+    each tries, and only the next in the queue can win.
     """
 
-    __slots__ = ("_bounds", "_grants", "_named")
+    __slots__ = ("_grants", "_named")
     expires_one = False  # each deadline is its own owner's bound
 
     def __init__(self, channel: bytes, contention: Contention | None = None) -> None:
         super().__init__(channel, contention)
-        # owner -> its parked future, or None between parks, or True: woken before it parked.
-        # Keyed by the owner's id as the waiter has it (no copy per waiter; a message decodes).
-        self._named: dict[str, asyncio.Future[bool] | bool | None] = {}
-        # owner -> the loop time its next park ends by at the latest (see bound_named).
-        self._bounds: dict[str, float] = {}
+        # owner -> its one waiting call, or a list of them when it has several (two tasks that
+        # share an explicit owner).  Keyed by the owner's id as the call has it (no copy per
+        # waiter; a message decodes).
+        self._named: dict[str, NamedCall | list[NamedCall]] = {}
         # owner -> the last grant from the queue a message brought it, not taken yet.
         self._grants: dict[str, Grant] = {}
 
-    def add(self, name: str) -> None:
-        self._named.setdefault(name, None)
+    def add(self, call: NamedCall) -> None:
+        present = self._named.get(call.name)
+        if present is None:
+            self._named[call.name] = call
+        elif isinstance(present, list):
+            present.append(call)
+        else:
+            self._named[call.name] = [present, call]
 
-    def discard(self, name: str) -> None:
-        self._named.pop(name, None)
-        self._bounds.pop(name, None)
-        self._grants.pop(name, None)
+    def discard(self, call: NamedCall) -> None:
+        present = self._named.get(call.name)
+        if present is call:
+            del self._named[call.name]
+            self._grants.pop(call.name, None)
+        elif isinstance(present, list) and call in present:
+            present.remove(call)  # a grant stays for the owner's other calls
+            if len(present) == 1:
+                self._named[call.name] = present[0]
+
+    def _calls(self, name: str) -> Sequence[NamedCall]:
+        present = self._named.get(name)
+        if present is None:
+            return ()
+        return present if isinstance(present, list) else (present,)
 
     def names(self) -> list[str]:
         """The owners waiting here (parked, or between two tries)."""
@@ -371,19 +410,22 @@ class NamedEntry(Entry):
 
     def bound_named(self, name: str, seconds: float) -> None:
         """The hold in front of the owner ``name`` ends within ``seconds`` (the lock was just
-        granted to the waiter before it): it parks no longer than that, now or at its next park.
+        granted to the waiter before it): its calls park no longer than that, now or at their
+        next park.
 
         Counted from the message's arrival, after the grant: never before that hold's end.
         """
-        if name not in self._named:
+        calls = self._calls(name)
+        if not calls:
             return
         loop = asyncio.get_running_loop()
         until = loop.time() + seconds
-        waiter = self._named[name]
-        if isinstance(waiter, asyncio.Future) and not waiter.done():
-            loop.call_at(until, self._end_park, waiter)
-        else:
-            self._bounds[name] = min(self._bounds.get(name, math.inf), until)
+        for call in calls:
+            waiter = call.parked
+            if isinstance(waiter, asyncio.Future) and not waiter.done():
+                loop.call_at(until, self._end_park, waiter)
+            else:
+                call.bound = min(call.bound, until)
 
     def _end_park(self, waiter: asyncio.Future[bool]) -> None:
         if not waiter.done():  # else woken, cancelled or timed out already
@@ -391,16 +433,20 @@ class NamedEntry(Entry):
             waiter.set_result(False)
 
     def wake_named(self, name: str) -> None:
-        """Wake the owner ``name`` if it waits here (at its next park if it is not parked)."""
-        if name not in self._named:
-            return  # not (or no longer) waiting here
-        waiter = self._named[name]
+        """Wake the calls of the owner ``name`` waiting here (each at its next park if it is
+        not parked)."""
+        for call in self._calls(name):
+            self.wake_call(call)
+
+    def wake_call(self, call: NamedCall) -> None:
+        """Wake one waiting call (at its next park if it is not parked)."""
+        waiter = call.parked
         if isinstance(waiter, asyncio.Future) and not waiter.done():
             self._parked -= 1
             waiter.set_result(True)
-            self._named[name] = None
+            call.parked = None
         else:
-            self._named[name] = True
+            call.parked = True
 
     def wake_one(self) -> None:
         self.wake_all()
@@ -408,24 +454,25 @@ class NamedEntry(Entry):
     def wake_all(self) -> None:
         """Wake every parked waiter, and mark those between two tries as woken: exactly one
         more try each (no spare wake-ups, unlike :meth:`Entry.wake_all`)."""
-        for name, waiter in self._named.items():
-            if isinstance(waiter, asyncio.Future) and not waiter.done():
-                self._parked -= 1
-                waiter.set_result(True)
-                self._named[name] = None
-            elif waiter is None:
-                self._named[name] = True
+        for present in self._named.values():
+            for call in present if isinstance(present, list) else (present,):
+                waiter = call.parked
+                if isinstance(waiter, asyncio.Future) and not waiter.done():
+                    self._parked -= 1
+                    waiter.set_result(True)
+                    call.parked = None
+                elif waiter is None:
+                    call.parked = True
 
-    def park_named(self, name: str, deadline: float) -> asyncio.Future[bool]:
-        """:meth:`Entry.park` for the owner ``name``, which a message naming it wakes."""
-        if self._named.get(name) is True:
-            self._named[name] = None
+    def park_named(self, call: NamedCall, deadline: float) -> asyncio.Future[bool]:
+        """:meth:`Entry.park` for ``call``, which a message naming its owner wakes."""
+        if call.parked is True:
+            call.parked = None
             woken: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
             woken.set_result(True)
             return woken
-        bound = self._bounds.pop(name, None)
-        waiter = self.park(deadline if bound is None else min(deadline, bound))
-        self._named[name] = waiter
+        bound, call.bound = call.bound, math.inf
+        waiter = call.parked = self.park(min(deadline, bound))
         return waiter
 
 

@@ -8,7 +8,7 @@ import pytest
 from redis.exceptions import NoPermissionError
 
 from aiolock._core.holds import NameCounters
-from aiolock._redis.pubsub import BroadcastEntry, Entry, NamedEntry
+from aiolock._redis.pubsub import BroadcastEntry, Entry, Grant, NamedCall, NamedEntry
 
 pytestmark = pytest.mark.anyio
 
@@ -253,9 +253,10 @@ async def test_a_bound_message_ends_the_named_park_by_then_and_nothing_else() ->
     loop = asyncio.get_running_loop()
     entry = NamedEntry(b"channel")
     entry.refs = 3
-    for name in ("a", "b", "c"):
-        entry.add(name)
-    parked = entry.park_named("a", float("inf"))
+    a, b, c = calls = [NamedCall(name) for name in ("a", "b", "c")]
+    for call in calls:
+        entry.add(call)
+    parked = entry.park_named(a, float("inf"))
     sent = loop.time()
     entry.deliver(b"+30 a")
     entry.deliver(b"+40 b")  # b is between two tries
@@ -266,19 +267,43 @@ async def test_a_bound_message_ends_the_named_park_by_then_and_nothing_else() ->
     assert await asyncio.wait_for(parked, 5) is False  # ended by the bound, not woken
     assert loop.time() - sent >= 0.03 - 0.002  # the loop's clock resolution
     assert entry.parked == 0
-    later = entry.park_named("b", float("inf"))
+    later = entry.park_named(b, float("inf"))
     assert await asyncio.wait_for(later, 5) is False
     assert loop.time() - sent >= 0.04 - 0.002
 
     # A bound for a waiter woken meanwhile does not end its next park.
-    first = entry.park_named("a", float("inf"))
+    first = entry.park_named(a, float("inf"))
     entry.deliver(b"+20 a")
     entry.deliver(b"a")  # the hand-off itself
     assert first.result() is True
-    again = entry.park_named("a", float("inf"))
-    witness = entry.park_named("c", float("inf"))
+    again = entry.park_named(a, float("inf"))
+    witness = entry.park_named(c, float("inf"))
     entry.deliver(b"+40 c")
     assert await asyncio.wait_for(witness, 5) is False  # past a's old bound
     assert not again.done()
     assert entry.parked == 1
-    entry.discard("a")
+    entry.discard(a)
+
+
+async def test_each_call_of_an_owner_keeps_its_own_park() -> None:
+    # Two tasks share an explicit owner: a message naming it wakes both, a grant is kept until
+    # one takes it, and the first to leave does not take the owner's name away from the other.
+    entry = NamedEntry(b"channel")
+    entry.refs = 2
+    one, two = NamedCall("o"), NamedCall("o")
+    entry.add(one)
+    entry.add(two)
+    first = entry.park_named(one, float("inf"))
+    second = entry.park_named(two, float("inf"))
+    entry.deliver(b"=7 1000 5 3 o")
+    assert first.result() is True
+    assert second.result() is True
+    assert entry.take_grant("o") == Grant(7, 1000, 5, 3)
+    assert entry.take_grant("o") is None
+    entry.discard(one)
+    assert entry.names() == ["o"]
+    again = entry.park_named(two, float("inf"))
+    entry.wake_all()  # the client closes
+    assert again.result() is True
+    entry.discard(two)
+    assert entry.names() == []

@@ -31,6 +31,9 @@ HOLDER_LEASE = 1.0
 LEASE = 0.5  # as in the issue; the read of a fresh hold's end must come within it
 BOUND_MS = 100
 WAITERS_PER_CLIENT = 3
+# The waiters' holds must end by their leases, as a crashed process' would: each has an owner
+# of its own, which its task's end does not release (a task-owned hold would be).
+_OWNERS = (f"waiter-{n}" for n in itertools.count())
 
 
 async def server_ms(redis: Redis, read: Callable[[Any], None]) -> tuple[int, Any]:
@@ -65,13 +68,13 @@ async def _lock_hold(lock: Any, lease: float, wait: float | None) -> Any:
     return lock
 
 
-def _single(make: Callable[[aiolock.Client], Any]) -> Case:
+def _single(make: Callable[[aiolock.Client, str | None], Any]) -> Case:
     async def end(redis: Redis, lock: Any) -> int:
         return await pttl_end(redis, keys_of(lock).lock)
 
     return Case(
-        holder=lambda client: _lock_hold(make(client), HOLDER_LEASE, None),
-        waiter=lambda client: _lock_hold(make(client), LEASE, 15),
+        holder=lambda client: _lock_hold(make(client, None), HOLDER_LEASE, None),
+        waiter=lambda client: _lock_hold(make(client, next(_OWNERS)), LEASE, 15),
         end=end,
     )
 
@@ -101,20 +104,24 @@ async def _permit_end(redis: Redis, permit: Any) -> int:
 
 
 CASES = {
-    "lock": _single(lambda client: client.lock("handover")),
-    "fair": _single(lambda client: client.fair_lock("handover")),
+    "lock": _single(lambda client, owner: client.lock("handover", owner=owner)),
+    "fair": _single(lambda client, owner: client.fair_lock("handover", owner=owner)),
     "rw-write": Case(  # writers behind a reader, then behind each other
         holder=lambda client: _lock_hold(
             client.rw_lock("handover").read_lock(), HOLDER_LEASE, None
         ),
-        waiter=lambda client: _lock_hold(client.rw_lock("handover").write_lock(), LEASE, 15),
+        waiter=lambda client: _lock_hold(
+            client.rw_lock("handover").write_lock(owner=next(_OWNERS)), LEASE, 15
+        ),
         end=_rw_end,
     ),
     "rw-read": Case(  # readers behind a writer: all get in at its end
         holder=lambda client: _lock_hold(
             client.rw_lock("handover").write_lock(), HOLDER_LEASE, None
         ),
-        waiter=lambda client: _lock_hold(client.rw_lock("handover").read_lock(), LEASE, 15),
+        waiter=lambda client: _lock_hold(
+            client.rw_lock("handover").read_lock(owner=next(_OWNERS)), LEASE, 15
+        ),
         end=_rw_end,
         exclusive=False,
     ),
@@ -175,7 +182,7 @@ async def test_fair_waiters_behind_a_long_hold_released_early_are_told_of_each_n
     grants: list[tuple[int, int]] = []
 
     async def waiter(client: aiolock.Client) -> None:
-        lock = client.fair_lock("early")
+        lock = client.fair_lock("early", owner=next(_OWNERS))
         assert await lock.try_lock(15, lease)
         end = await pttl_end(redis, keys_of(lock).lock)
         grants.append((end - round(lease * 1000), end))

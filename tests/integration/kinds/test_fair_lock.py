@@ -1022,16 +1022,26 @@ async def test_a_force_unlock_wakes_the_next_waiter_of_its_own_client_without_a_
     lock = aiolock_client.fair_lock("forced")
     for _ in range(3):
         await holder.lock()
-        waiter = asyncio.create_task(lock.try_lock(wait=10))
+        granted, checked = asyncio.Event(), asyncio.Event()
+
+        async def wait_and_hold() -> None:
+            assert await lock.try_lock(wait=10)
+            granted.set()
+            await checked.wait()  # held by this task until the test has looked
+            await lock.unlock()
+
+        waiter = asyncio.create_task(wait_and_hold())
         await queued(redis, holder, 1)
         await eventually(lambda: parked_on(aiolock_client, lock) == 1, what="parked")
         assert await holder.force_unlock()
-        assert await asyncio.wait_for(waiter, 5)
+        await asyncio.wait_for(granted.wait(), 5)
         owner = await owner_of(redis, lock)
         hold = Seam(lock).hold(owner)
         assert hold is not None
         assert not hold.lost
-        assert await Seam(lock).release(owner) == 0
+        checked.set()
+        await waiter
+        assert not await lock.is_locked()
     await assert_clean(redis, aiolock_client)
     assert await no_queue_keys(redis, holder)
 

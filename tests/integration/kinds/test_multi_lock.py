@@ -94,7 +94,7 @@ async def test_a_cancelled_attempt_gives_back_what_it_took(
     aiolock_client: aiolock.Client, redis: Redis
 ) -> None:
     first, second = aiolock_client.lock("c1"), aiolock_client.lock("c2")
-    await asyncio.create_task(second.lock(lease=30))  # held by a finished task: never freed
+    await aiolock_client.lock("c2", owner="stranger").lock(lease=30)  # another owner's
     attempt = asyncio.create_task(aiolock.MultiLock(first, second).lock())
     await eventually(lambda: second.statistics().waiters == 1, what="waiting for the second")
     assert await first.is_locked()
@@ -205,7 +205,7 @@ async def test_a_stalled_release_cannot_hold_the_caller_past_its_wait(
     """Regression: once the wait ran out, giving back the parts already taken waited for
     their releases however long the server took (here a 2 s stall for a 0.5 s wait)."""
     first, second = aiolock_client.lock("s1"), aiolock_client.lock("s2")  # taken in this order
-    await asyncio.create_task(second.lock(lease=30))  # held by a finished task
+    await aiolock_client.lock("s2", owner="stranger").lock(lease=30)  # another owner's
     loop = asyncio.get_running_loop()
     started = loop.time()
     attempt = asyncio.create_task(aiolock.MultiLock(first, second).try_lock(wait=0.5))

@@ -124,7 +124,12 @@ async def test_a_write_release_wakes_the_readers_of_every_client_at_once(
     clients = [make_client() for _ in range(3)]
     write = aiolock_client.rw_lock("news").write_lock()
     await write.lock()
-    readers = [client.rw_lock("news").read_lock() for client in clients for _ in range(2)]
+    # Owners of their own: their tasks end holding the read locks, which then stay held.
+    readers = [
+        client.rw_lock("news").read_lock(owner=f"reader-{i}")
+        for client in clients
+        for i in range(2)
+    ]
     waiting = [asyncio.create_task(reader.try_lock(wait=10)) for reader in readers]
     await eventually(
         lambda: sum(r.statistics().waiters for r in readers[::2]) == 6, what="all parked"
