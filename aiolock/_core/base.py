@@ -592,7 +592,13 @@ class HoldKind(Guarded[int]):
         reconciled = await self._settlement().reconcile(attempt, grant, synced)
         if reconciled is None:
             return None
-        return self._record(attempt, reconciled, task, started, watchdog=lease is None)
+        hold = self._record(attempt, reconciled, task, started, watchdog=lease is None)
+        if hold.count == 1 and hold.expires_at <= loop.time():
+            # Granted past its lease by this client's clock (the request waited on a frozen
+            # path): the caller gets it lost, and the server, which may hold it for a whole
+            # lease from when it ran the call, gets it back now.
+            self._settlement().give_back(attempt)
+        return hold
 
     async def _send(self, attempt: Attempt) -> tuple[Any, int]:
         """Send one acquire call: its reply, and how many replicas confirmed it (with

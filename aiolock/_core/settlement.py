@@ -177,6 +177,18 @@ class Settlement:
         until = max(asyncio.get_running_loop().time() + attempt.lease, self.lease_end(owner))
         await self.retry_release(owner, request, attempt.request, until)
 
+    def give_back(self, attempt: Attempt) -> None:
+        """Undo exactly the grant ``attempt`` got, in the background (the owner's next call
+        waits for it): nobody can count on it."""
+        lock = self.lock
+        services = lock.services
+        request = services.owners.next_request()
+        owner = attempt.owner
+        until = max(asyncio.get_running_loop().time() + attempt.lease, self.lease_end(owner))
+        services.holds.defer(
+            lock.keys.lock, owner, self.retry_release(owner, request, attempt.request, until)
+        )
+
     async def reconcile(self, attempt: Attempt, reply: list[Any], synced: int) -> list[Any] | None:
         """A grant checked against what the client knows, before it is recorded: the reply to
         record, or ``None`` when it re-entered a hold the client took for lost (dropped, so
@@ -192,10 +204,7 @@ class Settlement:
         if services.sync is not None and synced < services.sync[0]:
             # Not on enough replicas in time: a failover could forget it.  Undo exactly this
             # grant (a settlement: the caller may be cancelled meanwhile), then say so.
-            undo = services.owners.next_request()
-            until = asyncio.get_running_loop().time() + attempt.lease
-            undoing = self.retry_release(owner, undo, attempt.request, until)
-            holds.defer(lock.keys.lock, owner, undoing)
+            self.give_back(attempt)
             await holds.settle(lock.keys.lock, owner)
             raise LockSyncError(
                 f"{synced} of the {services.sync[0]} replica(s) asked for confirmed the grant of "

@@ -268,6 +268,9 @@ class Calls(Runner):
         in_flight = False  # this connection owes the reply of the current attempt
         connecting: asyncio.Task[None] | None = None
         wait = () if sync is None else (("WAIT", *_wait_args(sync)),)
+        # The script's reply once read, while its WAIT's is still owed: a cancellation then
+        # leaves a known outcome, not a reply to read.
+        answered: list[Any] = []
 
         async def attempt() -> tuple[Any, int]:
             nonlocal sent, resend, in_flight, connecting
@@ -284,7 +287,8 @@ class Calls(Runner):
             sent = True
             # Not disconnected on cancellation: the reply is then read in the background.
             evalsha = commands[resend]  # a resend may carry a mark (``mark_resends``)
-            reply, synced = await _evaluate(conn, evalsha, script, wait, sync)
+            answered.clear()
+            reply, synced = await _evaluate(conn, evalsha, script, wait, sync, answered)
             in_flight = False
             return reply, synced
 
@@ -302,7 +306,12 @@ class Calls(Runner):
             except _Written as written:
                 raise written.error from None
         except asyncio.CancelledError:
-            if in_flight:
+            if in_flight and answered:
+                # Cancelled in the WAIT (with sync_replicas): the script's reply is the outcome.
+                self._spawn(self._finish_wait(conn, sync), None)
+                if orphan is not None:
+                    orphan(_answered(answered[0]))
+            elif in_flight:
                 # The scripts are idempotent per request, so this reply is the call's outcome,
                 # even when it answers a resend.
                 self._spawn(self._finish(conn, sync, resend), orphan)
@@ -346,6 +355,18 @@ class Calls(Runner):
             raise
         self._give_back(conn)
         return reply
+
+    async def _finish_wait(self, conn: AbstractConnection, sync: tuple[int, float] | None) -> None:
+        """Read the WAIT reply a cancelled caller owed the connection, then give it back."""
+        assert sync is not None
+        try:
+            await _read_wait(conn, sync, disconnect_on_error=True)
+        except ResponseError:
+            pass  # read whole: the connection is clean
+        except BaseException:
+            await self._discard(conn)
+            raise
+        self._give_back(conn)
 
     async def _discard(
         self, conn: AbstractConnection, after: asyncio.Future[Any] | None = None
@@ -467,22 +488,23 @@ async def _evaluate(
     script: Script | None,
     wait: tuple[tuple[Any, ...], ...],
     sync: tuple[int, float] | None,
+    answered: list[Any] | None = None,
 ) -> tuple[Any, int]:
     """One attempt: EVALSHA, and on NOSCRIPT the source by EVAL on the same connection (EVAL
     caches it, so the next EVALSHA on this server finds it); with no ``script``, the plain
-    command ``evalsha`` is.
+    command ``evalsha`` is.  ``answered`` gets the script's reply as soon as it is read.
 
     Within the attempt, so that NOSCRIPT never reads as "nothing ran" to the caller: a restart
     empties the cache, and an earlier copy of the call may have run before it.
     """
     await write(conn, evalsha, *wait)
     try:
-        return await _read_replies(conn, sync)
+        return await _read_replies(conn, sync, answered=answered)
     except NoScriptError:
         if script is None:
             raise
         await write(conn, ("EVAL", script.source, *evalsha[2:]), *wait)
-        return await _read_replies(conn, sync)
+        return await _read_replies(conn, sync, answered=answered)
 
 
 # WAIT blocks for up to its own timeout, which a socket timeout must not cut short.
@@ -496,13 +518,18 @@ def _wait_args(sync: tuple[int, float]) -> tuple[int, int]:
 
 
 async def _read_replies(
-    conn: AbstractConnection, sync: tuple[int, float] | None, *, disconnect_on_error: bool = False
+    conn: AbstractConnection,
+    sync: tuple[int, float] | None,
+    *,
+    disconnect_on_error: bool = False,
+    answered: list[Any] | None = None,
 ) -> tuple[Any, int]:
     """The script's reply, and (when a WAIT followed it) how many replicas have its writes.
 
     The WAIT's reply is read even when the script's is an error, so the connection stays clean;
     the script's error is the one raised (a Cluster replica answers MOVED to the script, then
-    refuses the WAIT: the MOVED is what the caller must see to follow it).
+    refuses the WAIT: the MOVED is what the caller must see to follow it).  A WAIT refused
+    after the script ran (``UNBLOCKED`` on a failover) confirms nothing: 0 replicas.
     """
     try:
         reply = await conn.read_response(disconnect_on_error=disconnect_on_error)
@@ -511,7 +538,14 @@ async def _read_replies(
             with contextlib.suppress(ResponseError):
                 await _read_wait(conn, sync, disconnect_on_error)
         raise error
-    return reply, (0 if sync is None else await _read_wait(conn, sync, disconnect_on_error))
+    if sync is None:
+        return reply, 0
+    if answered is not None:
+        answered.append(reply)
+    try:
+        return reply, await _read_wait(conn, sync, disconnect_on_error)
+    except ResponseError:
+        return reply, 0
 
 
 async def _read_wait(
@@ -523,6 +557,13 @@ async def _read_wait(
     if acked is None:
         raise RedisTimeoutError("no reply to WAIT")
     return int(acked)
+
+
+def _answered(reply: Any) -> asyncio.Future[Any]:
+    """The outcome of a call whose reply was read, though its caller left."""
+    done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+    done.set_result(reply)
+    return done
 
 
 def not_sent() -> asyncio.Future[Any]:

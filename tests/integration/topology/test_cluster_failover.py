@@ -223,3 +223,43 @@ async def test_a_synced_call_to_a_rejoined_old_primary_follows_its_moved(
         with _node(new) as redis:
             assert redis.exists(keys_of(lock).lock)
         assert await asyncio.to_thread(on_replica, primary, keys_of(lock).lock)
+
+
+async def test_a_synced_grant_cancelled_or_unblocked_in_its_wait_is_undone(
+    cluster: EmbeddedCluster, clients: Make
+) -> None:
+    """With ``sync_replicas=1`` a grant waits (WAIT) for the replica: a caller cancelled then
+    leaves nothing behind, and a WAIT that the server unblocks with an error (a failover does:
+    ``UNBLOCKED ... master -> replica``; CLIENT UNBLOCK ERROR answers the same) is a
+    ``LockSyncError`` whose grant is undone."""
+    client = clients(sync_replicas=1, sync_timeout=10.0)
+    primary = cluster.primaries[0]
+    replica = replica_of(cluster, primary)
+    first, second, warm = names_on(cluster, primary, 3)
+    async with client.lock(warm).acquire(wait=0, lease=5):
+        pass  # the node has the script: the next EVALSHA there grants at once
+    await asyncio.to_thread(cut_replication, primary, replica)
+    await eventually(lambda: link_down(replica), timeout=10, what="replication cut")
+    with _node(primary) as redis:
+
+        def blocked(name: str) -> list[int]:
+            if not redis.exists(keys_of(client.lock(name)).lock):
+                return []
+            return [int(c["id"]) for c in redis.client_list() if c.get("cmd") == "wait"]
+
+        cancelled = asyncio.create_task(client.lock(first).try_lock(wait=0, lease=30))
+        await eventually(lambda: bool(blocked(first)), timeout=10, what="the grant in its WAIT")
+        cancelled.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await cancelled
+        key = keys_of(client.lock(first)).lock
+        await eventually(lambda: not redis.exists(key), timeout=5, what="the cancelled undone")
+
+        unblocked = asyncio.create_task(client.lock(second).try_lock(wait=0, lease=30))
+        await eventually(lambda: bool(blocked(second)), timeout=10, what="the grant in its WAIT")
+        for client_id in blocked(second):
+            redis.execute_command("CLIENT", "UNBLOCK", client_id, "ERROR")
+        with pytest.raises(aiolock.LockSyncError):
+            await unblocked
+        assert not redis.exists(keys_of(client.lock(second)).lock)
+    assert client.statistics().holds == 0

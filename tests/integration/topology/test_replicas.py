@@ -6,6 +6,7 @@ replicas than asked confirm within ``sync_timeout`` is undone and raises ``LockS
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -190,3 +191,89 @@ def _pid(server: EmbeddedServer) -> int:
 def test_sync_options_are_checked(options: dict[str, Any], error: type[Exception]) -> None:
     with pytest.raises(error, match=next(iter(options))):
         aiolock.Client.from_url("redis://127.0.0.1:1/0", **options)
+
+
+async def waiting_clients(primary: Redis) -> list[int]:
+    """The ids of the primary's clients blocked in WAIT."""
+    listed = await primary.client_list()
+    return [int(client["id"]) for client in listed if client.get("cmd") == "wait"]
+
+
+@pytest.mark.parametrize("kind", sorted(LOCKS))
+async def test_an_acquire_cancelled_in_its_wait_for_replicas_leaves_nothing(
+    clients: Callable[..., aiolock.Client], pair: Pair, kind: str
+) -> None:
+    # Two replicas asked for, one there: WAIT blocks for the whole sync_timeout, after the
+    # script granted.  The caller cancelled then must not leave the grant on the server.
+    client = clients(sync_replicas=2, sync_timeout=5.0)
+    lock = LOCKS[kind](client, "cancelled-in-wait")
+    async with Redis.from_url(pair.primary.url, decode_responses=True) as primary:
+        attempt = asyncio.create_task(lock.try_lock(wait=0))
+
+        async def in_wait() -> bool:
+            # Granted by the script, then blocked in WAIT (a first call's EVALSHA answered
+            # NOSCRIPT also blocks in its WAIT, before the EVAL that grants).
+            return bool(await primary.exists(keys_of(lock).lock)) and bool(
+                await waiting_clients(primary)
+            )
+
+        await eventually(in_wait, timeout=15, what="the grant waiting for replicas")
+        attempt.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await attempt
+
+        async def given_back() -> bool:
+            return not await primary.exists(keys_of(lock).lock)
+
+        await eventually(given_back, timeout=3, what="the grant undone (not its 30 s lease)")
+    assert client.statistics().holds == 0
+
+
+@pytest.mark.parametrize("kind", sorted(LOCKS))
+async def test_an_acquire_cancelled_anywhere_leaves_nothing(
+    clients: Callable[..., aiolock.Client], pair: Pair, kind: str
+) -> None:
+    # Cancelled after 0, 1, 2... steps of the loop: before the send, with the script or the
+    # WAIT in flight, or after; whatever it got is settled.
+    client = clients(sync_replicas=1, sync_timeout=2.0)
+    lock = LOCKS[kind](client, "cancelled-anywhere")
+    async with Redis.from_url(pair.primary.url, decode_responses=True) as primary:
+        for steps in range(12):
+            attempt = asyncio.create_task(lock.try_lock(wait=5))
+            for _ in range(steps):
+                await asyncio.sleep(0)
+            attempt.cancel()
+            # Granted before the cancellation landed: its task ends holding it, which the
+            # client releases (SPEC); cancelled, its grant is undone.
+            await asyncio.gather(attempt, return_exceptions=True)
+
+            async def clean() -> bool:
+                return not await primary.exists(keys_of(lock).lock)
+
+            await eventually(clean, timeout=3, what=f"nothing left after {steps} steps")
+    assert client.statistics().holds == 0
+
+
+@pytest.mark.parametrize("kind", sorted(LOCKS))
+async def test_a_wait_unblocked_by_the_server_is_a_sync_error_and_undone(
+    clients: Callable[..., aiolock.Client], pair: Pair, kind: str
+) -> None:
+    # A failover unblocks WAIT with an error (UNBLOCKED ... master -> replica); CLIENT UNBLOCK
+    # ERROR answers the same error to the same WAIT.
+    client = clients(sync_replicas=2, sync_timeout=5.0)
+    lock = LOCKS[kind](client, "unblocked")
+    async with Redis.from_url(pair.primary.url, decode_responses=True) as primary:
+        attempt = asyncio.create_task(lock.try_lock(wait=0))
+
+        async def blocked() -> list[int]:
+            if not await primary.exists(keys_of(lock).lock):
+                return []  # not granted yet (a first EVALSHA's NOSCRIPT waits too)
+            return await waiting_clients(primary)
+
+        await eventually(blocked, timeout=15, what="the grant waiting for replicas")
+        for client_id in await blocked():
+            await primary.execute_command("CLIENT", "UNBLOCK", client_id, "ERROR")
+        with pytest.raises(aiolock.LockSyncError):
+            await attempt
+        assert not await primary.exists(keys_of(lock).lock)
+    assert client.statistics().holds == 0
