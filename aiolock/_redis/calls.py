@@ -27,7 +27,7 @@ import codecs
 import contextlib
 import functools
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, Final, Protocol, TypeVar
 
 import hiredis
@@ -263,9 +263,9 @@ class Calls(Runner):
         except asyncio.CancelledError:
             _orphaned(orphan, NotSent())
             raise
-        sent = False  # some attempt reached the socket: the script may have run
-        resend = False  # the current attempt follows one that reached the socket
-        in_flight = False  # this connection owes the reply of the current attempt
+        # sent: some attempt reached the socket (the script may have run); resend: the current
+        # attempt follows one that did; in_flight: this connection owes the current one's reply.
+        sent = resend = in_flight = False
         connecting: asyncio.Task[None] | None = None
         wait = () if sync is None else (("WAIT", *_wait_args(sync)),)
         # The script's reply once read, while its WAIT's is still owed: a cancellation then
@@ -288,7 +288,7 @@ class Calls(Runner):
             # Not disconnected on cancellation: the reply is then read in the background.
             evalsha = commands[resend]  # a resend may carry a mark (``mark_resends``)
             answered.clear()
-            reply, synced = await _evaluate(conn, evalsha, script, wait, sync, answered)
+            reply, synced = await _evaluate(conn, evalsha, script, wait, sync, answered=answered)
             in_flight = False
             return reply, synced
 
@@ -306,15 +306,11 @@ class Calls(Runner):
             except _Written as written:
                 raise written.error from None
         except asyncio.CancelledError:
-            if in_flight and answered:
-                # Cancelled in the WAIT (with sync_replicas): the script's reply is the outcome.
-                self._spawn(self._finish_wait(conn, sync), None)
-                if orphan is not None:
-                    orphan(_answered(answered[0]))
-            elif in_flight:
+            if in_flight:
                 # The scripts are idempotent per request, so this reply is the call's outcome,
-                # even when it answers a resend.
-                self._spawn(self._finish(conn, sync, resend), orphan)
+                # even when it answers a resend.  Cancelled in the WAIT, the script's reply
+                # read already is: settled now, not after WAIT's timeout.
+                self._spawn(self._finish(conn, sync, resend, answered), orphan, answered)
             else:
                 self._spawn(self._discard(conn, after=connecting), None)
                 _orphaned(
@@ -334,13 +330,30 @@ class Calls(Runner):
         return reply
 
     async def _finish(
-        self, conn: AbstractConnection, sync: tuple[int, float] | None, resend: bool
+        self,
+        conn: AbstractConnection,
+        sync: tuple[int, float] | None,
+        resend: bool,
+        answered: list[Any],
     ) -> Any:
         """Read the reply of a call whose caller was cancelled, then give the connection back.
 
         ``resend``: that attempt followed one that reached the server, whose outcome a NOSCRIPT
         answer to this one leaves unknown (a restart in between empties the script cache).
+        ``answered``: the script's reply, if the caller read it before it was cancelled in the
+        WAIT: it is the outcome, and only WAIT's reply is owed.
         """
+        if answered:
+            assert sync is not None
+            try:
+                await _read_wait(conn, sync, disconnect_on_error=True)
+            except ResponseError:
+                pass  # read whole: the connection is clean
+            except BaseException:
+                await self._discard(conn)
+                return answered[0]
+            self._give_back(conn)
+            return answered[0]
         try:
             reply, _ = await _read_replies(conn, sync, disconnect_on_error=True)
         except NoScriptError:
@@ -355,18 +368,6 @@ class Calls(Runner):
             raise
         self._give_back(conn)
         return reply
-
-    async def _finish_wait(self, conn: AbstractConnection, sync: tuple[int, float] | None) -> None:
-        """Read the WAIT reply a cancelled caller owed the connection, then give it back."""
-        assert sync is not None
-        try:
-            await _read_wait(conn, sync, disconnect_on_error=True)
-        except ResponseError:
-            pass  # read whole: the connection is clean
-        except BaseException:
-            await self._discard(conn)
-            raise
-        self._give_back(conn)
 
     async def _discard(
         self, conn: AbstractConnection, after: asyncio.Future[Any] | None = None
@@ -422,12 +423,20 @@ class Calls(Runner):
                 return
         self._idle.append(conn)
 
-    def _spawn(self, work: Coroutine[Any, Any, Any], orphan: Orphan | None) -> None:
+    def _spawn(
+        self, work: Coroutine[Any, Any, Any], orphan: Orphan | None, answered: Sequence[Any] = ()
+    ) -> None:
+        """Run ``work`` in the background; ``orphan`` gets its outcome, or ``answered[0]``
+        (a reply already read) at once."""
         task = self._background.spawn(work)
-        if orphan is not None:
+        if orphan is not None and not answered:
             orphan(task)
         else:
             task.add_done_callback(_consume)
+            if orphan is not None:
+                done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+                done.set_result(answered[0])
+                orphan(done)
 
     async def aclose(self, grace: float) -> None:
         """Close every connection; background reads get ``grace`` seconds to finish first."""
@@ -488,6 +497,7 @@ async def _evaluate(
     script: Script | None,
     wait: tuple[tuple[Any, ...], ...],
     sync: tuple[int, float] | None,
+    *,
     answered: list[Any] | None = None,
 ) -> tuple[Any, int]:
     """One attempt: EVALSHA, and on NOSCRIPT the source by EVAL on the same connection (EVAL
@@ -557,13 +567,6 @@ async def _read_wait(
     if acked is None:
         raise RedisTimeoutError("no reply to WAIT")
     return int(acked)
-
-
-def _answered(reply: Any) -> asyncio.Future[Any]:
-    """The outcome of a call whose reply was read, though its caller left."""
-    done: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-    done.set_result(reply)
-    return done
 
 
 def not_sent() -> asyncio.Future[Any]:

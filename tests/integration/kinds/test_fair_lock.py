@@ -1024,7 +1024,9 @@ async def test_a_force_unlock_wakes_the_next_waiter_of_its_own_client_without_a_
         await holder.lock()
         granted, checked = asyncio.Event(), asyncio.Event()
 
-        async def wait_and_hold() -> None:
+        async def wait_and_hold(
+            granted: asyncio.Event = granted, checked: asyncio.Event = checked
+        ) -> None:
             assert await lock.try_lock(wait=10)
             granted.set()
             await checked.wait()  # held by this task until the test has looked

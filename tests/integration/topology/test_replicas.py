@@ -193,6 +193,14 @@ def test_sync_options_are_checked(options: dict[str, Any], error: type[Exception
         aiolock.Client.from_url("redis://127.0.0.1:1/0", **options)
 
 
+async def warm(clients: Callable[..., aiolock.Client], kind: str) -> None:
+    """Load ``kind``'s scripts on the server: a synced client's first EVALSHA would otherwise
+    answer NOSCRIPT and wait in its WAIT before the EVAL that grants."""
+    lock = LOCKS[kind](clients(), "warm")
+    assert await lock.try_lock(wait=0)
+    await lock.unlock()
+
+
 async def waiting_clients(primary: Redis) -> list[int]:
     """The ids of the primary's clients blocked in WAIT."""
     listed = await primary.client_list()
@@ -205,14 +213,13 @@ async def test_an_acquire_cancelled_in_its_wait_for_replicas_leaves_nothing(
 ) -> None:
     # Two replicas asked for, one there: WAIT blocks for the whole sync_timeout, after the
     # script granted.  The caller cancelled then must not leave the grant on the server.
-    client = clients(sync_replicas=2, sync_timeout=5.0)
+    await warm(clients, kind)
+    client = clients(sync_replicas=2, sync_timeout=2.0)
     lock = LOCKS[kind](client, "cancelled-in-wait")
     async with Redis.from_url(pair.primary.url, decode_responses=True) as primary:
         attempt = asyncio.create_task(lock.try_lock(wait=0))
 
-        async def in_wait() -> bool:
-            # Granted by the script, then blocked in WAIT (a first call's EVALSHA answered
-            # NOSCRIPT also blocks in its WAIT, before the EVAL that grants).
+        async def in_wait() -> bool:  # granted by the script, then blocked in WAIT
             return bool(await primary.exists(keys_of(lock).lock)) and bool(
                 await waiting_clients(primary)
             )
@@ -260,7 +267,8 @@ async def test_a_wait_unblocked_by_the_server_is_a_sync_error_and_undone(
 ) -> None:
     # A failover unblocks WAIT with an error (UNBLOCKED ... master -> replica); CLIENT UNBLOCK
     # ERROR answers the same error to the same WAIT.
-    client = clients(sync_replicas=2, sync_timeout=5.0)
+    await warm(clients, kind)
+    client = clients(sync_replicas=2, sync_timeout=2.0)
     lock = LOCKS[kind](client, "unblocked")
     async with Redis.from_url(pair.primary.url, decode_responses=True) as primary:
         attempt = asyncio.create_task(lock.try_lock(wait=0))
