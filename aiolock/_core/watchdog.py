@@ -32,6 +32,7 @@ from redis.exceptions import RedisError
 
 from .._redis.calls import Calls
 from .._redis.cluster import ClusterCalls
+from .._redis.tasks import supervise
 from .holds import Hold, Holds
 from .metrics import lock_extra
 
@@ -72,9 +73,7 @@ class Watchdog:
     def start(self) -> None:
         """Start the renewal task if it is not running (called when a watched hold appears)."""
         if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(
-                self._run(), name="aiolock-watchdog"
-            )
+            self._task = supervise("aiolock-watchdog", self._run)
 
     def renew_by(self, when: float) -> None:
         """A watched hold's lease ends sooner than the next round may come (a fair lock's
