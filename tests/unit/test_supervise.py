@@ -28,11 +28,14 @@ def restarts(caplog: pytest.LogCaptureFixture, name: str) -> list[float]:
     """The pauses the supervisor logged for ``name``, in order (each with a traceback)."""
     found = []
     for record in caplog.records:
-        if record.name == "aiolock" and record.args and record.args[0] == name:
+        args = record.args if isinstance(record.args, tuple) else ()
+        if record.name == "aiolock" and args and args[0] == name:
             assert record.levelno == logging.ERROR
             assert record.exc_info is not None
             assert isinstance(record.exc_info[1], Boom)
-            found.append(float(record.args[1]))  # type: ignore[index, arg-type]
+            pause = args[1]
+            assert isinstance(pause, float)
+            found.append(pause)
     return found
 
 
