@@ -66,6 +66,7 @@ from ._core.services import Services
 from ._core.settlement import Attempt
 from ._core.waiting import NamedWait, Waiting
 from ._redis.pubsub import Grant, NamedEntry
+from ._redis.tasks import supervise
 
 __all__ = ["AliveKey", "AsyncFairLock", "KeepAlive", "Turns"]
 
@@ -229,6 +230,11 @@ class KeepAlive:
             entry.wake_named(name.decode() if isinstance(name, bytes) else name)
 
 
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 def _count(calls: int | str) -> int:
     """How many calls a :attr:`KeepAlive._calls` value stands for."""
     return 1 if isinstance(calls, str) or calls == -1 else calls
@@ -278,7 +284,8 @@ class AliveKey:
     was gone when the call set it, the client stalled past the timeout and its waiters may
     have been dropped: all are woken to try again.  When the last leaves, the key is deleted
     (a fault-free use leaves no key behind).  A failed call is logged, and the next comes a
-    sixth of the timeout later.
+    sixth of the timeout later.  The calls are made by one loop (:meth:`_keep`), supervised
+    (:func:`~aiolock._redis.tasks.supervise`): it runs while there is something to keep.
     """
 
     __slots__ = (
@@ -290,7 +297,8 @@ class AliveKey:
         "_services",
         "_task",
         "_tick_at",
-        "_timer",
+        "_wake",
+        "_wake_at",
         "_written",
     )
 
@@ -299,8 +307,10 @@ class AliveKey:
         self._prefix = prefix
         self._fence = fence
         self._members: dict[KeepAlive, None] = {}  # the locks with parked waiters, in order
-        self._timer: asyncio.TimerHandle | None = None
-        self._task: asyncio.Task[None] | None = None  # a call in flight
+        self._task: asyncio.Task[None] | None = None  # the loop, while it runs
+        # Done to have the loop, sleeping until loop time _wake_at, look again sooner.
+        self._wake: asyncio.Future[None] | None = None
+        self._wake_at = math.inf
         self._tick_at = math.inf  # the next refresh of the alive key (loop time)
         self._retry_at = 0.0  # after a failed call: no call before then
         self._written = False  # the key should exist: set, and not deleted since
@@ -323,37 +333,58 @@ class AliveKey:
             self.schedule()
 
     def schedule(self) -> None:
-        """Arm the timer for the next call (or the key's deletion), unless one is in flight."""
-        if self._task is not None:
-            return  # the call in flight schedules the next when it ends
-        loop = asyncio.get_running_loop()
-        if not self._members:
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
-            if self._written:  # also as the client closes: its last calls still go out
-                self._task = loop.create_task(self._run([], gone=True))
+        """The next call (or the key's deletion) may be due sooner: start the loop, or have
+        it look again if it sleeps past that (a call in flight: the loop looks after it)."""
+        task = self._task
+        if task is None or task.done():
+            if self._members or self._written:
+                self._task = supervise("aiolock-fair-keepalive", self._keep)
             return
-        if self._services.closed:
-            return
-        # After a failed call, nothing before the retry it set (a due in the past stays so).
-        at = max(min(self._tick_at, *(member.due for member in self._members)), self._retry_at)
-        if self._timer is not None:
-            if self._timer.when() <= at:
-                return
-            self._timer.cancel()
-        self._timer = loop.call_at(at, self._fire)
+        wake = self._wake
+        if wake is None or wake.done():
+            return  # a call in flight, or the loop is about to look anyway
+        if not self._members or self._next_at() < self._wake_at:
+            wake.set_result(None)
 
-    def _fire(self) -> None:
-        self._timer = None
-        if not self._members or self._services.closed:
-            return
-        now = asyncio.get_running_loop().time()
-        # Looks due within a quarter of the timeout come now, with the refresh: one call (the
-        # next refresh comes half a timeout later; a look is late by a quarter at most).
-        soon = now + self._services.fair_wait_timeout / 4
-        due = [m for m in self._members if m.due <= now + 0.001 or m.look_at <= soon]
-        self._task = asyncio.get_running_loop().create_task(self._run(due, gone=False))
+    def _next_at(self) -> float:
+        """When the next call is due (loop time), while there are members."""
+        # After a failed call, nothing before the retry it set (a due in the past stays so).
+        return max(min(self._tick_at, *(member.due for member in self._members)), self._retry_at)
+
+    async def _keep(self) -> None:
+        """The loop: each call when it is due, then the key's deletion once nobody waits."""
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self._members:
+                if not self._written:
+                    return
+                # Also as the client closes: its last calls still go out.
+                await self._run([], gone=True)
+                continue
+            if self._services.closed:
+                return
+            at = self._next_at()
+            if at > loop.time():
+                await self._sleep_until(at)
+                continue
+            now = loop.time()
+            # Looks due within a quarter of the timeout come now, with the refresh: one call
+            # (the next refresh comes half a timeout later; a look is late by a quarter at most).
+            soon = now + self._services.fair_wait_timeout / 4
+            due = [m for m in self._members if m.due <= now + 0.001 or m.look_at <= soon]
+            await self._run(due, gone=False)
+
+    async def _sleep_until(self, at: float) -> None:
+        """Sleep until loop time ``at``, or until :meth:`schedule` wakes the loop sooner."""
+        loop = asyncio.get_running_loop()
+        wake = self._wake = loop.create_future()
+        self._wake_at = at
+        timer = loop.call_at(at, _wake, wake)
+        try:
+            await wake
+        finally:
+            timer.cancel()
+            self._wake, self._wake_at = None, math.inf
 
     async def _run(self, members: list[KeepAlive], *, gone: bool) -> None:
         """One call: set the alive key and look at ``members``, or delete the key (``gone``)."""
@@ -389,9 +420,6 @@ class AliveKey:
         except (RedisError, OSError, RuntimeError) as exc:  # RuntimeError: the client closed
             if not services.closed:
                 logger.warning("keeping fair waiters in line failed: %r", exc)
-        finally:
-            self._task = None
-        self.schedule()
 
     def _kept(self, members: list[KeepAlive], counted: list[bool], reply: Any) -> None:
         lapsed, dues, missing = reply

@@ -41,6 +41,12 @@ logger = logging.getLogger("aiolock.lock")
 # are seconds to minutes; past this, meeting one is a bug signal again.
 ABANDONED_FOR = 600.0
 
+# The (key, owner)s whose deferred work the running task is (or was started from): work
+# deferred for a (key, owner) must never wait for that (key, owner)'s settlement, its own.
+_SETTLING: contextvars.ContextVar[frozenset[tuple[str, str]]] = contextvars.ContextVar(
+    "aiolock_settling", default=frozenset()
+)
+
 
 @dataclass(eq=False)
 class NameCounters:
@@ -435,10 +441,18 @@ class Holds:
     # -- pending background settlements ------------------------------------------------------
 
     def defer(self, key: str, owner: str, work: Coroutine[Any, Any, None]) -> None:
-        """Run ``work`` in the background; the owner's next call on ``key`` waits for it."""
+        """Run ``work`` in the background; the owner's next call on ``key`` waits for it.
+
+        The rule that keeps this free of deadlock: ``work`` never settles (:meth:`settle`)
+        the same ``(key, owner)``, directly or through an acquire or release of that owner
+        on that key, since it would wait for itself.  It may defer more work there (which
+        runs after it).  The rule is checked: such a ``settle`` raises ``RuntimeError``.
+        """
         previous = self._pending.get((key, owner))
 
         async def chained() -> None:
+            # In this task's own context (and those of the tasks it starts): see settle.
+            _SETTLING.set(_SETTLING.get() | {(key, owner)})
             if previous is not None:
                 await asyncio.gather(previous, return_exceptions=True)
             await work
@@ -455,7 +469,16 @@ class Holds:
         task.add_done_callback(done)
 
     async def settle(self, key: str, owner: str) -> None:
-        """Wait for the owner's pending work on ``key`` (it never raises into the caller)."""
+        """Wait for the owner's pending work on ``key`` (its failures never reach the caller).
+
+        :raises RuntimeError: called from that very work (see :meth:`defer`), which would
+            wait for itself forever.
+        """
+        if (key, owner) in _SETTLING.get():
+            raise RuntimeError(
+                f"deferred work of owner {owner!r} on {key!r} waits for its own settlement "
+                "(it acquires or releases that key as that owner): it would never end"
+            )
         while (task := self._pending.get((key, owner))) is not None:
             await asyncio.wait([task])
             if self._pending.get((key, owner)) is task:

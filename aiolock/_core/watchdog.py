@@ -10,7 +10,10 @@ dropped, and expires within one lease.
 
 The batches of a round run concurrently, each retrying on its own: on a Cluster a batch whose
 node is dead (until its replica takes over) must not hold up the renewals of the other nodes'
-holds.  A batch still retrying when the next round comes is not started twice.
+holds.  A batch still retrying when the next round comes is not started twice: it takes that
+round's holds for its next try.  A round reads the registry and groups the holds once, and each
+group's task is handed its own holds: on a Cluster there are about as many groups as holds (one
+per slot), and a task that regrouped every hold would make a round cost their square.
 
 With ``sync_replicas``, a renewal waits (``WAIT``) for the replicas as a grant does, and one
 they do not confirm in time extends nothing and is retried: a failover to a replica that never
@@ -30,6 +33,7 @@ from redis.exceptions import RedisError
 
 from .._redis.calls import Calls
 from .._redis.cluster import ClusterCalls
+from .._redis.tasks import supervise
 from .holds import Hold, Holds
 from .metrics import lock_extra
 
@@ -61,6 +65,8 @@ class Watchdog:
         self.period = lease / 3
         self._task: asyncio.Task[None] | None = None
         self._renewing: dict[_Group, asyncio.Task[None]] = {}
+        # The holds of a later round for a group still retrying: its next try takes them.
+        self._due: dict[_Group, list[Hold]] = {}
         self._early: asyncio.TimerHandle | None = None  # a round due before the next period
         self.renewals = 0
         self.failures = 0
@@ -68,9 +74,7 @@ class Watchdog:
     def start(self) -> None:
         """Start the renewal task if it is not running (called when a watched hold appears)."""
         if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(
-                self._run(), name="aiolock-watchdog"
-            )
+            self._task = supervise("aiolock-watchdog", self._run)
 
     def renew_by(self, when: float) -> None:
         """A watched hold's lease ends sooner than the next round may come (a fair lock's
@@ -97,6 +101,7 @@ class Watchdog:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+        self._due.clear()
 
     async def _run(self) -> None:
         while True:
@@ -112,32 +117,41 @@ class Watchdog:
         await asyncio.gather(*self._start_round())
 
     def _start_round(self) -> list[asyncio.Task[None]]:
-        """Start renewing every group of watched holds that is not being renewed already."""
+        """Start renewing every group of watched holds that is not being renewed already; a
+        group still retrying takes this round's holds for its next try."""
         started = []
-        groups = _groups(self._alive(), per_slot=self._per_slot)
-        for group in groups:
-            if group not in self._renewing:
-                task = asyncio.get_running_loop().create_task(self._renew_group(group))
-                self._renewing[group] = task
-                task.add_done_callback(functools.partial(self._renewed, group))
-                started.append(task)
+        loop = asyncio.get_running_loop()
+        for group, holds in _groups(self._alive(), per_slot=self._per_slot).items():
+            if group in self._renewing:
+                self._due[group] = holds
+                continue
+            task = loop.create_task(self._renew_group(group, holds))
+            self._renewing[group] = task
+            task.add_done_callback(functools.partial(self._renewed, group))
+            started.append(task)
         return started
 
     def _renewed(self, group: _Group, task: asyncio.Task[None]) -> None:
         if self._renewing.get(group) is task:
             del self._renewing[group]
+            self._due.pop(group, None)  # renewed since: the next round takes them afresh
         if not task.cancelled() and (error := task.exception()) is not None:
             logger.error("watchdog renewal stopped by a bug", exc_info=error)
 
     def _alive(self) -> list[Hold]:
         return [hold for hold in self._holds.watched() if self._owner_alive(hold)]
 
-    async def _renew_group(self, group: _Group) -> None:
-        """Renew one group's holds, retrying failures within the lease."""
+    def _renewable(self, hold: Hold) -> bool:
+        """Whether ``hold`` is still the registry's, and its owner alive (no I/O, O(1))."""
+        return self._holds.get(hold.key, hold.owner) is hold and self._owner_alive(hold)
+
+    async def _renew_group(self, group: _Group, holds: list[Hold]) -> None:
+        """Renew one group's ``holds``, retrying failures within the lease."""
         delay = min(0.05, self.period / 10)
         while True:
-            # Taken afresh on every try: holds lost, released or granted since count.
-            holds = _groups(self._alive(), per_slot=self._per_slot).get(group)
+            # Checked again on every try: holds lost, released or ended since are left out,
+            # and those granted since come with the next round (see _start_round).
+            holds = [hold for hold in self._due.pop(group, holds) if self._renewable(hold)]
             if not holds:
                 return
             try:

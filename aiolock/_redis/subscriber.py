@@ -44,7 +44,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .calls import write
-from .tasks import Background, cancel
+from .tasks import Background, cancel, supervise
 
 if TYPE_CHECKING:
     from .pubsub import Entry
@@ -263,9 +263,7 @@ class Subscriber:
     def _start_reader(self) -> None:
         self._demand.set()
         if self._reader is None or self._reader.done():
-            self._reader = asyncio.get_running_loop().create_task(
-                self._run(), name="aiolock-pubsub-reader"
-            )
+            self._reader = supervise("aiolock-pubsub-reader", self._run)
 
     def _new_connection(self) -> AbstractConnection:
         source = self._source()

@@ -1,20 +1,60 @@
-"""Background tasks of the transport: kept referenced while they run, and ended on close.
+"""Background tasks of a client: kept referenced while they run, and ended on close.
 
 The event loop keeps only weak references to tasks, so work started in the background (a
 reply read for a cancelled caller, a SUBSCRIBE, a connect whose caller has gone) is held in a
 :class:`Background` set of its owner until it ends; closing the owner waits for it or cancels
 it (:func:`cancel`).
+
+The client's long-lived loops (the watchdog's, each subscriber's reader, the fair lock's
+keep-alive) run under :func:`supervise`: a loop that fails (a bug: the loops handle Redis and
+connection errors themselves) is logged with its traceback and started again after a pause,
+since waiters whose next wake-up depends on it would otherwise wait forever.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Coroutine
+import logging
+from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar
 
-__all__ = ["Background", "cancel"]
+__all__ = ["FIRST_PAUSE", "LONGEST_PAUSE", "Background", "cancel", "supervise"]
+
+logger = logging.getLogger("aiolock")
 
 _T = TypeVar("_T")
+
+# A failed loop restarts after a pause that doubles with each failure in a row, up to the
+# longest; a run that lasted at least the longest pause was healthy, and resets it.
+FIRST_PAUSE = 0.1
+LONGEST_PAUSE = 2.0
+
+
+def supervise(name: str, loop: Callable[[], Coroutine[Any, Any, None]]) -> asyncio.Task[None]:
+    """Run ``loop()`` in a task named ``name`` that restarts it whenever it fails.
+
+    A failure is logged (logger ``aiolock``, with its traceback), and ``loop()`` runs again
+    after a pause (:data:`FIRST_PAUSE`, doubling to :data:`LONGEST_PAUSE` while the failures
+    come in a row).  A loop that returns is done; cancelling the task ends it, also during a
+    pause.  The caller keeps the task (the event loop holds tasks weakly).
+    """
+    return asyncio.get_running_loop().create_task(_supervised(name, loop), name=name)
+
+
+async def _supervised(name: str, loop: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    clock = asyncio.get_running_loop()
+    pause = FIRST_PAUSE
+    while True:
+        started = clock.time()
+        try:
+            await loop()
+            return
+        except Exception:
+            if clock.time() - started >= LONGEST_PAUSE:
+                pause = FIRST_PAUSE
+            logger.exception("%s failed; restarting it in %.1fs", name, pause)
+        await asyncio.sleep(pause)
+        pause = min(pause * 2, LONGEST_PAUSE)
 
 
 class Background:

@@ -50,3 +50,66 @@ async def test_a_resent_release_is_kept_for_the_resend_window() -> None:
     holds.resent_release("lock", "owner", 11, 60)
     holds.clear()
     assert holds._late == {}
+
+
+async def test_deferred_work_that_settles_its_own_lock_and_owner_fails_loudly(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Work deferred for a (key, owner) that waits for that settlement would wait for itself:
+    ``settle`` raises instead, and the owner's next call is not held up."""
+    holds = Holds()
+    raised: list[BaseException] = []
+
+    async def settles_itself() -> None:
+        try:
+            await holds.settle("lock", "owner")
+        except RuntimeError as exc:
+            raised.append(exc)
+            raise
+
+    holds.defer("lock", "owner", settles_itself())
+    await asyncio.wait_for(holds.settle("lock", "owner"), timeout=5)
+    assert len(raised) == 1
+    assert "waits for its own settlement" in str(raised[0])
+    assert "'owner'" in str(raised[0])
+    assert "'lock'" in str(raised[0])
+    assert "waits for its own settlement" in caplog.text  # the failure is logged
+
+
+async def test_a_task_started_by_deferred_work_keeps_the_rule() -> None:
+    """A task the deferred work starts and awaits is part of it: the same check applies."""
+    holds = Holds()
+    raised: list[BaseException] = []
+
+    async def through_a_task() -> None:
+        try:
+            await asyncio.create_task(holds.settle("lock", "owner"))
+        except RuntimeError as exc:
+            raised.append(exc)
+
+    holds.defer("lock", "owner", through_a_task())
+    await asyncio.wait_for(holds.settle("lock", "owner"), timeout=5)
+    assert len(raised) == 1
+
+
+async def test_deferred_work_may_settle_other_locks_and_owners_and_defer_more() -> None:
+    holds = Holds()
+    done: list[str] = []
+
+    async def other() -> None:
+        done.append("other")
+
+    async def more() -> None:
+        done.append("more")
+
+    async def work() -> None:
+        holds.defer("lock", "other-owner", other())
+        await holds.settle("lock", "other-owner")  # another owner's: no cycle
+        await holds.settle("other-lock", "owner")  # nothing pending: returns at once
+        holds.defer("lock", "owner", more())  # runs after this work
+        done.append("work")
+
+    holds.defer("lock", "owner", work())
+    await asyncio.wait_for(holds.settle("lock", "owner"), timeout=5)
+    assert done == ["other", "work", "more"]
+    assert holds.pending() == []

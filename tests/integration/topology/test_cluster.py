@@ -19,10 +19,11 @@ from redis.asyncio import RedisCluster
 from redis.crc import key_slot
 
 import aiolock
+from aiolock._core.holds import Hold
 from aiolock._redis.cluster import ClusterCalls
 from aiolock.testing.embedded import EmbeddedCluster
 from aiolock.testing.pytest_plugin import ServerInfo
-from tests.helpers import cluster_clients, eventually, keys_of, use_once
+from tests.helpers import cluster_clients, eventually, keys_of, services_of, use_once
 
 pytestmark = pytest.mark.anyio
 
@@ -137,6 +138,37 @@ async def test_the_watchdog_renews_holds_on_every_slot(
     renewals = client.statistics().renewals
     await eventually(lambda: client.statistics().renewals >= renewals + 2 * len(locks), timeout=10)
     assert not any(guard.lost for guard in guards)
+    for lock in locks:
+        await lock.unlock()
+
+
+async def test_a_renewal_round_reads_the_holds_once_whatever_the_groups(
+    clients: Callable[..., aiolock.Client], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A round renews per slot, so on a Cluster about as many groups as holds: it reads the
+    registry once and hands each group its own holds.  A group that read every hold again
+    (as each did once) made a round cost the square of the holds (the figures:
+    ``benchmarks/watchdog_round.py``).  A long lease: the watchdog's own rounds stay away."""
+    client = clients(watchdog_timeout=600)
+    locks = [client.lock(f"round:{i}", owner="one-owner") for i in range(300)]
+    for start in range(0, len(locks), 100):
+        await asyncio.gather(*(lock.lock() for lock in locks[start : start + 100]))
+    slots = {key_slot(keys_of(lock).lock.encode()) for lock in locks}
+    assert len(slots) > 250  # nearly a group per hold: the case that was quadratic
+    services = services_of(client)
+    reads = 0
+    watched = services.holds.watched
+
+    def counted() -> list[Hold]:
+        nonlocal reads
+        reads += 1
+        return watched()
+
+    monkeypatch.setattr(services.holds, "watched", counted)
+    renewals = client.statistics().renewals
+    await services.watchdog.renew_once()
+    assert client.statistics().renewals == renewals + len(locks)  # every hold, once
+    assert reads == 1
     for lock in locks:
         await lock.unlock()
 
