@@ -258,7 +258,7 @@ async def test_a_synced_grant_cancelled_or_unblocked_in_its_wait_is_undone(
         unblocked = asyncio.create_task(client.lock(second).try_lock(wait=0, lease=30))
         await eventually(lambda: bool(blocked(second)), timeout=10, what="the grant in its WAIT")
         for client_id in blocked(second):
-            redis.execute_command("CLIENT", "UNBLOCK", client_id, "ERROR")
+            redis.client_unblock(client_id, error=True)
         with pytest.raises(aiolock.LockSyncError):
             await unblocked
         assert not redis.exists(keys_of(client.lock(second)).lock)

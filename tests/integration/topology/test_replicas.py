@@ -278,9 +278,12 @@ async def test_a_wait_unblocked_by_the_server_is_a_sync_error_and_undone(
                 return []  # not granted yet (a first EVALSHA's NOSCRIPT waits too)
             return await waiting_clients(primary)
 
-        await eventually(blocked, timeout=15, what="the grant waiting for replicas")
+        async def in_wait() -> bool:
+            return bool(await blocked())
+
+        await eventually(in_wait, timeout=15, what="the grant waiting for replicas")
         for client_id in await blocked():
-            await primary.execute_command("CLIENT", "UNBLOCK", client_id, "ERROR")
+            await primary.client_unblock(client_id, error=True)
         with pytest.raises(aiolock.LockSyncError):
             await attempt
         assert not await primary.exists(keys_of(lock).lock)
