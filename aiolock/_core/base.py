@@ -326,10 +326,11 @@ class HoldKind(Guarded[int]):
         services.holds.cap(holding, sent + lease - CLOCK_MARGIN)
         reply = await services.calls.run(*self._extend_call(holding, round(lease * 1000)))
         if not int(reply):
-            services.holds.lose(holding, "it was no longer held when extend() asked the server")
+            if not holding.ended:  # (a release that ran meanwhile ended it: no loss)
+                services.holds.lose(holding, "it was no longer held when extend() asked the server")
             raise LockLostError(
                 f"{self.kind} {self.name!r} (token {holding.token}) was lost before extend(): "
-                f"{holding.lost_reason}"
+                f"{holding.lost_reason or 'released meanwhile'}"
             )
         services.holds.relet(holding, sent, lease)
 
