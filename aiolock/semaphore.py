@@ -195,7 +195,7 @@ class AsyncSemaphore:
         permits.  While nobody holds a permit no count is kept: the next acquirer's sets it.
 
         :raises TypeError: if ``permits`` is not an ``int``.
-        :raises ValueError: if it is less than 1 (both before any I/O).
+        :raises ValueError: if it is less than 1 or more than 10**12 (both before any I/O).
         """
         permits = check_permits(permits)
         seam = self._seam
