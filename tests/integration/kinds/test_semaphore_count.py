@@ -11,7 +11,14 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
-from tests.helpers import assert_clean, counted, evalsha_calls, eventually, keys_of
+from tests.helpers import (
+    assert_clean,
+    channels,
+    counted,
+    evalsha_calls,
+    eventually,
+    keys_of,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -119,6 +126,12 @@ async def test_a_raise_wakes_as_many_waiters_as_it_frees(
     holders = [await sem.try_acquire(lease=60) for _ in range(2)]
     waiters = [asyncio.create_task(sem.try_acquire(wait=30, lease=60)) for _ in range(3)]
     await eventually(lambda: sem.statistics().waiters == 3, what="three parked")
+
+    async def subscribed() -> bool:  # a message published before the SUBSCRIBE ran is lost
+        return await channels(redis, aiolock_client) == [keys_of(sem).channel]
+
+    await eventually(subscribed, what="the channel subscribed on the server")
+    await eventually(lambda: sem.statistics().waiters == 3, what="three parked again")
     await sem.set_permits(4)
     await eventually(lambda: sum(task.done() for task in waiters) == 2, what="two admitted")
     assert sem.statistics().waiters == 1
