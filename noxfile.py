@@ -47,11 +47,13 @@ CORE = [
     "tests/integration/kinds/test_fair_lock.py",
     "tests/integration/kinds/test_rw_lock.py",
     "tests/integration/kinds/test_semaphore.py",
+    "tests/integration/kinds/test_semaphore_count.py",
     "tests/integration/kinds/test_latch.py",
     "tests/integration/kinds/test_spin_lock.py",
     "tests/integration/concerns/test_calls.py",
     "tests/integration/topology/test_cluster.py",
     "tests/integration/concerns/test_transaction.py",
+    "tests/integration/concerns/test_extend.py",
 ]
 
 # pyenv's interpreters, for nox to find as python3.X.

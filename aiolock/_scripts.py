@@ -27,11 +27,14 @@ __all__ = [
     "LATCH_COUNT_DOWN",
     "LATCH_SET",
     "LOCK_ACQUIRE",
+    "LOCK_EXTEND",
     "LOCK_FORCE",
     "LOCK_RELEASE",
     "LOCK_RENEW",
     "LOCK_TRANSACT",
     "READ",
+    "RW_EXTEND_READ",
+    "RW_EXTEND_WRITE",
     "RW_FORCE",
     "RW_READ",
     "RW_RELEASE_READ",
@@ -44,9 +47,11 @@ __all__ = [
     "RW_WRITE",
     "RW_WITHDRAW",
     "SEMAPHORE_ACQUIRE",
+    "SEMAPHORE_EXTEND",
     "SEMAPHORE_HELD",
     "SEMAPHORE_RELEASE",
     "SEMAPHORE_RENEW",
+    "SEMAPHORE_SET_PERMITS",
     "SEMAPHORE_TRANSACT",
     "SEMAPHORE_VOID",
     "VOID",
@@ -104,6 +109,7 @@ LOCK_RELEASE = Script.load("lock", "release")
 LOCK_RENEW = Script.load("lock", "renew")
 LOCK_FORCE = Script.load("lock", "force")
 LOCK_TRANSACT = Script.load("lock", "transact")
+LOCK_EXTEND = Script.load("lock", "extend")
 
 FAIR_ACQUIRE = Script.load("fair", "acquire")
 FAIR_RELEASE = Script.load("fair", "release")
@@ -121,6 +127,8 @@ SEMAPHORE_RENEW = Script.load("semaphore", "renew")
 SEMAPHORE_HELD = Script.load("semaphore", "held")
 SEMAPHORE_VOID = Script.load("semaphore", "void")
 SEMAPHORE_TRANSACT = Script.load("semaphore", "transact")
+SEMAPHORE_EXTEND = Script.load("semaphore", "extend")
+SEMAPHORE_SET_PERMITS = Script.load("semaphore", "set_permits")
 
 RW_READ = Script.load("rw", "read")
 RW_WRITE = Script.load("rw", "write")
@@ -133,3 +141,5 @@ RW_WITHDRAW = Script.load("rw", "withdraw")
 RW_STATE = Script.load("rw", "state")
 RW_TRANSACT_READ = Script.load("rw", "transact_read")
 RW_TRANSACT_WRITE = Script.load("rw", "transact_write")
+RW_EXTEND_READ = Script.load("rw", "extend_read")
+RW_EXTEND_WRITE = Script.load("rw", "extend_write")

@@ -21,7 +21,7 @@ from ._core.metrics import metrics, tracing
 from ._core.names import P, R, locked
 from ._core.owners import Owners
 from ._core.services import Services
-from ._core.validate import check_name, check_timeout
+from ._core.validate import check_name, check_permits, check_timeout
 from ._core.watchdog import Watchdog
 from ._redis.calls import Calls
 from ._redis.cluster import ClusterCalls, ClusterTopology
@@ -247,11 +247,7 @@ class Client:
     def semaphore(self, name: str, permits: int) -> AsyncSemaphore:
         """A semaphore named ``name`` with at most ``permits`` leased permits held (no I/O)."""
         check_name(name)
-        if isinstance(permits, bool) or not isinstance(permits, int):
-            raise TypeError(f"permits must be an int, not {type(permits).__name__}")
-        if permits < 1:
-            raise ValueError(f"permits must be at least 1, got {permits}")
-        return AsyncSemaphore(self._services, name, permits)
+        return AsyncSemaphore(self._services, name, check_permits(permits))
 
     def countdown_latch(self, name: str) -> AsyncCountDownLatch:
         """A countdown latch named ``name`` (no I/O): wait, across clients, for a count of 0."""

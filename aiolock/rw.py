@@ -155,6 +155,10 @@ class AsyncReadLock(_Mode):
         keys = self._rw_keys
         return _scripts.RW_TRANSACT_READ, (keys.lock, keys.readers), (hold.owner, hold.token)
 
+    def _extend_call(self, hold: Hold, lease_ms: int) -> Call:
+        args = (lease_ms, hold.owner, hold.token)
+        return _scripts.RW_EXTEND_READ, self._rw_keys.script_keys(), args
+
     def _release_call(self, owner: str, request: int, undo: int | None) -> Call:
         return (
             _scripts.RW_RELEASE_READ,
@@ -211,6 +215,10 @@ class AsyncWriteLock(_Mode):
 
     def _transact_call(self, hold: Hold) -> Call:
         return _scripts.RW_TRANSACT_WRITE, (self._keys.lock,), (hold.owner, hold.token)
+
+    def _extend_call(self, hold: Hold, lease_ms: int) -> Call:
+        args = (lease_ms, hold.owner, hold.token)
+        return _scripts.RW_EXTEND_WRITE, self._rw_keys.script_keys(), args
 
     def _release_call(self, owner: str, request: int, undo: int | None) -> Call:
         return (

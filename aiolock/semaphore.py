@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from . import _scripts
 from ._core.base import Call, HoldKind, LockStatistics, Seam, release_args
@@ -26,7 +26,8 @@ from ._core.keys import hash_tag, marks_of
 from ._core.metrics import traced
 from ._core.owners import current_task
 from ._core.services import Services
-from ._core.validate import check_lease, check_wait
+from ._core.settlement import Attempt
+from ._core.validate import check_lease, check_permits, check_wait
 from ._core.waiting import ChannelWait, Waiting
 from .errors import LockLostError, LockNotOwnedError, LockTimeoutError
 
@@ -64,9 +65,25 @@ class _Permits(HoldKind):
             release_args(owner, request, undo),
         )
 
+    def _grant_of(self, reply: Any, lease_ms: int) -> list[Any] | None:
+        # ``semaphore/acquire.lua`` answers {0, 1, lease left} for a grant; {-1, count} when
+        # the count kept differs from this caller's, and a number of ms when all are taken.
+        return reply if isinstance(reply, list) and reply[0] == 0 else None
+
+    def _busy(self, attempt: Attempt, reply: Any) -> float:
+        if isinstance(reply, list):  # {-1, count}: nothing was granted
+            raise ValueError(
+                f"semaphore {self.name!r} has {reply[1]} permits on the server; this caller "
+                f"asked for {self.limit} (use set_permits() to change it for everyone)"
+            )
+        return super()._busy(attempt, reply)
+
     def _transact_call(self, hold: Hold) -> Call:
         # The permit id is unique per acquisition: it tells this permit from any later one.
         return _scripts.SEMAPHORE_TRANSACT, (self._keys.lock,), (hold.owner, 0)
+
+    def _extend_call(self, hold: Hold, lease_ms: int) -> Call:
+        return _scripts.SEMAPHORE_EXTEND, (self._keys.lock,), (lease_ms, hold.owner)
 
     def _void_call(self, owner: str, requests: list[int]) -> Call:
         window = self._services.resend_window_ms
@@ -98,8 +115,13 @@ class AsyncSemaphore:
 
     A permit's lease works like a lock's: ``lease=None`` has the watchdog renew it while the
     task that took it lives, a number of seconds makes it expire.  An expired permit returns to
-    the pool by itself.  ``permits`` is given by each caller: callers that disagree each apply
-    their own limit.  Not reentrant: every acquisition takes one more permit.
+    the pool by itself.  Not reentrant: every acquisition takes one more permit.
+
+    The count is kept with the permits in Redis while anyone holds one: the first acquirer
+    while none is held sets it, and an acquirer whose ``permits`` differs gets
+    :class:`ValueError` naming both counts, with nothing granted (so a rolling deploy that
+    changes the count cannot admit more holders than either count).  :meth:`set_permits`
+    changes it for everyone.
     """
 
     __slots__ = ("_permits", "_seam", "name", "permits")
@@ -158,12 +180,31 @@ class AsyncSemaphore:
         return hash_tag(self.name)
 
     async def available(self) -> int:
-        """How many permits are free now (by this caller's ``permits``)."""
+        """How many permits are free now, by the count kept on the server (this caller's
+        ``permits`` while nobody holds one)."""
         seam = self._seam
-        held = await seam.services.check_open().calls.run(
+        held, kept = await seam.services.check_open().calls.run(
             _scripts.SEMAPHORE_HELD, (seam.keys.lock,), ()
         )
-        return max(self.permits - int(held), 0)
+        return max((int(kept) or self.permits) - int(held), 0)
+
+    async def set_permits(self, permits: int) -> None:
+        """Change the count for everyone, and for this object's later acquires.
+
+        Holders above a lower count keep their permits until they release; nobody new is
+        admitted until fewer are held.  A higher count wakes as many waiters as it frees
+        permits.  While nobody holds a permit no count is kept: the next acquirer's sets it.
+
+        :raises TypeError: if ``permits`` is not an ``int``.
+        :raises ValueError: if it is less than 1 or more than 10**12 (both before any I/O).
+        """
+        permits = check_permits(permits)
+        seam = self._seam
+        keys = seam.keys
+        await seam.services.check_open().calls.run(
+            _scripts.SEMAPHORE_SET_PERMITS, (keys.lock, keys.channel), (permits,)
+        )
+        self.permits = self._permits.limit = permits
 
     def statistics(self) -> LockStatistics:
         """This client's view (no I/O): ``held`` counts its permits, ``waiters`` its tasks."""
@@ -213,6 +254,12 @@ class Permit:
         clock (no I/O); ``0.0`` once lost or released (see
         :meth:`aiolock.LockGuard.valid_for`)."""
         return self._guard.valid_for()
+
+    async def extend(self, lease: float) -> None:
+        """Make the permit last ``lease`` seconds from now, longer or shorter than before (see
+        :meth:`aiolock.LockGuard.extend`): :class:`~aiolock.LockLostError` if it is no longer
+        held, :class:`ValueError` if it was taken with ``lease=None`` (the watchdog renews it)."""
+        await self._guard.extend(lease)
 
     def transaction(self) -> AbstractAsyncContextManager[Transaction]:
         """Commands that run only while the permit is held, in one atomic call (see

@@ -141,7 +141,7 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     look.add_argument(
         "--permits",
         type=_positive,
-        help="a semaphore's limit (the server does not keep it), to show the permits available",
+        help="a semaphore's count, to show the permits available (not read from the server)",
     )
     look.add_argument("--json", action="store_true", help="print one JSON object")
     look.set_defaults(run=_inspect)

@@ -36,9 +36,9 @@ from .. import _scripts
 from .._redis.calls import not_sent
 from .._redis.pubsub import Grant
 from .._scripts import Call, Script
-from ..errors import LockNotOwnedError, LockTimeoutError
+from ..errors import LockLostError, LockNotOwnedError, LockTimeoutError
 from .guard import Guarded, Holding
-from .holds import Hold, NameCounters
+from .holds import CLOCK_MARGIN, Hold, NameCounters
 from .keys import LockKeys, hash_tag
 from .metrics import traced
 from .services import Services
@@ -201,6 +201,12 @@ class HoldKind(Guarded[int]):
         the reentrant lock hash's, which the plain, spin and fair locks share."""
         return _scripts.LOCK_TRANSACT, (self._keys.lock,), (hold.owner, hold.token)
 
+    def _extend_call(self, hold: Hold, lease_ms: int) -> Call:
+        """The kind's extend (``<kind>/extend.lua``): set ``hold``'s lease to ``lease_ms`` from
+        now if its owner still holds it with its fencing token; answers 1, or 0 when not held.
+        By default the reentrant lock hash's, which the plain, spin and fair locks share."""
+        return _scripts.LOCK_EXTEND, (self._keys.lock,), (lease_ms, hold.owner, hold.token)
+
     def _void_call(self, owner: str, requests: list[int]) -> Call:
         """Void the owner's acquire ``requests`` (mark them as ones that must never grant) for
         the client's resend window: by default in the meta hash (``common/void.lua``), which
@@ -330,6 +336,33 @@ class HoldKind(Guarded[int]):
             table=services.command_table(),
             cluster=services.cluster,
         )
+
+    async def _extend(self, holding: Holding[int], lease: float) -> None:
+        assert isinstance(holding, Hold)
+        if holding.watchdog:
+            raise ValueError(
+                f"{self.kind} {self.name!r} was acquired with lease=None: the watchdog renews "
+                "it, so it has no lease to extend (acquire it with lease=<seconds> to extend it)"
+            )
+        if holding.lost or holding.ended:
+            raise LockLostError(
+                f"{self.kind} {self.name!r} (token {holding.token}) cannot be extended: it is no "
+                f"longer held ({holding.lost_reason or 'released'})"
+            )
+        services = self._services.check_open()
+        sent = asyncio.get_running_loop().time()
+        # Until the reply the server has the old lease or the new one, so the client counts on
+        # the shorter (never longer than the server has it): a cancelled extend leaves that.
+        services.holds.cap(holding, sent + lease - CLOCK_MARGIN)
+        reply = await services.calls.run(*self._extend_call(holding, round(lease * 1000)))
+        if not int(reply):
+            if not holding.ended:  # (a release that ran meanwhile ended it: no loss)
+                services.holds.lose(holding, "it was no longer held when extend() asked the server")
+            raise LockLostError(
+                f"{self.kind} {self.name!r} (token {holding.token}) was lost before extend(): "
+                f"{holding.lost_reason or 'released meanwhile'}"
+            )
+        services.holds.relet(holding, sent, lease)
 
     @property
     def hash_tag(self) -> str:

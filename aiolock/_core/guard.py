@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
 
 from ..errors import LockLostError
 from .owners import current_task
-from .validate import check_lease, check_wait
+from .validate import check_lease, check_timeout, check_wait
 
 if TYPE_CHECKING:
     from .transaction import Transaction
@@ -90,6 +90,23 @@ class LockGuard(Generic[TokenT_co]):
         """
         return self._holding.valid_for()
 
+    async def extend(self, lease: float) -> None:
+        """Make the hold last ``lease`` seconds from now (longer or shorter than before).
+
+        The lease is the whole lock's, whatever the reentrant count (for a read hold, this
+        owner's reads).  One atomic call checks that this owner still holds the lock with this
+        guard's fencing token before it sets the lease; :meth:`valid_for` follows.  As
+        redis-py's ``Lock.extend(..., replace_ttl=True)`` and Redisson's ``updateLeaseTime``.
+
+        :raises LockLostError: if the hold is already gone (its lease ran out, it was forced
+            or released); the guard is then marked lost.
+        :raises ValueError: for a watched hold (acquired with ``lease=None``: the watchdog
+            renews it), or a ``lease`` that is not positive and finite, before any I/O.
+        :raises TypeError: for a ``lease`` that is not a number, and for a ``MultiLock`` or
+            ``RedLock`` guard (its parts live on several slots or servers).
+        """
+        await self.lock._extend(self._holding, check_timeout(lease, "lease", minimum=0.001))
+
     def transaction(self) -> AbstractAsyncContextManager[Transaction]:
         """An async context manager whose commands land only while this hold lasts::
 
@@ -146,6 +163,14 @@ class Guarded(Generic[TokenT_co]):
             f"a {type(self).__name__} guard has no transaction(): its locks live on several "
             "slots or servers, which no one atomic call can check; use the transaction of "
             "one lock's guard"
+        )
+
+    async def _extend(self, holding: Holding[TokenT_co], lease: float) -> None:
+        """Set the hold's lease to ``lease`` seconds from now (see :meth:`LockGuard.extend`); a
+        kind that lives in one slot of one server supplies it."""
+        raise TypeError(
+            f"a {type(self).__name__} guard has no extend(): its locks live on several slots "
+            "or servers, which no one atomic call can check; acquire it with the lease it needs"
         )
 
     def acquire(

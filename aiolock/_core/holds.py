@@ -297,6 +297,22 @@ class Holds:
             hold.expires_at = expires_at
             self._arm_timer(hold)
 
+    def cap(self, hold: Hold, expires_at: float) -> None:
+        """The hold may end as early as ``expires_at`` (an extend to a shorter lease is on its
+        way): the client counts on no more than that from now on."""
+        if expires_at < hold.expires_at and not hold.ended:
+            hold.expires_at = expires_at
+            self._arm_timer(hold)
+
+    def relet(self, hold: Hold, sent_at: float, lease: float) -> None:
+        """An extend sent at ``sent_at`` set the hold's lease to ``lease`` seconds (longer or
+        shorter than the one it replaced): it now ends no earlier than that after it."""
+        if hold.ended:  # released or lost meanwhile: no timer for what is no longer tracked
+            return
+        hold.confirmed_at = max(hold.confirmed_at, sent_at)
+        hold.expires_at = sent_at + lease - CLOCK_MARGIN
+        self._arm_timer(hold)
+
     def released(self, key: str, owner: str, remaining: int | None) -> Hold | None:
         """Record a release reply: holds left, or ``None`` when the owner no longer held it.
 

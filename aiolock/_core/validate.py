@@ -7,9 +7,11 @@ import re
 import string
 
 __all__ = [
+    "MAX_PERMITS",
     "MAX_SECONDS",
     "check_lease",
     "check_name",
+    "check_permits",
     "check_timeout",
     "check_wait",
     "template_fields",
@@ -38,6 +40,21 @@ def check_name(name: object, param: str = "name") -> str:
     if not name:
         raise ValueError(f"{param} must not be empty")
     return name
+
+
+# A semaphore's count is kept on the server as a score, a double: exact far beyond any pool.
+MAX_PERMITS = 10**12
+
+
+def check_permits(permits: object) -> int:
+    """A semaphore's count: an ``int`` from 1 to :data:`MAX_PERMITS`."""
+    if isinstance(permits, bool) or not isinstance(permits, int):
+        raise TypeError(f"permits must be an int, not {type(permits).__name__}")
+    if permits < 1:
+        raise ValueError(f"permits must be at least 1, got {permits}")
+    if permits > MAX_PERMITS:
+        raise ValueError(f"permits must be at most {MAX_PERMITS}, got {permits}")
+    return permits
 
 
 def check_wait(wait: object) -> float | None:

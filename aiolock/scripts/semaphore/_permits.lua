@@ -11,6 +11,21 @@
 -- long as the longest lease granted since (ten minutes for lease=600), after every permit was
 -- gone.  Earlier versions kept them in the permits set with negative scores: drop_expired
 -- still drops those past their time.
+--
+-- The semaphore's count (its number of permits) is kept in the same set, as the member
+-- ':permits' (no permit id starts with a colon) scored COUNT_BASE - count: far below any lease
+-- end and any mark, so that neither held() nor drop_expired ever meets it.  The first acquirer
+-- while no permit is held sets it, set_permits changes it, and it goes with the set's last
+-- permit, so it lasts exactly while anyone holds a permit (a waiter waits only while permits
+-- are held).  Callers check it in the same call that would grant (acquire.lua).
+local COUNT = ':permits'
+local COUNT_BASE = -1e15
+
+-- The count a score of COUNT says (nil for none: false, as ZMSCORE answers a missing member).
+local function count_of(score)
+    local value = tonumber(score)
+    return value and COUNT_BASE - value
+end
 
 -- Drop the permits whose lease ended (and marks of earlier versions past their time);
 -- returns the time used.

@@ -1,6 +1,6 @@
 -- Give a permit back, and wake one waiter.
 --
--- KEYS[1]  the permits: permit id -> lease end (server time, ms) (see _permits)
+-- KEYS[1]  the permits: permit id -> lease end (server time, ms), and the count (see _permits)
 -- KEYS[2]  the void marks (see _permits): an undo that finds its acquire not applied marks it
 -- KEYS[3]  the semaphore's channel
 -- ARGV[1]  the permit id
@@ -12,14 +12,20 @@
 --
 -- Returns 0 when released, nil when the permit was not held (its lease had ended, or this is a
 -- resend of the release that gave it back: its client knows it resent and takes that for
--- released).  A release writes no marker: ZREM, and the publish.
+-- released).  A release writes no marker: the last live permit deletes the set (its count,
+-- and permits past their lease, with it), any other is removed alone; then the publish.
+-- Permits past their lease are otherwise dropped by the next acquire that looks.
 --@include common/_time
 --@include common/_requests
 --@include semaphore/_permits
-local now = drop_expired()
+local now = now_ms()
 local ends = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]))
-if ends then
-    redis.call('ZREM', KEYS[1], ARGV[1])
+if ends and ends > now then
+    if redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf') == 1 then
+        redis.call('DEL', KEYS[1])
+    else
+        redis.call('ZREM', KEYS[1], ARGV[1])
+    end
     redis.call('PUBLISH', KEYS[3], 'released')
     return 0
 end

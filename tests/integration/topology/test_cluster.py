@@ -126,6 +126,37 @@ async def test_read_locks_semaphores_and_latches(clients: Callable[..., aiolock.
     assert await asyncio.wait_for(done, 5)
 
 
+async def test_extend_and_set_permits_run_in_the_locks_slot(
+    clients: Callable[..., aiolock.Client],
+) -> None:
+    """Each kind's extend script and the semaphore's set_permits name keys of one slot (the
+    hash tag's), and set_permits' wake-up reaches a waiter of another client."""
+    one, two = clients(), clients()
+    rw = one.rw_lock("doc:2")
+    for lock in (one.lock("e:1"), one.fair_lock("e:2"), rw.read_lock(), rw.write_lock()):
+        async with lock.acquire(wait=5, lease=1) as guard:
+            await guard.extend(20)
+            assert 19 < guard.valid_for() <= 20
+            assert 19 < (await lock.remaining_lease() or 0) <= 20
+    semaphore = one.semaphore("pool:2", 1)
+    held = await semaphore.try_acquire(wait=0, lease=30)
+    assert held is not None
+    await held.extend(40)
+    assert 39 < held.valid_for() <= 40
+    other = two.semaphore("pool:2", 2)
+    with pytest.raises(ValueError, match="has 1 permits on the server; this caller asked for 2"):
+        await other.try_acquire(wait=0)
+    waiting = asyncio.create_task(one.semaphore("pool:2", 1).try_acquire(wait=10, lease=5))
+    await eventually(lambda: one.semaphore("pool:2", 1).statistics().waiters == 1)
+    await other.set_permits(2)
+    with pytest.raises(ValueError, match="has 2 permits on the server; this caller asked for 1"):
+        await waiting  # woken by the raise, it finds the count it disagrees with
+    admitted = await other.try_acquire(wait=0, lease=5)
+    assert admitted is not None
+    await admitted.release()
+    await held.release()
+
+
 async def test_the_watchdog_renews_holds_on_every_slot(
     clients: Callable[..., aiolock.Client],
 ) -> None:
