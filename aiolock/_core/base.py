@@ -38,6 +38,7 @@ from .._redis.pubsub import Grant
 from .._scripts import Call, Script
 from ..errors import LockNotOwnedError, LockTimeoutError
 from .guard import Guarded, Holding
+from .habits import teaching
 from .holds import Hold, NameCounters
 from .keys import LockKeys, hash_tag
 from .metrics import traced
@@ -241,6 +242,7 @@ class HoldKind(Guarded[int]):
 
     # -- acquiring ---------------------------------------------------------------------------
 
+    @teaching
     async def try_lock(self, wait: float | None = 0, lease: float | None = None) -> bool:
         """Acquire the lock, waiting at most ``wait`` seconds (``None``: forever).
 
@@ -255,6 +257,7 @@ class HoldKind(Guarded[int]):
             return True
         return await self._try_until(wait, lease)
 
+    @teaching
     def lock(self, lease: float | None = None) -> Coroutine[Any, Any, None]:
         """Acquire the lock, waiting as long as it takes: ``await lock.lock()``.
 
@@ -333,6 +336,7 @@ class HoldKind(Guarded[int]):
 
     # -- releasing ---------------------------------------------------------------------------
 
+    @teaching
     async def unlock(self) -> None:
         """Release one hold.
 

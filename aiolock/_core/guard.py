@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
 import anyio
 
 from ..errors import LockLostError
+from .habits import not_awaitable, teaching
 from .owners import current_task
 from .validate import check_lease, check_wait
 
@@ -150,6 +151,7 @@ class Guarded(Generic[TokenT_co]):
             "one lock's guard"
         )
 
+    @teaching
     def acquire(
         self,
         wait: float | None = None,
@@ -210,6 +212,18 @@ class GuardContext(Generic[TokenT_co]):
         self._cancel_on_loss = cancel_on_loss
         self._guard: LockGuard[TokenT_co] | None = None
         self._scope: anyio.CancelScope | None = None
+
+    if not TYPE_CHECKING:  # a type checker refuses the await as it is: no awaitable to see
+
+        def __await__(self):
+            raise TypeError(
+                not_awaitable(
+                    f"{type(self._lock).__name__}.acquire()",
+                    "use `async with lock.acquire(...) as guard:`, which releases at the end "
+                    "of the block, or `await lock.lock()` / `await lock.try_lock()` and then "
+                    "`await lock.unlock()`",
+                )
+            )
 
     async def __aenter__(self) -> LockGuard[TokenT_co]:
         if self._guard is not None:
