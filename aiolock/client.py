@@ -290,6 +290,7 @@ class Client:
         services = self._services
         if services.closed:
             return
+        services.check_loop()  # its tasks and connections can be closed on their loop only
         services.closed = True
         # Waiters are woken first, and given a loop pass to leave (a fair lock's waiter withdraws
         # from its queue): what they leave behind is settled with the rest below.

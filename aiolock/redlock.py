@@ -26,7 +26,7 @@ from ._core.composite import (
     start_releases,
 )
 from ._core.guard import Guarded, Holding
-from ._core.habits import teaching
+from ._core.habits import held_by_another_task, teaching
 from ._core.holds import Hold
 from ._core.metrics import traced
 from ._core.validate import check_lease, check_name, check_wait
@@ -200,7 +200,10 @@ class RedLock(Guarded[int]):
             [seam.release(owner) for seam, owner in zip(self._seams, owners, strict=True)]
         )
         if all(outcome is None or isinstance(outcome, _FAILURES) for outcome in outcomes):
-            raise LockNotOwnedError(f"lock {self.name!r} is not held by this owner")
+            what = f"lock {self.name!r}"
+            if any(map(Seam.held_by_another_task, self._seams, owners)):
+                raise LockNotOwnedError(held_by_another_task(what))
+            raise LockNotOwnedError(f"{what} is not held by this owner")
 
     async def force_unlock(self) -> bool:
         """Delete the lock on every server whoever holds it; ``True`` if it existed on any."""

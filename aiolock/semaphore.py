@@ -228,7 +228,9 @@ class Permit:
         :raises LockNotOwnedError: if the permit was no longer held (its lease ran out, or it
             was released already).
         """
-        if await self.semaphore._seam.release(self.id) is None:
+        seam = self.semaphore._seam
+        seam.services.check_loop()
+        if await seam.release(self.id) is None:
             raise LockNotOwnedError(f"permit {self.id!r} of {self.semaphore.name!r} is not held")
 
     def __repr__(self) -> str:

@@ -6,6 +6,9 @@ met with a message that names aiolock's own way.
   calls it, under the public class's name rather than the internal one that defines the call.
 - :func:`not_awaitable` is the message of ``await lock.acquire()``, which is an async context
   manager, not an awaitable.
+- :func:`held_by_another_task` is the message of a release by a task that did not acquire
+  the lock while another task of the same client holds it (``asyncio.create_task(
+  lock.unlock())``, ``asyncio.gather(...)``): the owner is the task, not the client.
 """
 
 from __future__ import annotations
@@ -15,7 +18,13 @@ import inspect
 from collections.abc import Callable, Collection, Mapping
 from typing import Any, Final, ParamSpec, TypeVar
 
-__all__ = ["REDIS_PY_KEYWORDS", "not_awaitable", "redis_py_keyword", "teaching"]
+__all__ = [
+    "REDIS_PY_KEYWORDS",
+    "held_by_another_task",
+    "not_awaitable",
+    "redis_py_keyword",
+    "teaching",
+]
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -126,3 +135,14 @@ def not_awaitable(call: str, use: str) -> str:
     """The message of ``await`` on the async context manager that ``call`` returned:
     ``use`` says what to write instead."""
     return f"{call} returns an async context manager, not an awaitable: {use}"
+
+
+def held_by_another_task(what: str) -> str:
+    """The message of a release of ``what`` (``lock 'x'``) by a task that does not hold it,
+    while another task of the same client does."""
+    return (
+        f"{what} is held by another task of this client, not by this one: a lock belongs to "
+        "the task that acquired it (asyncio.create_task() and asyncio.gather() run a call in "
+        "a task of its own); to release it from another task, make the lock with an explicit "
+        "owner in both tasks: client.lock(name, owner=...)"
+    )

@@ -8,11 +8,13 @@ the server asks for) are in ``tests/integration/concerns/test_messages.py``.
 
 from __future__ import annotations
 
+import asyncio
 import inspect
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 import aiolock
 from aiolock._core.habits import REDIS_PY_KEYWORDS, teaching
@@ -185,3 +187,24 @@ def test_teaching_adds_nothing_to_a_call_that_binds() -> None:
     with pytest.raises(TypeError, match=r"\.call\(\) got redis-py's keyword 'sleep'"):
         call(1, sleep=0.1)  # type: ignore[call-arg]
     assert seen == [(1, 2)]
+
+
+# -- a second event loop (the rest, with a server, in the integration tests) -----------------
+
+
+async def test_a_client_whose_loop_closed_says_so() -> None:
+    client = aiolock.Client.from_url(DEAD_URL, retry=None)
+
+    async def first() -> None:
+        with pytest.raises(RedisConnectionError):  # nobody listens: the call binds all the same
+            await client.lock("x").try_lock()
+
+    def first_loop() -> None:
+        asyncio.run(first())  # the client's loop, closed when it returns
+
+    await asyncio.to_thread(first_loop)
+    with pytest.raises(RuntimeError) as refused:
+        await client.lock("x").try_lock()
+    text = str(refused.value)
+    assert "belongs to the event loop that first used it, which has closed since" in text, text
+    assert "one client per event loop" in text, text
