@@ -78,6 +78,9 @@ class Client:
 
     Use it as an async context manager, or call :meth:`aclose` when done.  Closing stops the
     watchdog and the subscriber connection; locks still held then expire by their leases.
+
+    A client belongs to the event loop that first uses it: a call from another loop raises
+    :class:`RuntimeError` before any I/O.  Make one client per event loop.
     """
 
     @teaching

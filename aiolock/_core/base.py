@@ -357,8 +357,8 @@ class HoldKind(Guarded[int]):
 
     def _held_by_another_task(self, owner: str) -> bool:
         """Whether ``owner``, a task that holds nothing, called where another owner of this
-        client holds the lock (no I/O: the client's record of its holds): a task that
-        released a lock some other task of its took."""
+        client holds the lock (no I/O: the client's record of its holds), as a task does that
+        releases a lock another task of the client took."""
         if self._explicit_owner is not None:
             return False
         return any(hold.owner != owner for hold in self._services.holds.by_key(self._hold_key))
