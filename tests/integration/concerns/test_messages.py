@@ -3,7 +3,7 @@ words a user needs, for every kind it applies to, on every test server.
 
 - a release by another task of the same client than the one that holds the lock;
 - a client used from a second event loop (refused before any I/O, and still usable on its own);
-- a server that asks for a password the client did not give.
+- a server (or a Cluster) that asks for a password the client did not give.
 
 The messages that need no server are in ``tests/unit/test_messages.py``.
 """
@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 import redis as redis_sync
 from redis.asyncio import Redis
-from redis.exceptions import AuthenticationError
+from redis.exceptions import AuthenticationError, RedisClusterException
 
 import aiolock
-from aiolock.testing.embedded import EmbeddedServer
+from aiolock.testing.embedded import EmbeddedCluster, EmbeddedServer
 from tests.conftest import SERVERS
 from tests.helpers import counted, keys_of
 
@@ -242,3 +242,23 @@ async def test_the_right_password_works_and_a_wrong_one_is_not_told_as_missing(
         with pytest.raises(AuthenticationError) as refused:
             await client.lock("with-a-password").try_lock()
         assert "asks for a password" not in str(refused.value)
+
+
+@pytest.fixture(scope="module", params=SERVERS)
+def locked_cluster(request: pytest.FixtureRequest) -> Iterator[EmbeddedCluster]:
+    """A one-node Cluster that asks every new connection for a password."""
+    with EmbeddedCluster(primaries=1, binary=request.param) as cluster:
+        with redis_sync.Redis.from_url(cluster.url) as admin:
+            admin.config_set("requirepass", PASSWORD)
+        yield cluster
+
+
+async def test_a_cluster_s_missing_password_is_named(locked_cluster: EmbeddedCluster) -> None:
+    async with aiolock.Client.from_url(locked_cluster.url, cluster=True) as client:
+        with pytest.raises(RedisClusterException) as refused:  # what redis-py raises there
+            await client.lock("needs-a-password").try_lock()
+    text = str(refused.value)
+    for words in ("the Cluster at", "asks for a password", "redis://:PASSWORD@host:port/0"):
+        assert words in text, text
+    assert isinstance(refused.value.__cause__, RedisClusterException)
+    assert isinstance(refused.value.__cause__.__cause__, AuthenticationError)
