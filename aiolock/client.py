@@ -16,6 +16,7 @@ from typing import Any
 
 from redis.asyncio import Redis, RedisCluster
 
+from ._core.habits import REDIS_PY_KEYWORDS, redis_py_keyword, teaching
 from ._core.holds import Hold, Holds
 from ._core.metrics import metrics, tracing
 from ._core.names import P, R, locked
@@ -77,8 +78,12 @@ class Client:
 
     Use it as an async context manager, or call :meth:`aclose` when done.  Closing stops the
     watchdog and the subscriber connection; locks still held then expire by their leases.
+
+    A client belongs to the event loop that first uses it: a call from another loop raises
+    :class:`RuntimeError` before any I/O.  Make one client per event loop.
     """
 
+    @teaching
     def __init__(
         self,
         redis: Redis | RedisCluster,
@@ -173,6 +178,15 @@ class Client:
         """
         if not isinstance(url, str):
             raise TypeError(f"url must be a str, not {type(url).__name__}")
+        for keyword in redis_options:
+            # redis-py's connections refuse them too, deep in its pool: say what they are here.
+            if keyword in REDIS_PY_KEYWORDS:
+                sockets = (
+                    " (redis-py's socket timeouts are socket_timeout= and socket_connect_timeout=)"
+                    if keyword == "timeout"
+                    else ""
+                )
+                raise TypeError(redis_py_keyword("Client.from_url()", keyword) + sockets)
         options = _Options.given(locals())
         client = cls.__new__(cls)
         if not isinstance(cluster, bool):
@@ -187,6 +201,7 @@ class Client:
 
     # -- factories ---------------------------------------------------------------------------
 
+    @teaching
     def lock(self, name: str, *, owner: str | None = None) -> AsyncRLock:
         """A reentrant lock named ``name`` (no I/O).
 
@@ -195,6 +210,7 @@ class Client:
         """
         return AsyncRLock(self._services, *_name_and_owner(name, owner))
 
+    @teaching
     def fair_lock(self, name: str, *, owner: str | None = None) -> AsyncFairLock:
         """A reentrant lock granted first come, first served across all clients (no I/O).
 
@@ -203,6 +219,7 @@ class Client:
         """
         return AsyncFairLock(self._services, *_name_and_owner(name, owner))
 
+    @teaching
     def spin_lock(
         self,
         name: str,
@@ -224,6 +241,7 @@ class Client:
             )
         return AsyncSpinLock(self._services, name, owner, initial_delay=initial, max_delay=maximum)
 
+    @teaching
     def locked(
         self, name_template: str, *, wait: float | None = None, lease: float | None = None
     ) -> Callable[[Callable[P, Awaitable[R]]], Callable[P, Coroutine[Any, Any, R]]]:
@@ -240,15 +258,18 @@ class Client:
         """
         return locked(self.lock, name_template, wait, lease)
 
+    @teaching
     def rw_lock(self, name: str) -> AsyncReadWriteLock:
         """A read-write lock named ``name`` (no I/O): ``.read_lock()`` and ``.write_lock()``."""
         return AsyncReadWriteLock(self._services, check_name(name))
 
+    @teaching
     def semaphore(self, name: str, permits: int) -> AsyncSemaphore:
         """A semaphore named ``name`` with at most ``permits`` leased permits held (no I/O)."""
         check_name(name)
         return AsyncSemaphore(self._services, name, check_permits(permits))
 
+    @teaching
     def countdown_latch(self, name: str) -> AsyncCountDownLatch:
         """A countdown latch named ``name`` (no I/O): wait, across clients, for a count of 0."""
         return AsyncCountDownLatch(self._services, check_name(name))
@@ -268,6 +289,7 @@ class Client:
         services = self._services
         if services.closed:
             return
+        services.check_loop()  # its tasks and connections can be closed on their loop only
         services.closed = True
         # Waiters are woken first, and given a loop pass to leave (a fair lock's waiter withdraws
         # from its queue): what they leave behind is settled with the rest below.

@@ -9,7 +9,11 @@ All of them derive from one root, so ``except aiolock.LockError`` catches every 
     └── LockSyncError(LockError)                     # replicas did not confirm a grant in time
 
 Bad arguments raise :class:`TypeError` or :class:`ValueError` before any I/O.  Redis' own
-errors (``redis.exceptions.ConnectionError`` and friends) propagate unchanged.
+errors (``redis.exceptions.ConnectionError`` and friends) propagate unchanged; only a server's
+request for a password the client did not give is told in plain words (the same
+``AuthenticationError`` class, chained to redis-py's).  The habits of ``asyncio.Lock`` and
+redis-py's ``Lock`` (``await lock.acquire()``, ``timeout=``, a release from another task, a
+client called from a second event loop) get messages that say what to write instead.
 """
 
 from __future__ import annotations

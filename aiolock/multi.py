@@ -26,6 +26,7 @@ from ._core.composite import (
     start_releases,
 )
 from ._core.guard import Guarded, Holding
+from ._core.habits import held_by_another_task, teaching
 from ._core.holds import Hold
 from ._core.metrics import traced
 from ._core.validate import check_lease, check_wait
@@ -53,6 +54,7 @@ class MultiLock(Guarded[tuple[int, ...]]):
 
     __slots__ = ("_order", "_seams", "locks", "name")
 
+    @teaching
     def __init__(self, *locks: LockKind) -> None:
         for lock in locks:
             if not isinstance(lock, LockKind):
@@ -68,6 +70,7 @@ class MultiLock(Guarded[tuple[int, ...]]):
 
     # -- acquiring ---------------------------------------------------------------------------
 
+    @teaching
     async def try_lock(self, wait: float | None = 0, lease: float | None = None) -> bool:
         """Hold every part, waiting at most ``wait`` seconds in all (``None``: forever).
 
@@ -75,6 +78,7 @@ class MultiLock(Guarded[tuple[int, ...]]):
         """
         return await self._traced_take(check_wait(wait), check_lease(lease))
 
+    @teaching
     def lock(self, lease: float | None = None) -> Coroutine[Any, Any, None]:
         """Hold every part, waiting as long as it takes: ``await multi.lock()``.
 
@@ -147,6 +151,7 @@ class MultiLock(Guarded[tuple[int, ...]]):
 
     # -- releasing ---------------------------------------------------------------------------
 
+    @teaching
     async def unlock(self) -> None:
         """Release one hold of every part, all at once.
 
@@ -161,11 +166,13 @@ class MultiLock(Guarded[tuple[int, ...]]):
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
                 raise outcome  # every part was released or is settling; the first error shows
-        missing = [
-            lock.name for lock, left in zip(self.locks, outcomes, strict=True) if left is None
-        ]
-        if missing:
-            raise LockNotOwnedError(f"{self.name!r}: not held by this owner: {missing}")
+        missing = [index for index, left in enumerate(outcomes) if left is None]
+        if not missing:
+            return
+        if any(self._seams[i].held_by_another_task(owners[i]) for i in missing):
+            raise LockNotOwnedError(held_by_another_task(f"{self.name!r}"))
+        names = [self.locks[i].name for i in missing]
+        raise LockNotOwnedError(f"{self.name!r}: not held by this owner: {names}")
 
     async def force_unlock(self) -> bool:
         """Delete every part whoever holds it; ``True`` if any of them existed."""

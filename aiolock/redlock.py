@@ -26,6 +26,7 @@ from ._core.composite import (
     start_releases,
 )
 from ._core.guard import Guarded, Holding
+from ._core.habits import held_by_another_task, teaching
 from ._core.holds import Hold
 from ._core.metrics import traced
 from ._core.validate import check_lease, check_name, check_wait
@@ -68,6 +69,7 @@ class RedLock(Guarded[int]):
 
     __slots__ = ("_seams", "clients", "name", "parts", "quorum")
 
+    @teaching
     def __init__(self, clients: Sequence[Client], name: str, *, owner: str | None = None) -> None:
         from .client import Client
 
@@ -92,10 +94,12 @@ class RedLock(Guarded[int]):
 
     # -- acquiring ---------------------------------------------------------------------------
 
+    @teaching
     async def try_lock(self, wait: float | None = 0, lease: float | None = None) -> bool:
         """Hold the lock on a majority, retrying until ``wait`` runs out (``None``: forever)."""
         return await self._traced_take(check_wait(wait), check_lease(lease)) is not None
 
+    @teaching
     def lock(self, lease: float | None = None) -> Coroutine[Any, Any, None]:
         """Hold the lock on a majority, waiting as long as it takes."""
         return self._hold(check_lease(lease))
@@ -185,6 +189,7 @@ class RedLock(Guarded[int]):
 
     # -- releasing ---------------------------------------------------------------------------
 
+    @teaching
     async def unlock(self) -> None:
         """Release one hold on every server.
 
@@ -195,7 +200,10 @@ class RedLock(Guarded[int]):
             [seam.release(owner) for seam, owner in zip(self._seams, owners, strict=True)]
         )
         if all(outcome is None or isinstance(outcome, _FAILURES) for outcome in outcomes):
-            raise LockNotOwnedError(f"lock {self.name!r} is not held by this owner")
+            what = f"lock {self.name!r}"
+            if any(map(Seam.held_by_another_task, self._seams, owners)):
+                raise LockNotOwnedError(held_by_another_task(what))
+            raise LockNotOwnedError(f"{what} is not held by this owner")
 
     async def force_unlock(self) -> bool:
         """Delete the lock on every server whoever holds it; ``True`` if it existed on any."""

@@ -29,6 +29,7 @@ from redis.exceptions import ResponseError
 
 from . import _scripts
 from ._core.base import Call, LockKind, Seam, release_args
+from ._core.habits import teaching
 from ._core.holds import Hold
 from ._core.keys import LockKeys, hash_tag
 from ._core.metrics import lock_extra
@@ -333,10 +334,12 @@ class AsyncReadWriteLock:
         :attr:`aiolock.AsyncRLock.hash_tag`)."""
         return hash_tag(self.name)
 
+    @teaching
     def read_lock(self, *, owner: str | None = None) -> AsyncReadLock:
         """The read lock (no I/O); ``owner`` binds it to an explicit owner."""
         return AsyncReadLock(self._services, self.name, _owner(owner))
 
+    @teaching
     def write_lock(self, *, owner: str | None = None) -> AsyncWriteLock:
         """The write lock (no I/O); ``owner`` binds it to an explicit owner."""
         return AsyncWriteLock(self._services, self.name, _owner(owner))

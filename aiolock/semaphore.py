@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from . import _scripts
 from ._core.base import Call, HoldKind, LockStatistics, Seam, release_args
 from ._core.guard import LockGuard
+from ._core.habits import not_awaitable, teaching
 from ._core.holds import Hold
 from ._core.keys import hash_tag, marks_of
 from ._core.metrics import traced
@@ -132,6 +133,7 @@ class AsyncSemaphore:
         self._permits = _Permits(services, name, permits)
         self._seam = Seam(self._permits)
 
+    @teaching
     def acquire(self, wait: float | None = None, lease: float | None = None) -> _PermitContext:
         """An async context manager that holds a permit for its block and yields it.
 
@@ -140,6 +142,7 @@ class AsyncSemaphore:
         """
         return _PermitContext(self, check_wait(wait), check_lease(lease))
 
+    @teaching
     async def try_acquire(
         self, wait: float | None = 0, lease: float | None = None
     ) -> Permit | None:
@@ -273,7 +276,9 @@ class Permit:
         :raises LockNotOwnedError: if the permit was no longer held (its lease ran out, or it
             was released already).
         """
-        if await self.semaphore._seam.release(self.id) is None:
+        seam = self.semaphore._seam
+        seam.services.check_loop()
+        if await seam.release(self.id) is None:
             raise LockNotOwnedError(f"permit {self.id!r} of {self.semaphore.name!r} is not held")
 
     def __repr__(self) -> str:
@@ -291,6 +296,18 @@ class _PermitContext:
         self._wait = wait
         self._lease = lease
         self._permit: Permit | None = None
+
+    if not TYPE_CHECKING:  # a type checker refuses the await as it is: no awaitable to see
+
+        def __await__(self):
+            raise TypeError(
+                not_awaitable(
+                    "AsyncSemaphore.acquire()",
+                    "use `async with sem.acquire(...) as permit:`, which gives the permit back "
+                    "at the end of the block, or `permit = await sem.try_acquire(...)` and then "
+                    "`await permit.release()`",
+                )
+            )
 
     async def __aenter__(self) -> Permit:
         if self._permit is not None:

@@ -38,6 +38,7 @@ from .._redis.pubsub import Grant
 from .._scripts import Call, Script
 from ..errors import LockLostError, LockNotOwnedError, LockTimeoutError
 from .guard import Guarded, Holding
+from .habits import held_by_another_task, teaching
 from .holds import CLOCK_MARGIN, Hold, NameCounters
 from .keys import LockKeys, hash_tag
 from .metrics import traced
@@ -277,6 +278,7 @@ class HoldKind(Guarded[int]):
 
     # -- acquiring ---------------------------------------------------------------------------
 
+    @teaching
     async def try_lock(self, wait: float | None = 0, lease: float | None = None) -> bool:
         """Acquire the lock, waiting at most ``wait`` seconds (``None``: forever).
 
@@ -291,6 +293,7 @@ class HoldKind(Guarded[int]):
             return True
         return await self._try_until(wait, lease)
 
+    @teaching
     def lock(self, lease: float | None = None) -> Coroutine[Any, Any, None]:
         """Acquire the lock, waiting as long as it takes: ``await lock.lock()``.
 
@@ -396,6 +399,7 @@ class HoldKind(Guarded[int]):
 
     # -- releasing ---------------------------------------------------------------------------
 
+    @teaching
     async def unlock(self) -> None:
         """Release one hold.
 
@@ -409,7 +413,18 @@ class HoldKind(Guarded[int]):
         """
         owner, _ = self._owner()
         if await self._release(owner) is None:
-            raise LockNotOwnedError(f"lock {self.name!r} is not held by this owner")
+            what = f"lock {self.name!r}"
+            if self._held_by_another_task(owner):
+                raise LockNotOwnedError(held_by_another_task(what))
+            raise LockNotOwnedError(f"{what} is not held by this owner")
+
+    def _held_by_another_task(self, owner: str) -> bool:
+        """Whether ``owner``, a task that holds nothing, called where another owner of this
+        client holds the lock (no I/O: the client's record of its holds), as a task does that
+        releases a lock another task of the client took."""
+        if self._explicit_owner is not None:
+            return False
+        return any(hold.owner != owner for hold in self._services.holds.by_key(self._hold_key))
 
     # -- inspecting --------------------------------------------------------------------------
 
@@ -989,6 +1004,11 @@ class Seam:
         """One attempt for ``owner`` (resolved by the caller, for a part taken in a task of its
         own): the hold, or the seconds to wait before the next."""
         return self.lock._acquire_as(owner, task, lease)
+
+    def held_by_another_task(self, owner: str) -> bool:
+        """Whether ``owner``, the calling task, holds nothing of the lock while another owner of
+        the same client does (no I/O)."""
+        return self.lock._held_by_another_task(owner)
 
     def release(self, owner: str) -> Coroutine[Any, Any, int | None]:
         """Release one hold of ``owner``: the holds left, ``None`` if it held none."""

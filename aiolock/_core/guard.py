@@ -16,6 +16,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar
 
 from ..errors import LockLostError
+from .habits import not_awaitable, teaching
 from .owners import current_task
 from .validate import check_lease, check_timeout, check_wait
 
@@ -173,6 +174,7 @@ class Guarded(Generic[TokenT_co]):
             "or servers, which no one atomic call can check; acquire it with the lease it needs"
         )
 
+    @teaching
     def acquire(
         self,
         wait: float | None = None,
@@ -252,6 +254,18 @@ class GuardContext(Generic[TokenT_co]):
         self._cancelling = 0  # the task's cancellation requests when the block began
         # None: no loss; "due": a cancellation is on its way; "sent": the task was cancelled.
         self._loss: Literal["due", "sent"] | None = None
+
+    if not TYPE_CHECKING:  # a type checker refuses the await as it is: no awaitable to see
+
+        def __await__(self):
+            raise TypeError(
+                not_awaitable(
+                    f"{type(self._lock).__name__}.acquire()",
+                    "use `async with lock.acquire(...) as guard:`, which releases at the end "
+                    "of the block, or `await lock.lock()` / `await lock.try_lock()` and then "
+                    "`await lock.unlock()`",
+                )
+            )
 
     async def __aenter__(self) -> LockGuard[TokenT_co]:
         if self._guard is not None:

@@ -7,6 +7,7 @@ options, plus a cache of per-name state shared by all lock objects of one kind a
 
 from __future__ import annotations
 
+import asyncio
 import math
 import weakref
 from collections.abc import Callable
@@ -49,6 +50,10 @@ class Services:
     cluster: bool = False  # a Redis Cluster: per-slot fencing counters and renewal batches
     sync: tuple[int, float] | None = None  # (replicas, seconds) every grant waits for
     closed: bool = False
+    # The event loop that first used the client: its connections, pub/sub reader, watchdog
+    # and timers live there, and a call from another loop would fail deep in asyncio and
+    # leave them broken (see check_loop).
+    loop: asyncio.AbstractEventLoop | None = None
     # The server's commands, for transactions (made at first use: most clients never need it).
     commands: CommandTable | None = None
     # Per (kind, name) state, shared by every lock object of that kind and name while one
@@ -70,9 +75,29 @@ class Services:
         self.resend_window_ms = round(resend_window(self.redis) * 1000)
 
     def check_open(self) -> Services:
+        """These services, for a call on a client that is open and on its own event loop
+        (every call that may do I/O passes here first)."""
         if self.closed:
             raise RuntimeError("the aiolock client is closed")
+        if asyncio.get_running_loop() is not self.loop:
+            self.check_loop()
         return self
+
+    def check_loop(self) -> None:
+        """Refuse a call from an event loop other than the one that first used the client,
+        before any I/O; the first call binds the client to its loop."""
+        loop = asyncio.get_running_loop()
+        if self.loop is None:
+            self.loop = loop
+        elif loop is not self.loop:
+            since = ", which has closed since" if self.loop.is_closed() else ""
+            raise RuntimeError(
+                "this aiolock client belongs to the event loop that first used it"
+                f"{since}, and was called from another one: use one client per event loop "
+                "(its connections, pub/sub reader and watchdog live on that loop); make the "
+                "client inside the loop that uses it, e.g. in the coroutine given to "
+                "asyncio.run()"
+            )
 
     def command_table(self) -> CommandTable:
         """What transactions need to know of the server's commands (made once per client)."""

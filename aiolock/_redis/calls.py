@@ -37,6 +37,7 @@ from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .._scripts import Script
+from .auth import asked_for_password
 from .redispy import has_data, stream_writer
 from .tasks import Background
 
@@ -322,12 +323,21 @@ class Calls(Runner):
             self._give_back(conn)  # the reply was read whole: the connection is clean
             raise
         except BaseException as exc:
-            self._spawn(self._discard(conn), None)
-            if sent and isinstance(exc, Exception):
-                _orphaned(orphan, exc)  # the script may have run: the outcome is unknown
+            self._failed(conn, exc, orphan if sent else None)
             raise
         self._give_back(conn)
         return reply
+
+    def _failed(self, conn: AbstractConnection, exc: BaseException, orphan: Orphan | None) -> None:
+        """A call failed on ``conn`` with ``exc``: drop the connection, hand the error to
+        ``orphan`` (given when some attempt was sent: the script may have run, its outcome is
+        unknown), and raise a server's request for a password in plain words instead."""
+        self._spawn(self._discard(conn), None)
+        if isinstance(exc, Exception):
+            _orphaned(orphan, exc)
+        told = asked_for_password(exc, conn)
+        if told is not None:
+            raise told from exc
 
     async def _finish(
         self,

@@ -55,6 +55,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .._scripts import Script, sharded
+from .auth import cluster_asked_for_password
 from .calls import Calls, Orphan, Runner
 from .pubsub import Home
 
@@ -216,7 +217,13 @@ class ClusterCalls(Runner):
         await asyncio.shield(task)
 
     async def _learn(self) -> None:
-        await self._cluster.initialize()
+        try:
+            await self._cluster.initialize()
+        except RedisClusterException as exc:
+            told = cluster_asked_for_password(exc, self._cluster)
+            if told is not None:
+                raise told from exc
+            raise
         # Sharded only if every primary that answers has it (a cluster half-way through an
         # upgrade from Redis 6 would fail the releases' SPUBLISH on the others); one that
         # cannot be reached (a failover under way) is not asked.
