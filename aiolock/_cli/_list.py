@@ -148,4 +148,5 @@ def _glob_escape(text: str) -> str:
 
 
 def _str(key: object) -> str:
-    return key.decode() if isinstance(key, bytes) else str(key)
+    # A key that is not UTF-8 is no lock's (names are str): it reads back as no lock's name.
+    return key.decode(errors="replace") if isinstance(key, bytes) else str(key)
