@@ -42,14 +42,21 @@ from pydantic_core import PydanticUndefined
 
 try:
     from fastapi import Depends, Request
-    from fastapi.dependencies.models import Dependant
-    from fastapi.dependencies.utils import request_body_to_args, request_params_to_args
     from fastapi.exceptions import RequestValidationError
     from fastapi.params import Form
     from fastapi.responses import JSONResponse
 except ImportError as exc:  # pragma: no cover - depends on the installed extras
     raise ImportError(
         "aiolock.fastapi needs FastAPI: pip install 'aiolock-redis[fastapi]'"
+    ) from exc
+try:  # the validators FastAPI runs after the dependencies (see _refuse_invalid)
+    from fastapi.dependencies.models import Dependant
+    from fastapi.dependencies.utils import request_body_to_args, request_params_to_args
+except ImportError as exc:  # pragma: no cover - a FastAPI that moved them
+    raise ImportError(
+        "aiolock.fastapi validates a request before it takes the lock with FastAPI's "
+        "request_params_to_args and request_body_to_args (fastapi.dependencies.utils), which "
+        "this FastAPI does not have"
     ) from exc
 
 from ._core.names import NameTemplate
@@ -175,11 +182,15 @@ async def _refuse_invalid(request: Request) -> None:
         errors += request_params_to_args(fields, received)[1]
     body = await _json_body(request, dependant)
     if body is not _UNREAD:
-        errors += (await request_body_to_args(dependant.body_params, body, False))[1]
-    if errors:
-        raise RequestValidationError(
-            errors, body=None if body in (_UNREAD, PydanticUndefined) else body
+        # Whether the body is embedded follows from these fields alone (they are all the
+        # route's), as FastAPI decides it for the route.
+        found = await request_body_to_args(
+            body_fields=dependant.body_params, received_body=body, embed_body_fields=False
         )
+        errors += found[1]
+    if errors:
+        unread = body is _UNREAD or body is PydanticUndefined
+        raise RequestValidationError(errors, body=None if unread else body)
 
 
 _UNREAD: Final = object()  # a body left to FastAPI's own check
