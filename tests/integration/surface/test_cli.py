@@ -694,7 +694,11 @@ def test_usage_errors_exit_2(
 
 def test_an_unreachable_server_exits_3_with_one_line() -> None:
     url = f"redis://user:secret@127.0.0.1:{free_port()}/0"  # nothing listens there
-    for argv in (["inspect", "x", "--json"], ["unlock", "x", "--force", "--yes"]):
+    for argv in (
+        ["inspect", "x", "--json"],
+        ["list", "--json"],
+        ["unlock", "x", "--force", "--yes"],
+    ):
         run = python_m_aiolock(*argv, "--url", url)
         assert run.returncode == 3, run.stderr
         assert run.stdout == ""
