@@ -519,7 +519,8 @@ async def test_list_on_a_cluster_reads_every_primary(
         held = await hold_every_kind(cluster_client, stack, names)
         redis = cluster_client.redis
         assert isinstance(redis, RedisCluster)
-        nodes = {redis.get_node_from_key(keys_of(cluster_client.lock(n)).lock).name for n in names}
+        nodes = {redis.get_node_from_key(keys_of(cluster_client.lock(n)).lock) for n in names}
+        assert None not in nodes
         assert len(nodes) > 1  # the locks live on more than one primary
 
         code, out, err = await cli("list", "--json")
