@@ -10,6 +10,13 @@ Install with ``pip install 'aiolock-redis[aiohttp]'``::
     async def pay(request: web.Request) -> web.Response:
         ...  # runs while this request holds the lock "orders:<order_id>"
 
+``held_lock(..., kind="fair")`` holds a fair lock instead (``"spin"``, ``"read"`` and
+``"write"`` too), and :func:`held_permit` a semaphore's permit.
+
+aiohttp has no validation before the handler: a decorated handler checks its request (its
+body, say) under the lock.  To refuse a malformed request without waiting for the lock, check
+it first and then take the lock in the handler, with :func:`get_client`.
+
 A lock that cannot be had within ``wait`` answers ``423 Locked`` (the resource is locked by
 someone else; a retry may succeed), which keeps it apart from the ``409 Conflict`` an app uses
 for its own state conflicts, and from the 5xx of a failing server.
@@ -19,6 +26,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 try:
@@ -30,6 +38,7 @@ except ImportError as exc:  # pragma: no cover - depends on the installed extras
     ) from exc
 
 from ._core.names import NameTemplate
+from ._glue import HeldKind, check_kind, check_permits, hold_lock, hold_permit
 from .client import Client
 from .errors import LockTimeoutError
 
@@ -39,14 +48,15 @@ __all__ = [
     "client_context",
     "get_client",
     "held_lock",
+    "held_permit",
     "lock_timeout_middleware",
 ]
 
-#: Where :func:`client_context` keeps the client: ``app[CLIENT_KEY]``.
 CLIENT_KEY = web.AppKey("aiolock_client", Client)
+"""Where :func:`client_context` keeps the client: ``app[CLIENT_KEY]``."""
 
-#: The status of a response to a request whose lock could not be had in time: 423 Locked.
 LOCKED_STATUS = 423
+"""The status of a response to a request whose lock could not be had in time: 423 Locked."""
 
 
 def client_context(url: str, **options: Any) -> Callable[[web.Application], AsyncIterator[None]]:
@@ -77,24 +87,50 @@ def get_client(request: web.Request) -> Client:
 
 
 def held_lock(
-    name_template: str, *, wait: float | None = None, lease: float | None = None
+    name_template: str,
+    *,
+    wait: float | None = None,
+    lease: float | None = None,
+    kind: HeldKind = "lock",
 ) -> Callable[[Handler], Handler]:
-    """A handler decorator: the handler runs holding ``client.lock(name)``.
+    """A handler decorator: the handler runs holding lock ``name``.
 
     The name is ``name_template.format(**request.match_info)``, e.g. ``"orders:{order_id}"``; a
     placeholder that the route does not define raises :class:`LookupError` at the request.
+    ``kind`` picks the lock: ``"lock"`` (``client.lock(name)``), ``"fair"``
+    (``client.fair_lock``), ``"spin"`` (``client.spin_lock``), ``"read"`` or ``"write"``
+    (``client.rw_lock(name).read_lock()`` or ``.write_lock()``).
     :class:`aiolock.LockTimeoutError` propagates when ``wait`` runs out (see
     :func:`lock_timeout_middleware`); :class:`aiolock.LockLostError` does when the lease was
-    lost while the handler ran, so its work is never reported as a success.  ``wait`` and
-    ``lease`` are checked here, at once.
+    lost while the handler ran, so its work is never reported as a success.  ``wait``,
+    ``lease`` and ``kind`` are checked here, at once.
     """
     template = NameTemplate(name_template, wait, lease)
+    factory = check_kind(kind)
+    return _held(template, lambda client, name: hold_lock(template, factory, client, name))
 
+
+def held_permit(
+    name_template: str, permits: int, *, wait: float | None = None, lease: float | None = None
+) -> Callable[[Handler], Handler]:
+    """A handler decorator: the handler runs holding a permit of ``client.semaphore(name,
+    permits)``, so that at most ``permits`` requests (across every process and host) run it at
+    once, per name; the others wait up to ``wait`` and then get 423.  As :func:`held_lock`
+    otherwise; ``permits``, ``wait`` and ``lease`` are checked here, at once.
+    """
+    template = NameTemplate(name_template, wait, lease)
+    count = check_permits(permits)
+    return _held(template, lambda client, name: hold_permit(template, count, client, name))
+
+
+def _held(
+    template: NameTemplate, hold: Callable[[Client, str], AbstractAsyncContextManager[Any]]
+) -> Callable[[Handler], Handler]:
     def decorate(handler: Handler) -> Handler:
         @functools.wraps(handler)
         async def wrapper(request: web.Request) -> web.StreamResponse:
             name = template.name(request.match_info, request.path)
-            async with template.acquire(get_client(request).lock(name)):
+            async with hold(get_client(request), name):
                 return await handler(request)
 
         return wrapper

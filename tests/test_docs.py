@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 
 import aiolock
+import aiolock.aiohttp
+import aiolock.fastapi
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = sorted((ROOT / "docs").glob("*.md"))
@@ -84,6 +86,8 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
         "aiolock.testing.embedded.EmbeddedServer",
         "aiolock.testing.pytest_plugin.aiolock_server",
         "aiolock.testing.pytest_plugin.aiolock_client",
+        *(f"aiolock.fastapi.{name}" for name in aiolock.fastapi.__all__),
+        *(f"aiolock.aiohttp.{name}" for name in aiolock.aiohttp.__all__),
     ]
     anchors = set(re.findall(r'id="(aiolock[\w.]*)"', reference))
     missing = [

@@ -1,4 +1,9 @@
-"""The parser and the four subcommands (see the package docstring for the choice of argparse)."""
+"""The parser and the five subcommands (see the package docstring for the choice of argparse).
+
+What a subcommand prints for its reader goes through :func:`_say`: a reader that is gone
+(``aiolock list | head -1``) closes the pipe, and that is not an error of the command, which
+carries on with stdout on ``/dev/null`` and exits with the code it would have had.
+"""
 
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..client import Client
 from ._inspect import KIND_TITLES, KINDS, Report, inspect
+from ._list import list_locks
 
 __all__ = [
     "EXIT_CONNECT",
@@ -54,8 +60,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exit_:  # --help (0) or a usage error (2)
         return exit_.code if isinstance(exit_.code, int) else EXIT_USAGE
     command: Callable[[argparse.Namespace], int] = args.run
+    code = EXIT_OK
     try:
-        return command(args)
+        code = command(args)
+        sys.stdout.flush()  # what the demo printed: a closed stdout shows here, not at exit
+        return code
+    except BrokenPipeError:  # a write to stdout outside _say: the same, quietly
+        _stdout_to_devnull()
+        return code
     except _Usage as exc:
         commands[args.command].print_usage(sys.stderr)
         print(f"aiolock {args.command}: error: {exc}", file=sys.stderr)
@@ -81,16 +93,17 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     # The same option after the subcommand; SUPPRESS keeps it from hiding the one before.
     url = argparse.ArgumentParser(add_help=False)
     url.add_argument("--url", default=argparse.SUPPRESS, help=url_help)
-    named = argparse.ArgumentParser(add_help=False)
-    named.add_argument("name", type=_name, help="the lock's name, as given to the client")
-    named.add_argument(
+    keyspace = argparse.ArgumentParser(add_help=False)
+    keyspace.add_argument(
         "--prefix", default="aiolock", help="the clients' key_prefix (default: aiolock)"
     )
-    named.add_argument(
+    keyspace.add_argument(
         "--cluster",
         action="store_true",
         help="the URL names a node of a Redis Cluster (as Client.from_url(url, cluster=True))",
     )
+    named = argparse.ArgumentParser(add_help=False, parents=[keyspace])
+    named.add_argument("name", type=_name, help="the lock's name, as given to the client")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo = sub.add_parser(
@@ -146,6 +159,25 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
     look.add_argument("--json", action="store_true", help="print one JSON object")
     look.set_defaults(run=_inspect)
 
+    listing = sub.add_parser(
+        "list",
+        parents=[url, keyspace],
+        help="list the locks of every kind that are held or waited for",
+        description="List every lock (plain, fair, spin, read-write, semaphore) under the key "
+        "prefix whose name matches PATTERN and that has holders or waiters: its name, kind, "
+        "holders, lease left and waiters.  Uses SCAN (on every primary of a Cluster), never "
+        "KEYS.  Exit code 0, also when none matches.",
+    )
+    listing.add_argument(
+        "pattern",
+        nargs="?",
+        default="*",
+        metavar="PATTERN",
+        help="a glob on the names, as Redis's MATCH: * ? [abc] [^abc] \\x (default: *)",
+    )
+    listing.add_argument("--json", action="store_true", help="print one JSON list")
+    listing.set_defaults(run=_list)
+
     unlock = sub.add_parser(
         "unlock",
         parents=[url, named],
@@ -165,7 +197,8 @@ def _parser() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParse
         help="the lock's kind (lock); a semaphore has no force",
     )
     unlock.set_defaults(run=_unlock)
-    return parser, {"demo": demo, "server": server, "inspect": look, "unlock": unlock}
+    commands = {"demo": demo, "server": server, "inspect": look, "list": listing, "unlock": unlock}
+    return parser, commands
 
 
 def _name(text: str) -> str:
@@ -223,6 +256,8 @@ def _connected(url: str, run: Callable[[], _T]) -> _T | int:
         return run()
     # A cluster client that reaches no node, or a node without cluster mode, says so with a
     # RedisClusterException.
+    except BrokenPipeError:  # our stdout, not the server: see main()
+        raise
     except (RedisConnectionError, RedisTimeoutError, OSError, RedisClusterException) as exc:
         print(f"aiolock: cannot connect to {_shown(url)}: {_one_line(exc)}", file=sys.stderr)
         return EXIT_CONNECT
@@ -310,7 +345,7 @@ def _server(args: argparse.Namespace) -> int:
             server.stop()
             return EXIT_NOTHING
         try:
-            print(server.url, flush=True)
+            _say(server.url)
             print(
                 f"aiolock: {args.binary} serving on {server.url} (Ctrl-C stops it)",
                 file=sys.stderr,
@@ -341,9 +376,9 @@ def _inspect(args: argparse.Namespace) -> int:
     async def work(client: Client) -> int:
         report = await inspect(client, args.kind, args.name, permits=args.permits)
         if args.json:
-            print(json.dumps(report.as_json(), indent=2))
+            _say(json.dumps(report.as_json(), indent=2))
         else:
-            print(render(report))
+            _say(render(report))
         return EXIT_OK if report.held else EXIT_NOTHING
 
     return _with_client(args, work)
@@ -386,6 +421,64 @@ def render(report: Report) -> str:
     return "\n".join(lines)
 
 
+# -- list --------------------------------------------------------------------------------------
+
+
+def _list(args: argparse.Namespace) -> int:
+    async def work(client: Client) -> int:
+        reports = await list_locks(client, args.pattern)
+        if args.json:
+            _say(json.dumps([report.as_json() for report in reports], indent=2))
+        elif reports:
+            _say(render_table(reports))
+        else:
+            _say(f"no lock under the prefix {client.key_prefix!r} matches {args.pattern!r}")
+        return EXIT_OK
+
+    return _with_client(args, work)
+
+
+TABLE_HEADS: Final = ("NAME", "KIND", "HOLDERS", "LEASE", "WAITERS")
+
+
+def render_table(reports: Sequence[Report]) -> str:
+    """The text form of a listing: one row per lock, columns aligned, for people.
+
+    HOLDERS is each owner with its hold count (and ``read``/``write`` for a read-write lock);
+    LEASE the seconds left, a range when the holders' leases differ, ``-`` where there is no
+    holder; WAITERS the fair lock's queue, else the clients waiting on the lock's channels (a
+    client counts once, however many of its tasks wait), ``-`` for the spin lock, whose
+    waiters the server never sees.
+    """
+    rows = [TABLE_HEADS, *(_row(report) for report in reports)]
+    widths = [max(len(row[column]) for row in rows) for column in range(len(TABLE_HEADS) - 1)]
+    return "\n".join(
+        "  ".join([*(cell.ljust(width) for cell, width in zip(row, widths, strict=False)), row[-1]])
+        for row in rows
+    )
+
+
+def _row(report: Report) -> tuple[str, str, str, str, str]:
+    name = report.name if report.name.isprintable() else repr(report.name)
+    holders = ", ".join(
+        f"{holder.owner}{f' {holder.mode}' if holder.mode else ''} x{holder.count}"
+        for holder in report.holders
+    )
+    leases = [holder.lease for holder in report.holders if holder.lease is not None]
+    if not report.holders:
+        lease = "-"
+    elif len(leases) < len(report.holders):
+        lease = "no expiry"
+    else:
+        low, high = min(leases), max(leases)
+        lease = f"{low:.3f}s" if low == high else f"{low:.3f}-{high:.3f}s"
+    # The fair lock's waiters are its queue; the others' park on the lock's channels (the
+    # read-write lock's writers in line too), counted once per client; the spin lock's sleep.
+    count = len(report.waiters) if report.kind == "fair" else report.subscribers
+    waiters = "-" if count is None else str(count)
+    return name, report.kind, holders or "-", lease, waiters
+
+
 # -- unlock --------------------------------------------------------------------------------------
 
 
@@ -395,7 +488,7 @@ def _unlock(args: argparse.Namespace) -> int:
     async def work(client: Client) -> int:
         report = await inspect(client, args.kind, args.name)
         if not report.held:
-            print(f"{title} is not held: nothing to unlock")
+            _say(f"{title} is not held: nothing to unlock")
             return EXIT_NOTHING
         if not args.yes and not _confirm(title, report):
             print(f"{title} left as it is", file=sys.stderr)
@@ -411,12 +504,35 @@ def _unlock(args: argparse.Namespace) -> int:
         else:
             forced = await client.lock(args.name).force_unlock()
         if not forced:
-            print(f"{title} was released meanwhile: nothing to unlock")
+            _say(f"{title} was released meanwhile: nothing to unlock")
             return EXIT_NOTHING
-        print(f"{title} force-unlocked")
+        _say(f"{title} force-unlocked")
         return EXIT_OK
 
     return _with_client(args, work)
+
+
+def _say(text: str) -> None:
+    """Print ``text`` on stdout for the command's reader, who may be gone: then stdout goes to
+    ``/dev/null`` and the command carries on (a closed stdout is not an error)."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        _stdout_to_devnull()
+
+
+def _stdout_to_devnull() -> None:
+    """Point stdout's file descriptor at ``/dev/null`` (Python's documented answer to a
+    BrokenPipeError), so that later writes and the interpreter's last flush do not fail."""
+    try:
+        descriptor = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # a stdout with no descriptor: nothing to do
+        return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, descriptor)
+    finally:
+        os.close(devnull)
 
 
 def _confirm(title: str, report: Report) -> bool:

@@ -3,15 +3,28 @@
 from __future__ import annotations
 
 import functools
+import re
 from dataclasses import dataclass
 
 from redis.crc import key_slot
 
-__all__ = ["LockKeys", "alive_of", "channel_of", "fence_of", "hash_tag", "marks_of", "slot_tag"]
+__all__ = [
+    "KeyParts",
+    "LockKeys",
+    "alive_of",
+    "channel_of",
+    "fence_of",
+    "hash_tag",
+    "marks_of",
+    "parts_of",
+    "slot_tag",
+]
 
 # Percent-encoding the three characters below keeps the tag free of braces (so Redis Cluster
 # hashes exactly the tag) and keeps the mapping injective (so two names never share keys).
 _ESCAPES = str.maketrans({"%": "%25", "{": "%7B", "}": "%7D"})
+_UNESCAPES = {"%25": "%", "%7B": "{", "%7D": "}"}
+_ESCAPED = re.compile("|".join(_UNESCAPES))
 
 
 def channel_of(lock_key: str) -> str:
@@ -89,6 +102,45 @@ def slot_tag(slot: int) -> str:
 def hash_tag(name: str) -> str:
     """Return ``{name}`` with braces escaped: the Redis Cluster hash tag of lock ``name``."""
     return "{" + name.translate(_ESCAPES) + "}"
+
+
+@dataclass(frozen=True, slots=True)
+class KeyParts:
+    """What :meth:`LockKeys.build` put into a key: ``kind`` (``None`` for the plain lock, whose
+    keys carry no kind segment), the object's ``name``, and the ``suffix`` after its hash tag
+    (``""`` for the object's main key, ``":meta"``, ``":readers"``...)."""
+
+    kind: str | None
+    name: str
+    suffix: str
+
+
+def parts_of(prefix: str, key: str) -> KeyParts | None:
+    """Read back the kind and name of a key that :meth:`LockKeys.build` made under ``prefix``
+    (or a key derived from it); ``None`` for any other key (a fencing counter, an alive key,
+    a key of another prefix).
+
+    Exact for every name: the tag is the first ``{...}`` after the kind segment (an escaped
+    name has no braces), and a tag that :func:`hash_tag` would not have written (a stray
+    ``%``) is refused rather than guessed at.
+    """
+    head = f"{prefix}:"
+    if not key.startswith(head):
+        return None
+    rest = key[len(head) :]
+    kind: str | None = None
+    if not rest.startswith("{"):
+        kind, colon, rest = rest.partition(":")
+        if not colon or not kind or not rest.startswith("{"):
+            return None
+    end = rest.find("}")
+    if end < 0:
+        return None
+    tag = rest[: end + 1]
+    name = _ESCAPED.sub(lambda match: _UNESCAPES[match.group()], tag[1:-1])
+    if not name or hash_tag(name) != tag:
+        return None
+    return KeyParts(kind, name, rest[end + 1 :])
 
 
 @dataclass(frozen=True, slots=True, weakref_slot=True)

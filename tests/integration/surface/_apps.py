@@ -7,6 +7,7 @@ import contextlib
 import importlib.util
 import os
 import signal
+import socket
 import sys
 from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -15,6 +16,10 @@ from pathlib import Path
 from types import ModuleType
 
 import httpx
+import uvicorn
+from starlette.types import ASGIApp
+
+from tests.helpers import eventually
 
 EXAMPLES = Path(__file__).parents[3] / "examples"
 LIMIT = 5
@@ -41,6 +46,25 @@ def check_crowd(statuses: Counter[int], users: int = 100) -> None:
     assert statuses[201] == LIMIT, statuses
     assert not [status for status in statuses if status >= 500], statuses
     assert statuses[409] + statuses[423] == users - LIMIT, statuses
+
+
+@contextlib.asynccontextmanager
+async def uvicorn_serving(app: ASGIApp) -> AsyncIterator[str]:
+    """Serve ``app`` with uvicorn in this event loop, on a free loopback port: its base URL.
+
+    The app's lifespan is not run: a test app carries its client in ``app.state``.
+    """
+    server = uvicorn.Server(uvicorn.Config(app, lifespan="off", log_level="warning"))
+    with socket.create_server(("127.0.0.1", 0)) as sock:
+        serving = asyncio.create_task(server.serve(sockets=[sock]))
+        try:
+            await eventually(lambda: server.started or serving.done(), what="uvicorn started")
+            if serving.done():
+                serving.result()  # the error that stopped it
+            yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+        finally:
+            server.should_exit = True
+            await serving
 
 
 @dataclass

@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
-from redis.asyncio import Redis
+from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 import aiolock
@@ -358,6 +358,229 @@ async def test_unlock_reads_the_answer_from_stdin_of_the_process(
     assert not await lock.is_locked()
 
 
+# -- list ----------------------------------------------------------------------------------------
+
+# Names with glob-special characters, braces, a kind segment, percent escapes and spaces.
+AWKWARD = ("orders:{42}", "}{", "a*b?[c]", "%7B", "100%", "x:fair:{y}", "名前 with spaces")
+
+
+async def hold_every_kind(
+    client: aiolock.Client, stack: contextlib.AsyncExitStack, names: tuple[str, ...]
+) -> dict[tuple[str, str], int]:
+    """Hold one lock of each kind under each of ``names`` (the kinds in turn, so that names
+    and kinds mix): ``(kind, name) -> holders``; every hold is ended when ``stack`` closes."""
+    held: dict[tuple[str, str], int] = {}
+    for index, name in enumerate(names):
+        kind = ("lock", "fair", "spin", "rw", "semaphore")[index % 5]
+        if kind == "semaphore":
+            semaphore = client.semaphore(name, 3)
+            for _ in range(2):
+                permit = await semaphore.try_acquire(lease=60)
+                assert permit is not None
+                stack.push_async_callback(permit.release)
+            held[kind, name] = 2
+            continue
+        if kind == "rw":
+            lock: Any = client.rw_lock(name).read_lock(owner="o")
+        else:
+            lock = {"lock": client.lock, "fair": client.fair_lock, "spin": client.spin_lock}[kind](
+                name, owner="o"
+            )
+        await lock.lock(lease=60)
+        await lock.lock(lease=60)  # re-entered: shown as x2
+        stack.push_async_callback(lock.unlock)
+        stack.push_async_callback(lock.unlock)
+        held[kind, name] = 1
+    return held
+
+
+async def test_list_every_kind_with_awkward_names_and_patterns(
+    cli: Callable[..., Any],
+    aiolock_client: aiolock.Client,
+    make_client: Callable[..., aiolock.Client],
+    redis: Redis,
+) -> None:
+    other = make_client()
+    async with contextlib.AsyncExitStack() as stack:
+        held = await hold_every_kind(aiolock_client, stack, AWKWARD)
+        # One name under two kinds: two locks ("orders:{42}" is a plain lock above).
+        held.update(await hold_every_kind(aiolock_client, stack, ("orders:7", "orders:{42}")))
+        assert ("fair", "orders:{42}") in held
+        # Waiters: a client subscribed to a plain lock, a fair waiter in its queue.
+        waiter = asyncio.create_task(other.lock("orders:{42}", owner="w").try_lock(wait=30))
+        queued = asyncio.create_task(other.fair_lock("}{", owner="w").try_lock(wait=30))
+
+        async def waiting() -> bool:
+            plain = await inspect(aiolock_client, "lock", "orders:{42}")
+            fair = await inspect(aiolock_client, "fair", "}{")
+            return (plain.subscribers, len(fair.waiters)) == (1, 1)
+
+        await eventually(waiting, what="a subscribed waiter and a queued one")
+        # Not listed: a released lock (its fencing counter stays), a latch, a key that is no
+        # lock's, and a lock under another prefix.
+        async with aiolock_client.lock("released").acquire():
+            pass
+        assert await aiolock_client.countdown_latch("latch").try_set_count(2)
+        await redis.set(f"{aiolock_client.key_prefix}:{{stray", "x")
+        stranger = make_client(key_prefix=aiolock_client.key_prefix + "-other")
+        strangers = stranger.lock("orders:1")
+        await strangers.lock(lease=60)
+        stack.push_async_callback(strangers.unlock)
+
+        code, out, err = await cli("list", "--json")
+        assert code == 0, err
+        listed = json.loads(out)
+        assert [(entry["kind"], entry["name"]) for entry in listed] == sorted(
+            held, key=lambda kind_name: (kind_name[1], kind_name[0])
+        )
+        for entry in listed:  # each entry is what inspect --json prints
+            assert entry["held"] is True
+            assert list(entry) == list(
+                await inspect_json(cli, entry["name"], "--kind", entry["kind"])
+            )
+            assert len(entry["holders"]) == held[entry["kind"], entry["name"]]
+            if entry["kind"] != "semaphore":
+                assert [holder["count"] for holder in entry["holders"]] == [2]
+                assert entry["holders"][0]["owner"] == f"{aiolock_client.id}:x:o"
+            assert all(0 < holder["lease"] <= 60 for holder in entry["holders"])
+        by_key = {(entry["kind"], entry["name"]): entry for entry in listed}
+        assert by_key["lock", "orders:{42}"]["subscribers"] == 1
+        assert [w["owner"] for w in by_key["fair", "}{"]["waiters"]] == [f"{other.id}:x:w"]
+
+        async def names(pattern: str) -> list[tuple[str, str]]:
+            code, out, err = await cli("list", pattern, "--json")
+            assert code == 0, err
+            return [(entry["kind"], entry["name"]) for entry in json.loads(out)]
+
+        assert await names("orders:*") == [
+            ("lock", "orders:7"),
+            ("fair", "orders:{42}"),
+            ("lock", "orders:{42}"),
+        ]
+        assert await names("orders:{*}") == [("fair", "orders:{42}"), ("lock", "orders:{42}")]
+        assert await names("a\\*b\\?\\[c]") == [("spin", "a*b?[c]")]
+        assert await names("[{}]*") == [("fair", "}{")]
+        assert await names("%7B") == [("rw", "%7B")]  # the name, never a brace's escape
+        assert await names("*%") == [("semaphore", "100%")]
+        assert await names("x:fair:*") == [("lock", "x:fair:{y}")]
+        assert await names("名前*") == [("fair", "名前 with spaces")]
+        assert await names("nothing*") == []
+
+        code, out, err = await cli("list", "orders:*")
+        assert code == 0, err
+        head, *rows = out.splitlines()
+        assert head.split() == ["NAME", "KIND", "HOLDERS", "LEASE", "WAITERS"]
+        assert [row.split()[:2] for row in rows] == [
+            ["orders:7", "lock"],
+            ["orders:{42}", "fair"],
+            ["orders:{42}", "lock"],
+        ]
+        plain = rows[2].split()
+        assert plain[2:4] == [f"{aiolock_client.id}:x:o", "x2"]
+        assert plain[4].endswith("s")
+        assert 0 < float(plain[4][:-1]) <= 60
+        assert plain[5] == "1"  # the waiting client
+        code, out, err = await cli("list", "nothing*")
+        assert (code, out, err) == (
+            0,
+            f"no lock under the prefix {aiolock_client.key_prefix!r} matches 'nothing*'\n",
+            "",
+        )
+    # The holds ended: the waiters have their locks, and once they are done nothing is listed.
+    assert await waiter
+    assert await queued
+    code, out, _ = await cli("list", "--json")
+    assert {(entry["kind"], entry["name"]) for entry in json.loads(out)} == {
+        ("lock", "orders:{42}"),
+        ("fair", "}{"),
+    }
+    await other.lock("orders:{42}", owner="w").unlock()
+    await other.fair_lock("}{", owner="w").unlock()
+    assert await cli("list", "--json") == (0, "[]\n", "")
+
+
+async def test_list_on_a_cluster_reads_every_primary(
+    aiolock_cluster: ServerInfo,
+    cluster_client: aiolock.Client,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    prefix = cluster_client.key_prefix
+
+    async def cli(*args: str) -> tuple[int, str, str]:
+        argv = [*args, "--url", aiolock_cluster.url, "--cluster", "--prefix", prefix]
+        code = await asyncio.to_thread(main, argv)
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    names = (*AWKWARD, *(f"orders:{n}" for n in range(10)))
+    async with contextlib.AsyncExitStack() as stack:
+        held = await hold_every_kind(cluster_client, stack, names)
+        redis = cluster_client.redis
+        assert isinstance(redis, RedisCluster)
+        nodes = {redis.get_node_from_key(keys_of(cluster_client.lock(n)).lock) for n in names}
+        assert None not in nodes
+        assert len(nodes) > 1  # the locks live on more than one primary
+
+        code, out, err = await cli("list", "--json")
+        assert code == 0, err
+        listed = json.loads(out)
+        assert {(entry["kind"], entry["name"]) for entry in listed} == set(held)
+        assert all(len(entry["holders"]) == held[entry["kind"], entry["name"]] for entry in listed)
+        code, out, err = await cli("list", "orders:[0-4]", "--json")
+        assert code == 0, err
+        assert sorted(entry["name"] for entry in json.loads(out)) == [
+            f"orders:{n}" for n in range(5)
+        ]
+        code, out, err = await cli("list")
+        assert code == 0, err
+        assert len(out.splitlines()) == 1 + len(held)
+    assert await cli("list", "--json") == (0, "[]\n", "")
+
+
+def python_m_aiolock_into_a_closed_pipe(*args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m aiolock`` with stdout a pipe whose reader is gone before it writes
+    (``aiolock list | head -1`` once head has its line)."""
+    env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "aiolock", *args],
+            stdout=write,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            check=False,
+            env=env,
+        )
+    finally:
+        os.close(write)
+
+
+async def test_a_closed_stdout_is_not_an_error(
+    aiolock_server: ServerInfo, aiolock_client: aiolock.Client
+) -> None:
+    """No message, and the exit code the command would have had: 0 for list, 0 or 1 for
+    inspect (held or not); a server that cannot be reached is still exit 3."""
+    where = ("--url", aiolock_server.url, "--prefix", aiolock_client.key_prefix)
+    async with aiolock_client.lock("piped").acquire():
+        for argv, expected in (
+            (("list",), 0),
+            (("list", "--json"), 0),
+            (("inspect", "piped", "--json"), 0),
+            (("inspect", "piped"), 0),
+            (("inspect", "free", "--json"), 1),
+        ):
+            run = await asyncio.to_thread(python_m_aiolock_into_a_closed_pipe, *argv, *where)
+            assert (run.returncode, run.stderr) == (expected, ""), argv
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    run = await asyncio.to_thread(python_m_aiolock_into_a_closed_pipe, "list", "--url", url)
+    assert run.returncode == 3
+    assert run.stderr.startswith("aiolock: cannot connect to")
+
+
 # -- usage errors, connection failures -----------------------------------------------------------
 
 
@@ -448,6 +671,9 @@ async def test_inspect_and_unlock_on_a_cluster(
         ["inspect", "x", "--kind", "semaphore", "--permits", "0", "--url", "redis://127.0.0.1:1"],
         ["inspect", "x", "--url", "http://127.0.0.1:1"],
         ["inspect", "x"],  # no URL: only demo and server start a server of their own
+        ["list"],  # no URL
+        ["list", "a*", "b*", "--url", "redis://127.0.0.1:1"],
+        ["list", "x", "--kind", "fair", "--url", "redis://127.0.0.1:1"],
         ["unlock", "x", "--url", "redis://127.0.0.1:1"],  # no --force
         ["unlock", "x", "--force", "--kind", "semaphore", "--url", "redis://127.0.0.1:1"],
         ["--url", "redis://127.0.0.1:1", "server"],
@@ -469,7 +695,11 @@ def test_usage_errors_exit_2(
 
 def test_an_unreachable_server_exits_3_with_one_line() -> None:
     url = f"redis://user:secret@127.0.0.1:{free_port()}/0"  # nothing listens there
-    for argv in (["inspect", "x", "--json"], ["unlock", "x", "--force", "--yes"]):
+    for argv in (
+        ["inspect", "x", "--json"],
+        ["list", "--json"],
+        ["unlock", "x", "--force", "--yes"],
+    ):
         run = python_m_aiolock(*argv, "--url", url)
         assert run.returncode == 3, run.stderr
         assert run.stdout == ""

@@ -6,28 +6,39 @@ A crowd of 100 concurrent joins of a group limited to 5: exactly 5 join (201), n
 
 from __future__ import annotations
 
+import asyncio
 import importlib
 import re
 import signal
 import sys
 import uuid
-from collections.abc import AsyncIterator
-from typing import Annotated, Any
+from collections.abc import AsyncIterator, Callable
+from typing import Annotated, Any, Literal
 
 import httpx
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
-from fastapi import FastAPI
+from fastapi import FastAPI, Query
+from pydantic import BaseModel, Field
 from redis.asyncio import Redis
 
 import aiolock
 from aiolock.aiohttp import CLIENT_KEY
-from aiolock.fastapi import held_lock, lock_timeout_handler
+from aiolock.fastapi import held_lock, held_permit, lock_timeout_handler
 from aiolock.testing.embedded import free_port
 from aiolock.testing.pytest_plugin import ServerInfo
 
-from ._apps import LIMIT, check_crowd, crowd, http_crowd, load_example, python, served
+from ._apps import (
+    LIMIT,
+    check_crowd,
+    crowd,
+    http_crowd,
+    load_example,
+    python,
+    served,
+    uvicorn_serving,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -36,6 +47,10 @@ aiohttp_app = load_example("aiohttp_app")
 
 # At module level: FastAPI resolves the (postponed) annotations in the module's namespace.
 OrderLock = Annotated[aiolock.LockGuard[int], held_lock("orders:{order_id}", wait=0, lease=5)]
+# Waits far longer than any test: a request that waited for it would never answer in time.
+PayLock = Annotated[aiolock.LockGuard[int], held_lock("orders:{order_id}", wait=600)]
+FairLock = Annotated[aiolock.LockGuard[int], held_lock("queue:{name}", wait=0, kind="fair")]
+ReportPermit = Annotated[aiolock.Permit, held_permit("reports:{name}", 2, wait=0)]
 
 
 @pytest.fixture
@@ -201,6 +216,171 @@ async def test_aiohttp_decorator_holds_the_lock_in_the_handlers_task(
                 assert reply.status == 423
 
 
+class Payment(BaseModel):
+    amount: int = Field(gt=0)
+
+
+def payment_app(client: aiolock.Client) -> FastAPI:
+    """``/orders/{id}/pay`` under a lock that waits 600 s, ``/orders/{id}/try`` under the same
+    lock with no wait, ``/plain/{id}/pay`` with the same parameters and no lock."""
+    app = FastAPI()
+    app.state.aiolock_client = client
+    app.add_exception_handler(aiolock.LockTimeoutError, lock_timeout_handler)
+
+    @app.post("/orders/{order_id}/pay")
+    async def pay(
+        order_id: int,
+        payment: Payment,
+        guard: PayLock,
+        currency: Literal["EUR", "USD"] = Query("EUR"),
+    ) -> dict[str, Any]:
+        return {"order": order_id, "paid": payment.amount, "token": guard.fencing_token}
+
+    @app.post("/orders/{order_id}/try", dependencies=[held_lock("orders:{order_id}", wait=0)])
+    async def try_pay(order_id: int, payment: Payment) -> dict[str, int]:
+        return {"order": order_id}
+
+    @app.post("/plain/{order_id}/pay")
+    async def plain(
+        order_id: int, payment: Payment, currency: Literal["EUR", "USD"] = Query("EUR")
+    ) -> dict[str, int]:
+        return {"order": order_id}
+
+    return app
+
+
+async def test_fastapi_answers_422_at_once_while_another_client_holds_the_lock(
+    aiolock_client: aiolock.Client, make_client: Callable[..., aiolock.Client]
+) -> None:
+    """A malformed request is refused before the lock is asked for: held by another client for
+    the whole test, a lock whose ``wait`` is 600 s would keep it past the 60 s bound."""
+    other = make_client()
+    app = payment_app(aiolock_client)
+    async with (
+        uvicorn_serving(app) as base_url,
+        httpx.AsyncClient(base_url=base_url, timeout=60) as http,
+    ):
+        async with other.lock("orders:7").acquire():
+            malformed: list[tuple[str, Any]] = [
+                ("/orders/7/pay", {"amount": 0}),  # fails the model's check
+                ("/orders/7/pay", {"paid": 5}),  # a required field missing
+                ("/orders/7/pay", None),  # no body at all
+                ("/orders/7/pay", [1, 2]),  # not an object
+                ("/orders/7/pay?currency=GBP", {"amount": 5}),  # a query parameter
+            ]
+            for path, body in malformed:
+                reply = await asyncio.wait_for(http.post(path, json=body), 60)
+                assert reply.status_code == 422, (path, body, reply.text)
+                # FastAPI's own answer, as from the route without a lock.
+                unlocked = await http.post(path.replace("/orders/", "/plain/"), json=body)
+                assert reply.json() == unlocked.json()
+            # The lock is held: a valid request is not refused by the check, and waits.
+            reply = await http.post("/orders/7/try", json={"amount": 5})
+            assert reply.status_code == 423
+        reply = await http.post("/orders/7/pay?currency=USD", json={"amount": 5})
+        assert reply.status_code == 200
+        assert reply.json()["paid"] == 5
+    assert not await aiolock_client.lock("orders:7").is_locked()
+
+
+async def test_fastapi_fair_lock_and_permit(
+    aiolock_client: aiolock.Client, make_client: Callable[..., aiolock.Client]
+) -> None:
+    app = FastAPI()
+    app.state.aiolock_client = aiolock_client
+    app.add_exception_handler(aiolock.LockTimeoutError, lock_timeout_handler)
+    semaphore = aiolock_client.semaphore("reports:daily", 2)
+
+    @app.post("/fair/{name}")
+    async def fair(name: str, guard: FairLock) -> dict[str, Any]:
+        return {
+            "fair": await aiolock_client.fair_lock(f"queue:{name}").is_held(),
+            "plain": await aiolock_client.lock(f"queue:{name}").is_locked(),
+            "token": guard.fencing_token,
+        }
+
+    @app.post("/reports/{name}")
+    async def report(name: str, permit: ReportPermit) -> dict[str, Any]:
+        return {"permit": permit.id, "available": await semaphore.available()}
+
+    other = make_client()
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://test") as http:
+        reply = await http.post("/fair/jobs")
+        assert reply.json() == {"fair": True, "plain": False, "token": reply.json()["token"]}
+        assert not await aiolock_client.fair_lock("queue:jobs").is_locked()  # released
+        async with other.fair_lock("queue:jobs").acquire():
+            assert (await http.post("/fair/jobs")).status_code == 423
+
+        theirs = other.semaphore("reports:daily", 2)
+        first = await theirs.try_acquire(wait=0)
+        reply = await http.post("/reports/daily")  # one permit left: it takes it
+        assert reply.status_code == 200
+        assert reply.json()["available"] == 0
+        second = await theirs.try_acquire(wait=0)
+        assert first is not None
+        assert second is not None
+        reply = await http.post("/reports/daily")  # none left
+        assert reply.status_code == 423
+        await first.release()
+        await second.release()
+    assert await semaphore.available() == 2
+
+
+@pytest.mark.parametrize("kind", ["lock", "fair", "spin", "read", "write"])
+async def test_aiohttp_kinds_and_permit(
+    aiolock_client: aiolock.Client, make_client: Callable[..., aiolock.Client], kind: str
+) -> None:
+    from aiolock.aiohttp import held_lock as aiohttp_held_lock
+    from aiolock.aiohttp import held_permit as aiohttp_held_permit
+    from aiolock.aiohttp import lock_timeout_middleware
+
+    def lock_of(client: aiolock.Client, name: str) -> Any:
+        if kind in ("read", "write"):
+            rw = client.rw_lock(name)
+            return rw.read_lock() if kind == "read" else rw.write_lock()
+        return {"lock": client.lock, "fair": client.fair_lock, "spin": client.spin_lock}[kind](name)
+
+    app = web.Application(middlewares=[lock_timeout_middleware])
+    app[CLIENT_KEY] = aiolock_client
+    semaphore = aiolock_client.semaphore("reports:daily", 2)
+
+    @aiohttp_held_lock("jobs:{name}", wait=0, kind=kind)  # type: ignore[arg-type]
+    async def job(request: web.Request) -> web.Response:
+        held = await lock_of(aiolock_client, f"jobs:{request.match_info['name']}").is_held()
+        return web.json_response({"held": held})
+
+    @aiohttp_held_permit("reports:{name}", 2, wait=0)
+    async def report(request: web.Request) -> web.Response:
+        return web.json_response({"available": await semaphore.available()})
+
+    app.router.add_post("/jobs/{name}", job)
+    app.router.add_post("/reports/{name}", report)
+    other = make_client()
+    async with TestClient(TestServer(app)) as http:
+        async with http.post("/jobs/a") as reply:
+            assert await reply.json() == {"held": True}
+        assert not await lock_of(aiolock_client, "jobs:a").is_locked()
+        # Held by another client (a writer keeps out readers and writers alike).
+        theirs = (
+            other.rw_lock("jobs:a").write_lock() if kind == "read" else lock_of(other, "jobs:a")
+        )
+        async with theirs.acquire():
+            async with http.post("/jobs/a") as reply:
+                assert reply.status == 423
+
+        permits = other.semaphore("reports:daily", 2)
+        first = await permits.try_acquire(wait=0)
+        async with http.post("/reports/daily") as reply:
+            assert await reply.json() == {"available": 0}
+        second = await permits.try_acquire(wait=0)
+        async with http.post("/reports/daily") as reply:
+            assert reply.status == 423
+        for permit in (first, second):
+            assert permit is not None
+            await permit.release()
+
+
 async def test_glue_without_a_client_says_how_to_set_it(caplog: pytest.LogCaptureFixture) -> None:
     from aiolock.aiohttp import held_lock as aiohttp_held_lock
 
@@ -240,11 +420,12 @@ def test_glue_public_names() -> None:
     import aiolock.fastapi
 
     assert aiolock.fastapi.__all__ == [
-        "LOCKED_STATUS", "STATE_KEY", "get_client", "held_lock", "lock_timeout_handler",
+        "LOCKED_STATUS", "STATE_KEY", "get_client", "held_lock", "held_permit",
+        "lock_timeout_handler",
     ]  # fmt: skip
     assert aiolock.aiohttp.__all__ == [
         "CLIENT_KEY", "LOCKED_STATUS", "client_context", "get_client", "held_lock",
-        "lock_timeout_middleware",
+        "held_permit", "lock_timeout_middleware",
     ]  # fmt: skip
     assert aiolock.fastapi.LOCKED_STATUS == aiolock.aiohttp.LOCKED_STATUS == 423
 
@@ -258,6 +439,15 @@ def test_glue_checks_arguments_at_once(module: str) -> None:
         held("orders:{order_id}", wait=-1)
     with pytest.raises(ValueError, match="lease"):
         held("orders:{order_id}", lease=0)
+    with pytest.raises(ValueError, match="kind"):
+        held("orders:{order_id}", kind="semaphore")
+    permit = importlib.import_module(module).held_permit
+    with pytest.raises(ValueError, match="permits"):
+        permit("reports", 0)
+    with pytest.raises(TypeError, match="permits"):
+        permit("reports", True)
+    with pytest.raises(ValueError, match="wait"):
+        permit("reports", 2, wait=-1)
 
 
 # --- served for real ----------------------------------------------------------------------------
