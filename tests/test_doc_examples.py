@@ -33,7 +33,7 @@ MARKER = re.compile(r"^<!--\s*runnable(?::\s*(\w+))?\s*-->$")
 FENCE = re.compile(r"^```(\S*)")
 # Fewer runnable blocks than this means the markers stopped being found, not that the docs
 # shrank: the test must never pass by running nothing.
-FLOOR = 25
+FLOOR = 30
 
 
 @dataclass(frozen=True)
