@@ -97,8 +97,8 @@ async def test_a_hand_off_costs_a_queued_try_and_a_release_11_commands(
 ) -> None:
     """The contended acquisition's cost on the server, counted by it: a try that takes a place
     is 4 commands, the release that grants the next waiter 7, and one grant from the queue in
-    four re-arms the queue's expiry (one more `PEXPIRE`; benchmarks/README.md, "The queue a
-    list", says what each is for).  The subscriber's idle PING is no part of it."""
+    four re-arms the queue's expiry (one more `PEXPIRE`; benchmarks/notes/hand-off.md, "The
+    queue a list", says what each is for).  The subscriber's idle PING is no part of it."""
     warm = aiolock_client.fair_lock("counted-warm")  # the scripts loaded on the server
     await warm.lock()
     await warm.unlock()
