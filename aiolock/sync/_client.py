@@ -194,6 +194,7 @@ class Client:
                 return
             self._closed = True
             made, thread = self._async, self._loop
+            self._async = None  # every later call goes to _start, which refuses it
         if made is None or thread is None:
             return
 

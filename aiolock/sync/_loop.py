@@ -58,9 +58,17 @@ class LoopThread:
         started.wait()
 
     def _run(self, started: threading.Event) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.call_soon(started.set)
-        self.loop.run_forever()
+        loop = self.loop
+        asyncio.set_event_loop(loop)
+        loop.call_soon(started.set)
+        loop.run_forever()
+        # Stopped (its last client closed): a call still running there is cancelled, so that
+        # its thread is told (RuntimeError) rather than left waiting for ever.
+        tasks = asyncio.all_tasks(loop)
+        for task in tasks:
+            task.cancel()
+        loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        loop.run_until_complete(loop.shutdown_asyncgens())
 
     def stop(self) -> None:
         """Stop the loop and its thread (its clients have closed), and close the loop."""

@@ -147,6 +147,19 @@ def test_closing_stops_the_loop_thread(aiolock_server: ServerInfo) -> None:
     client.close()  # twice is fine
 
 
+def test_closing_tells_a_thread_still_waiting(aiolock_server: ServerInfo) -> None:
+    client = aiolock.sync.Client.from_url(aiolock_server.url, key_prefix="aiolock-test-close")
+    lock = client.lock("busy")
+    assert lock.try_lock(0, lease=5)
+    with ThreadPoolExecutor(1) as pool:
+        waiting = pool.submit(lambda: lock.try_lock(60))
+        wait_until(lambda: lock.statistics().waiters == 1)
+        client.close()
+        with pytest.raises(Exception) as raised:  # noqa: PT011 - whatever ends it, it ends
+            waiting.result(timeout=30)
+    assert not isinstance(raised.value, TimeoutError)
+
+
 def test_a_client_never_closed_does_not_keep_the_interpreter_alive(
     aiolock_server: ServerInfo,
 ) -> None:
