@@ -161,22 +161,23 @@ async def _async_cycle_p50(url: str, n: int) -> float:
     return percentile(latencies, 50) / 1e3
 
 
-def _contend(name: str, url: str, key: str, start_at: float, window: float) -> list[int]:
-    """One process: THREADS threads taking ``key`` for HOLD_S each until the window ends;
-    the acquisitions of each thread within the window."""
+def _contend(name: str, url: str, key: str, window: float, *, ready: Any, results: Any) -> None:
+    """One process: THREADS threads taking ``key`` for HOLD_S each, from the moment every
+    process is ready (``ready``, a barrier) until ``window`` seconds later; puts the
+    acquisitions of each thread within the window on ``results``."""
     counts = [0] * THREADS
     with IMPLS[name][1](url) as pair:
         pairs = [pair(key) for _ in range(THREADS)]
+        ready.wait()  # every process has imported and connected: start together
+        end = time.monotonic() + window
 
         def work(index: int) -> None:
             acquire, release = pairs[index]
-            time.sleep(max(0.0, start_at - time.time()))
-            end = start_at + window
-            while (left := end - time.time()) > 0:
+            while (left := end - time.monotonic()) > 0:
                 if not acquire(left):
                     return
                 try:
-                    if time.time() <= end:
+                    if time.monotonic() <= end:
                         counts[index] += 1
                     time.sleep(HOLD_S)
                 finally:
@@ -187,17 +188,31 @@ def _contend(name: str, url: str, key: str, start_at: float, window: float) -> l
             thread.start()
         for thread in threads:
             thread.join()
-    return counts
+    results.put(counts)
 
 
 def _contended(name: str, url: str, window: float) -> dict[str, Any]:
     key = f"bench:sync:contended:{uuid.uuid4().hex}"
     context = multiprocessing.get_context("spawn")
-    with context.Pool(PROCESSES) as pool:
-        start_at = time.time() + 3.0  # the processes start and import meanwhile
-        outcomes = pool.starmap(
-            _contend, [(name, url, key, start_at, window)] * PROCESSES, chunksize=1
+    ready = context.Barrier(PROCESSES)
+    results = context.Queue()
+    processes = [
+        context.Process(
+            target=_contend,
+            args=(name, url, key, window),
+            kwargs={"ready": ready, "results": results},
         )
+        for _ in range(PROCESSES)
+    ]
+    for process in processes:
+        process.start()
+    try:
+        outcomes = [results.get(timeout=120 + window) for _ in processes]
+    finally:
+        for process in processes:
+            process.join(timeout=30)
+            if process.is_alive():
+                process.kill()
     counts = [count for process in outcomes for count in process]
     return {
         "acquisitions_per_s": sum(counts) / window,
