@@ -31,10 +31,12 @@ class Client:
     ``aiolock.sync.Client.from_url(url, **options)`` takes the async client's options;
     ``aiolock.sync.Client(connect, **options)`` takes a function that makes the
     ``redis.asyncio`` client to use (``Redis``, ``RedisCluster`` or a sentinel's
-    ``master_for``), called on the loop thread and again in a forked child; the client closes
-    what it made.  Every call blocks the calling thread until the async engine, running on a
-    loop thread shared by the process' blocking clients, has done it: locks taken here and
-    from tasks of async clients are the same locks.
+    ``master_for``), called at once and again in a forked child; the client closes what it
+    made.  Either checks the options at once and connects on the first call.
+
+    Every call blocks the calling thread until the async engine, running on a loop thread
+    shared by the process' blocking clients, has done it: locks taken here and from tasks of
+    async clients are the same locks.
 
     The owner of a lock is the calling *thread* (a number per thread, never reused during the
     client's life), or the lock's ``owner=``.  Use it as a context manager or call
@@ -46,6 +48,7 @@ class Client:
         "_close_redis",
         "_closed",
         "_connect",
+        "_first",
         "_generation",
         "_lock",
         "_loop",
@@ -63,12 +66,14 @@ class Client:
     def from_url(cls, url: str, **options: Any) -> Client:
         """A client with its own connection pool (the options of
         :meth:`aiolock.Client.from_url`, checked here, before any I/O)."""
-        AsyncClient.from_url(url, **options)  # checks the arguments; connects to nothing
         client = cls.__new__(cls)
         client._setup(lambda: AsyncClient.from_url(url, **options), close_redis=False)
         return client
 
     def _setup(self, build: Callable[[], AsyncClient], *, close_redis: bool) -> None:
+        # Built here, which checks the options at once (it connects to nothing yet); it
+        # moves to the loop thread with the first call.  A forked child builds its own.
+        self._first: AsyncClient | None = build()
         self._connect = build
         self._close_redis = close_redis  # aclose() closes a from_url pool, not one it was given
         self._lock = threading.Lock()
@@ -92,8 +97,8 @@ class Client:
 
     def _start(self) -> tuple[AsyncClient, asyncio.AbstractEventLoop]:
         if self._generation != generation():  # a forked child: the parent's are not ours
-            abandon((self._async, self._loop))
-            self._async = self._loop = None
+            abandon((self._async, self._loop, self._first))
+            self._async = self._loop = self._first = None
             self._lock = threading.Lock()
             self._threads = threading.local()
             self._generation = generation()
@@ -112,7 +117,8 @@ class Client:
             return self._async, self._loop.loop
 
     async def _make(self) -> AsyncClient:
-        return self._connect()
+        first, self._first = self._first, None
+        return first if first is not None else self._connect()
 
     def thread_owner(self, made: AsyncClient) -> str:
         """The calling thread's owner id with ``made`` (numbered on its first call)."""
@@ -195,6 +201,7 @@ class Client:
             self._closed = True
             made, thread = self._async, self._loop
             self._async = None  # every later call goes to _start, which refuses it
+            self._first = None  # never used: it holds no connection
         if made is None or thread is None:
             return
 
@@ -210,8 +217,8 @@ class Client:
 
     def _start_over_closed(self) -> None:
         """``close()`` in a forked child before any call: nothing of its own to close."""
-        abandon((self._async, self._loop))
-        self._async = self._loop = None
+        abandon((self._async, self._loop, self._first))
+        self._async = self._loop = self._first = None
         self._generation = generation()
         self._closed = True
 

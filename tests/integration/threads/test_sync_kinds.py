@@ -11,6 +11,7 @@ from typing import TypeVar
 
 import pytest
 import redis
+from redis.asyncio import Redis as AsyncRedis
 
 import aiolock
 import aiolock.sync
@@ -281,3 +282,23 @@ def test_statistics_and_repr(client: aiolock.sync.Client) -> None:
         assert "held" in repr(guard)
         assert "AsyncRLock 'seen'" in repr(lock)
     assert "open" in repr(client)
+
+
+def test_the_constructors_check_the_options_at_once(aiolock_server: ServerInfo) -> None:
+    with pytest.raises(ValueError, match="watchdog_timeout"):
+        aiolock.sync.Client.from_url(aiolock_server.url, watchdog_timeout=-1)
+    with pytest.raises(TypeError, match="connect"):
+        aiolock.sync.Client(aiolock_server.url)  # type: ignore[arg-type]
+    made: list[AsyncRedis] = []
+
+    def connect() -> AsyncRedis:
+        made.append(AsyncRedis.from_url(aiolock_server.url))
+        return made[-1]
+
+    with pytest.raises(ValueError, match="key_prefix"):
+        aiolock.sync.Client(connect, key_prefix="")
+    with aiolock.sync.Client(connect, key_prefix="aiolock-test-connect") as client:
+        lock = client.lock("made")
+        assert lock.try_lock(0, lease=5)
+        lock.unlock()
+    assert len(made) == 2  # one per constructor call: the rejected options' and this client's
