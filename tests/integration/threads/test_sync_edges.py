@@ -94,6 +94,67 @@ def test_an_interrupt_during_a_wait_leaves_nothing_behind(
     plain.close()
 
 
+CTRL_C = """
+import signal, sys, threading, time
+from concurrent.futures import ThreadPoolExecutor
+import redis
+import aiolock.sync
+
+url, prefix = sys.argv[1], sys.argv[2]
+# A place not withdrawn would stay 30 s, past the 10 s this waits for the queue to empty.
+with aiolock.sync.Client.from_url(url, key_prefix=prefix, fair_wait_timeout=30) as client:
+    lock = client.fair_lock("ctrl-c")
+    holder = ThreadPoolExecutor(1)
+    holder.submit(lambda: lock.lock(lease=30)).result()
+    main = threading.main_thread().ident
+    plain = redis.Redis.from_url(url)
+    queued = []
+
+    def in_line():
+        return [k for k in plain.scan_iter(match=prefix + ":*") if plain.type(k) == b"list"]
+
+    def press_ctrl_c():
+        while lock.statistics().waiters != 1 or not in_line():
+            time.sleep(0.005)
+        queued.extend(in_line())  # the waiting thread's place in the fair queue
+        signal.pthread_kill(main, signal.SIGINT)
+
+    threading.Thread(target=press_ctrl_c).start()
+    try:
+        lock.try_lock(30)
+        print("granted?!")
+    except KeyboardInterrupt:
+        print("interrupted")
+    print("was in line:", len(queued))
+    deadline = time.monotonic() + 10
+    while any(plain.llen(key) for key in queued) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    print("queue entries:", sum(plain.llen(key) for key in queued))
+    holder.submit(lock.unlock).result()
+    holder.shutdown()
+    print("held after:", lock.is_held(), lock.is_locked())
+"""
+
+
+def test_ctrl_c_during_a_wait_leaves_nothing_behind(aiolock_server: ServerInfo) -> None:
+    """A real SIGINT: Python's own handler raises KeyboardInterrupt in the waiting thread."""
+    done = subprocess.run(
+        [sys.executable, "-c", CTRL_C, aiolock_server.url, "aiolock-test-ctrl-c"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.splitlines() == [
+        "interrupted",
+        "was in line: 1",
+        "queue entries: 0",
+        "held after: False False",
+    ], done.stdout + done.stderr
+
+
 @pytest.mark.filterwarnings("ignore:This process .* is multi-threaded:DeprecationWarning")
 def test_after_a_fork_the_child_starts_afresh_and_the_parent_keeps_its_holds(
     aiolock_sync_client: aiolock.sync.Client,
