@@ -24,7 +24,15 @@ import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar
 
-__all__ = ["Call", "LoopThread", "generation", "loop_thread"]
+__all__ = [
+    "Call",
+    "LoopThread",
+    "abandon",
+    "detach",
+    "generation",
+    "loop_thread",
+    "refuse_in_loop",
+]
 
 T = TypeVar("T")
 
