@@ -14,6 +14,7 @@ from redis.asyncio import Redis, RedisCluster
 from .. import client as async_client
 from .._core.names import NameTemplate
 from ..client import Client as AsyncClient
+from ..client import ClientStatistics
 from ._kinds import CountDownLatch, ReadWriteLock, Semaphore
 from ._locks import Lock, locked
 from ._loop import Call, LoopThread, abandon, detach, generation, loop_thread, refuse_in_loop
@@ -183,6 +184,16 @@ class Client:
     def id(self) -> str:
         """The async client's id (part of every owner id); a forked child's is its own."""
         return self.engine()[0].id
+
+    def statistics(self) -> ClientStatistics:
+        """The async client's :meth:`~aiolock.Client.statistics` (no I/O; read on the loop)."""
+        refuse_in_loop("client.statistics()")
+        made, loop = self.engine()
+
+        async def read() -> ClientStatistics:
+            return made.statistics()
+
+        return Call[ClientStatistics]().run(loop, read, _nothing)
 
     @property
     def closed(self) -> bool:

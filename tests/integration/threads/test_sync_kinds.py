@@ -282,6 +282,10 @@ def test_statistics_and_repr(client: aiolock.sync.Client) -> None:
         assert "held" in repr(guard)
         assert "AsyncRLock 'seen'" in repr(lock)
     assert "open" in repr(client)
+    stats = client.statistics()
+    assert (stats.holds, stats.waiters) == (0, 0)
+    with client.lock("counted").acquire(wait=5):
+        assert client.statistics().holds == 1
 
 
 def test_the_constructors_check_the_options_at_once(aiolock_server: ServerInfo) -> None:
