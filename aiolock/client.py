@@ -384,6 +384,12 @@ class _Options:
         return cls(prefix, watchdog, concurrency, fair, replicas, sync, trace_names)
 
 
+def owners_of(client: Client) -> Owners:
+    """The owner ids of ``client`` (the declared seam through which ``aiolock.sync`` runs a
+    call on the loop as the calling thread: :meth:`~aiolock._core.owners.Owners.act_for`)."""
+    return client._services.owners
+
+
 def _name_and_owner(name: object, owner: object) -> tuple[str, str | None]:
     """A lock factory's ``name`` and ``owner``, checked before anything else happens."""
     return check_name(name), None if owner is None else check_name(owner, "owner")

@@ -25,7 +25,6 @@ from ._core.habits import not_awaitable, teaching
 from ._core.holds import Hold
 from ._core.keys import hash_tag, marks_of
 from ._core.metrics import traced
-from ._core.owners import current_task
 from ._core.services import Services
 from ._core.settlement import Attempt
 from ._core.validate import check_lease, check_permits, check_wait
@@ -166,7 +165,7 @@ class AsyncSemaphore:
     ) -> Permit | None:
         seam = self._seam
         owners = services.owners
-        who = (f"{owners.client_id}:p{owners.next_request()}", current_task())
+        who = (f"{owners.client_id}:p{owners.next_request()}", owners.holder_task())
         if wait is None:
             await seam.wait_for_grant(lease, who)
         elif not await seam.try_until(wait, lease, who):

@@ -27,12 +27,32 @@ import redis
 import aiolock
 from aiolock.testing.embedded import EmbeddedServer
 from benchmarks import impls, report
-from benchmarks.scenarios import cluster, contended, fanin, floor, rtt, shared, sweep, uncontended
+from benchmarks.scenarios import (
+    cluster,
+    contended,
+    fanin,
+    floor,
+    rtt,
+    shared,
+    sweep,
+    uncontended,
+)
 from benchmarks.scenarios import names as many_names
+from benchmarks.scenarios import sync as threads
 from benchmarks.stats import ServerProbe
 
 HERE = Path(__file__).resolve().parent
-SCENARIOS = ("rtt", "floor", "uncontended", "contended", "sweep", "shared", "fanin", "names")
+SCENARIOS = (
+    "rtt",
+    "floor",
+    "uncontended",
+    "contended",
+    "sweep",
+    "shared",
+    "fanin",
+    "names",
+    "sync",
+)
 # Not in ``all``: it starts a 3-primary cluster of its own (``--server`` picks the binary).
 EXTRA = ("cluster",)
 _README_START, _README_END = "<!-- results:start -->", "<!-- results:end -->"
@@ -95,6 +115,7 @@ def _run_scenarios(args: argparse.Namespace, url: str, names: list[str]) -> dict
         "shared": lambda: shared.run(url, shared_names, repeats=args.repeats, quick=args.quick),
         "fanin": lambda: fanin.run(url, names, repeats=args.repeats, quick=args.quick),
         "names": lambda: many_names.run(url, names, repeats=args.repeats, quick=args.quick),
+        "sync": lambda: threads.run(url, repeats=args.repeats, quick=args.quick),
         "cluster": lambda: cluster.run(
             args.server, chosen_impls, repeats=args.repeats, quick=args.quick, rate=args.rate
         ),

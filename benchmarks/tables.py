@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from benchmarks.figures import fmt, main_level, medians, sweep_names
+from benchmarks.scenarios.sync import table as threads_table
 from benchmarks.targets import check
 
 __all__ = ["markdown"]
@@ -321,6 +322,8 @@ def markdown(results: dict[str, Any]) -> str:
         out += _names_table(scenarios["names"], labels)
     if "cluster" in scenarios:
         out += _cluster_table(scenarios["cluster"])
+    if "sync" in scenarios:
+        out += threads_table(scenarios["sync"])
     return "\n".join(out)
 
 

@@ -4,6 +4,8 @@
   otherwise an embedded Valkey started for the session (needs the ``embedded`` extra).
 - ``aiolock_client``: an :class:`aiolock.Client` for one test, with a key prefix of its own (so
   tests never see each other's locks), closed after the test and its keys deleted.
+- ``aiolock_sync_client``: the same for plain (not async) tests, an
+  :class:`aiolock.sync.Client` whose calls block.
 - ``aiolock_cluster`` (session): a real Redis Cluster, three primaries of the embedded Valkey
   (``AIOLOCK_CLUSTER_URL`` names an external one instead); connect with
   ``aiolock.Client.from_url(aiolock_cluster.url, cluster=True)``.
@@ -26,13 +28,21 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
 import pytest
+import redis as redis_py
 
 from ..client import Client
+from ..sync import Client as SyncClient
 
 if TYPE_CHECKING:
     from .embedded import EmbeddedCluster, EmbeddedServer
 
-__all__ = ["ServerInfo", "aiolock_client", "aiolock_cluster", "aiolock_server"]
+__all__ = [
+    "ServerInfo",
+    "aiolock_client",
+    "aiolock_cluster",
+    "aiolock_server",
+    "aiolock_sync_client",
+]
 
 URL_VARIABLE = "AIOLOCK_REDIS_URL"
 CLUSTER_URL_VARIABLE = "AIOLOCK_CLUSTER_URL"
@@ -121,6 +131,25 @@ async def _aiolock_client_anyio(aiolock_server: ServerInfo) -> AsyncIterator[Cli
 async def _asyncio_client(aiolock_server: ServerInfo) -> AsyncIterator[Client]:
     async for client in _client(aiolock_server.url):
         yield client
+
+
+@pytest.fixture
+def aiolock_sync_client(aiolock_server: ServerInfo) -> Iterator[SyncClient]:
+    """An isolated :class:`aiolock.sync.Client` for one test (plain, not async: its calls
+    block), with a key prefix of its own whose keys are deleted afterwards."""
+    prefix = f"aiolock-test-{uuid.uuid4().hex[:12]}"
+    client = SyncClient.from_url(aiolock_server.url, key_prefix=prefix)
+    try:
+        yield client
+    finally:
+        client.close()
+        cleaner = redis_py.Redis.from_url(aiolock_server.url)
+        try:
+            keys = list(cleaner.scan_iter(match=f"{prefix}:*", count=500))
+            if keys:
+                cleaner.unlink(*keys)
+        finally:
+            cleaner.close()
 
 
 def _no_asyncio_plugin() -> None:

@@ -69,3 +69,21 @@ def test_every_script_has_a_header() -> None:
         assert any("Returns" in line for line in script.source.splitlines()), script.name
         assert len(script.sha) == 40
         assert "--@include" not in script.source
+
+
+def test_sync_all_is_pinned() -> None:
+    import aiolock.sync
+
+    assert sorted(aiolock.sync.__all__) == [
+        "Client",
+        "CountDownLatch",
+        "Guard",
+        "Lock",
+        "MultiLock",
+        "Permit",
+        "ReadWriteLock",
+        "RedLock",
+        "Semaphore",
+    ]
+    for name in aiolock.sync.__all__:
+        assert getattr(aiolock.sync, name) is not None

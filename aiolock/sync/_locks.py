@@ -1,0 +1,308 @@
+"""The blocking lock, its guard and its ``with`` blocks, over any async lock kind.
+
+A :class:`Lock` wraps one async lock object (any kind, a ``MultiLock`` or a ``RedLock`` too)
+and runs each of its calls on the loop thread as the calling thread.  The async object is made
+from the clients' current async clients, so after a fork the same ``Lock`` is rebuilt there.
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import threading
+from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+
+from .._core.names import NameTemplate
+from .._core.validate import check_lease, check_wait
+from ..client import Client as AsyncClient
+from ..lock import LockStatistics
+from ._run import run
+
+if TYPE_CHECKING:
+    from ._client import Client
+
+__all__ = ["Guard", "GuardContext", "Lock", "TransactionContext", "locked"]
+
+T = TypeVar("T")
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+class Lock:
+    """A lock whose calls block: ``client.lock(name)`` and every other kind of
+    :class:`aiolock.sync.Client`, and :class:`aiolock.sync.MultiLock` / ``RedLock``.
+
+    The calls and their semantics are the async lock's (:class:`aiolock.AsyncRLock`), the
+    owner being the calling thread (or ``owner=``)::
+
+        with client.lock("orders:42").acquire(wait=5) as guard:
+            guard.fencing_token
+    """
+
+    __slots__ = ("_api", "_clients", "_entered", "_made", "_make")
+
+    def __init__(
+        self,
+        clients: Sequence[Client],
+        make: Callable[[Sequence[AsyncClient]], Any],
+        api: str,
+    ) -> None:
+        self._clients = tuple(clients)
+        self._make = make
+        self._api = api  # the async factory, named in errors
+        self._made: tuple[tuple[AsyncClient, ...], Any] | None = None
+        self._entered = threading.local()  # ``with lock:`` blocks of each thread
+        self.target()  # the async factory checks the arguments, at once
+
+    def target(self) -> Any:
+        """The async lock object, made with the clients' current async clients."""
+        made = tuple(client.engine()[0] for client in self._clients)
+        cached = self._made
+        if cached is None or cached[0] != made:
+            cached = self._made = (made, self._make(made))
+        return cached[1]
+
+    def clients(self) -> tuple[Client, ...]:
+        """The blocking clients whose locks this one takes."""
+        return self._clients
+
+    def _run(self, call: str, undo: Callable[[Any], Any] | None = None) -> Any:
+        target = self.target()
+        return run(self._clients, getattr(target, call), f"await lock.{call}()", undo)
+
+    @property
+    def name(self) -> str:
+        return str(self.target().name)
+
+    @property
+    def hash_tag(self) -> str:
+        """The Redis Cluster hash tag of the lock's keys (see
+        :attr:`aiolock.AsyncRLock.hash_tag`)."""
+        return str(self.target().hash_tag)
+
+    def try_lock(self, wait: float | None = 0, lease: float | None = None) -> bool:
+        """Acquire the lock, waiting at most ``wait`` seconds (``None``: forever)."""
+        target = self.target()
+
+        async def undo(held: bool) -> None:
+            if held:
+                await target.unlock()
+
+        result: bool = run(
+            self._clients, lambda: target.try_lock(wait, lease), "await lock.try_lock()", undo
+        )
+        return result
+
+    def lock(self, lease: float | None = None) -> None:
+        """Acquire the lock, waiting as long as it takes."""
+        target = self.target()
+
+        async def undo(_: None) -> None:
+            await target.unlock()
+
+        run(self._clients, lambda: target.lock(lease), "await lock.lock()", undo)
+
+    def acquire(
+        self, wait: float | None = None, lease: float | None = None, *, cancel_on_loss: bool = False
+    ) -> GuardContext:
+        """A context manager that holds the lock for its block and yields a :class:`Guard`.
+
+        :raises TypeError: for ``cancel_on_loss=True``: a thread cannot be cancelled.
+        """
+        if cancel_on_loss is not False:
+            raise TypeError(
+                "cancel_on_loss is not available in aiolock.sync: a thread cannot be cancelled; "
+                "check guard.lost or guard.valid_for() in the block instead"
+            )
+        return GuardContext(self, check_wait(wait), check_lease(lease))
+
+    def __enter__(self) -> Guard:
+        context = GuardContext(self, None, None)
+        guard = context.__enter__()
+        stack: list[GuardContext] = self._entered.__dict__.setdefault("stack", [])
+        stack.append(context)
+        return guard
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._entered.stack.pop().__exit__(exc_type, exc, tb)
+
+    def unlock(self) -> None:
+        """Release one hold; :class:`~aiolock.LockNotOwnedError` if the thread holds none."""
+        self._run("unlock")
+
+    def force_unlock(self) -> bool:
+        """Delete the lock whoever holds it; ``True`` if it existed."""
+        return bool(self._run("force_unlock"))
+
+    def is_locked(self) -> bool:
+        return bool(self._run("is_locked"))
+
+    def is_held(self) -> bool:
+        """``True`` if the calling thread (or ``owner=``) holds the lock."""
+        return bool(self._run("is_held"))
+
+    def hold_count(self) -> int:
+        return int(self._run("hold_count"))
+
+    def remaining_lease(self) -> float | None:
+        remaining: float | None = self._run("remaining_lease")
+        return remaining
+
+    def statistics(self) -> LockStatistics:
+        """This client's view of the lock (no I/O; read on the loop thread)."""
+        target = self.target()
+
+        async def read() -> LockStatistics:
+            stats: LockStatistics = target.statistics()
+            return stats
+
+        return run(self._clients, read, "lock.statistics()")
+
+    def __repr__(self) -> str:
+        made = self._made
+        return f"<aiolock.sync {made[1] if made is not None else self._api!r}>"
+
+
+class Guard:
+    """Proof of one acquisition, yielded by ``with lock.acquire(...)`` (see
+    :class:`aiolock.LockGuard`): ``fencing_token``, ``lost``, ``valid_for()``,
+    ``transaction()`` and ``extend(lease)``, each blocking."""
+
+    __slots__ = ("_guard", "lock")
+
+    def __init__(self, lock: Lock, guard: Any) -> None:
+        self.lock = lock
+        self._guard = guard
+
+    @property
+    def fencing_token(self) -> Any:
+        return self._guard.fencing_token
+
+    @property
+    def lost(self) -> bool:
+        """``True`` once the lease ran out or the lock was taken from the holder."""
+        return bool(self._read(lambda: self._guard.lost))
+
+    def valid_for(self) -> float:
+        """Seconds for which the hold is surely still valid (see
+        :meth:`aiolock.LockGuard.valid_for`)."""
+        return float(self._read(self._guard.valid_for))
+
+    def extend(self, lease: float) -> None:
+        """Make a hold with a fixed lease live ``lease`` seconds from now (see
+        :meth:`aiolock.LockGuard.extend`)."""
+        guard = self._guard
+        run(self.lock.clients(), lambda: guard.extend(lease), "await guard.extend()")
+
+    def transaction(self) -> TransactionContext[Any]:
+        """A ``with`` block whose queued commands run only while this hold lasts (see
+        :meth:`aiolock.LockGuard.transaction`)."""
+        return TransactionContext(self.lock.clients(), self._guard.transaction())
+
+    def _read(self, read: Callable[[], T]) -> T:
+        # The hold's state belongs to the loop (reading ``lost`` may run its expiry).
+        async def on_loop() -> T:
+            return read()
+
+        return run(self.lock.clients(), on_loop, "the async guard")
+
+    def __repr__(self) -> str:
+        return f"<aiolock.sync {self._guard!r}>"
+
+
+class GuardContext:
+    """The context manager behind ``lock.acquire()`` and ``with lock``."""
+
+    __slots__ = ("_context", "_lock")
+
+    def __init__(self, lock: Lock, wait: float | None, lease: float | None) -> None:
+        self._lock = lock
+        self._context = lock.target().acquire(wait, lease)
+
+    def __enter__(self) -> Guard:
+        context = self._context
+
+        async def undo(_: Any) -> None:
+            await context.__aexit__(None, None, None)
+
+        guard = run(self._lock.clients(), context.__aenter__, "async with lock.acquire()", undo)
+        return Guard(self._lock, guard)
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        context = self._context
+        run(
+            self._lock.clients(),
+            lambda: context.__aexit__(exc_type, exc, tb),
+            "async with lock.acquire()",
+        )
+
+
+class TransactionContext(Generic[T]):
+    """A ``with`` block over an async transaction (``guard.transaction()``)."""
+
+    __slots__ = ("_clients", "_context")
+
+    def __init__(self, clients: Sequence[Client], context: AbstractAsyncContextManager[T]) -> None:
+        self._clients = clients
+        self._context = context
+
+    def __enter__(self) -> T:
+        return run(self._clients, self._context.__aenter__, "async with guard.transaction()")
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        context = self._context
+        run(
+            self._clients,
+            lambda: context.__aexit__(exc_type, exc, tb),
+            "async with guard.transaction()",
+        )
+
+
+def locked(
+    make_lock: Callable[[str], Lock], template: NameTemplate
+) -> Callable[[Callable[P, R]], Callable[P, R]]:
+    """The decorator behind :meth:`aiolock.sync.Client.locked` (the async one's rules)."""
+
+    def decorate(function: Callable[P, R]) -> Callable[P, R]:
+        if inspect.iscoroutinefunction(function):
+            raise TypeError(
+                f"aiolock.sync's locked() decorates plain functions, not the coroutine function "
+                f"{function.__qualname__}: use aiolock.Client.locked"
+            )
+        signature = inspect.signature(function)
+        for root, field in template.fields.items():
+            if root not in signature.parameters:
+                raise ValueError(
+                    f"name_template {template.template!r}: {{{field}}} names no parameter of "
+                    f"{function.__qualname__}{signature}"
+                )
+
+        @functools.wraps(function)
+        def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+            bound = signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            name = template.name(bound.arguments, function.__qualname__)
+            with make_lock(name).acquire(wait=template.wait, lease=template.lease):
+                return function(*args, **kwargs)
+
+        return wrapper
+
+    return decorate

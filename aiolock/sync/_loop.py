@@ -1,0 +1,242 @@
+"""The event loop thread that runs every ``aiolock.sync`` client's calls, and the hop to it.
+
+One loop thread per process serves every open blocking client (a ``MultiLock`` or a
+``RedLock`` over several clients needs all their async clients on one loop).  It starts with
+the first client's first call and stops when the last client closes; it is a daemon thread,
+so a client never closed does not keep the interpreter from exiting.
+
+A blocking call is a task on that loop; the calling thread waits on a plain lock that the
+task's done callback releases.  Who may wait on whom: the calling thread waits on the loop,
+never the reverse (the loop never blocks on a thread), so a call made *on* a thread that runs
+an event loop is refused (it could be that very loop, and it would block its own tasks).
+
+After ``os.fork()`` the child has no loop thread (threads do not survive a fork) but a copy
+of the parent's loop and connections: :func:`_forked` drops them without touching them (kept
+alive, so that no finalizer closes a socket the parent still uses) and counts a new
+generation; each client then starts afresh on its next call.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+from collections.abc import Awaitable, Callable
+from typing import Any, Generic, TypeVar
+
+__all__ = [
+    "Call",
+    "LoopThread",
+    "abandon",
+    "detach",
+    "generation",
+    "loop_thread",
+    "refuse_in_loop",
+]
+
+T = TypeVar("T")
+
+
+class _Process:
+    """This process' loop thread and generation (one instance, :data:`_process`)."""
+
+    def __init__(self) -> None:
+        self.guard = threading.Lock()  # guards the fields below
+        self.current: LoopThread | None = None
+        self.generation = 0  # counted up in a forked child: older clients start afresh
+        self.abandoned: list[object] = []  # a parent's objects a child must not use or finalize
+
+
+_process = _Process()
+
+
+class LoopThread:
+    """A daemon thread running an event loop, shared by the clients attached to it."""
+
+    __slots__ = ("clients", "loop", "thread")
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.clients = 0
+        started = threading.Event()
+        self.thread = threading.Thread(
+            target=self._run, args=(started,), name="aiolock.sync", daemon=True
+        )
+        self.thread.start()
+        started.wait()
+
+    def _run(self, started: threading.Event) -> None:
+        loop = self.loop
+        asyncio.set_event_loop(loop)
+        loop.call_soon(started.set)
+        loop.run_forever()
+        # Stopped (its last client closed): a call still running there is cancelled, so that
+        # its thread is told (RuntimeError) rather than left waiting for ever.
+        tasks = asyncio.all_tasks(loop)
+        for task in tasks:
+            task.cancel()
+        loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        loop.run_until_complete(loop.shutdown_asyncgens())
+
+    def stop(self) -> None:
+        """Stop the loop and its thread (its clients have closed), and close the loop."""
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        if threading.current_thread() is not self.thread:
+            self.thread.join()
+            self.loop.close()
+
+
+def loop_thread() -> LoopThread:
+    """The process' loop thread, started if there is none, with one more client attached."""
+    with _process.guard:
+        if _process.current is None:
+            _process.current = LoopThread()
+        _process.current.clients += 1
+        return _process.current
+
+
+def detach(thread: LoopThread) -> None:
+    """One client of ``thread`` closed: stop it with its last."""
+    with _process.guard:
+        thread.clients -= 1
+        if thread.clients > 0 or thread is not _process.current:
+            return
+        _process.current = None
+    thread.stop()
+
+
+def generation() -> int:
+    """The process' generation: it changes in a child after each ``os.fork()``."""
+    return _process.generation
+
+
+def abandon(thing: object) -> None:
+    """Keep a parent's object alive, unused, in a forked child (see the module docstring)."""
+    _process.abandoned.append(thing)
+
+
+def _forked() -> None:
+    _process.guard = threading.Lock()  # the parent's may have been held by another thread
+    if _process.current is not None:
+        abandon(_process.current)
+    _process.current = None
+    _process.generation += 1
+
+
+os.register_at_fork(after_in_child=_forked)
+
+
+class Call(Generic[T]):
+    """One blocking call: ``work()`` run as a task on ``loop``, acting for an owner.
+
+    ``before(task)`` runs on the loop right after the task is made, before it starts (it
+    registers the task as acting for the calling thread).
+    """
+
+    __slots__ = ("_cancel", "_done", "_ended", "_error", "_task", "_value")
+
+    def __init__(self) -> None:
+        self._done = threading.Lock()
+        self._done.acquire()  # released by the task's done callback
+        self._task: asyncio.Task[T] | None = None
+        self._cancel = False
+        self._ended = False  # set before _done is released: the outcome is in
+        self._value: Any = None
+        self._error: BaseException | None = None
+
+    def run(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        work: Callable[[], Awaitable[T]],
+        before: Callable[[asyncio.Task[T]], object],
+        undo: Callable[[T], Awaitable[object]] | None = None,
+    ) -> T:
+        """Run ``work`` on ``loop`` and wait for its outcome.
+
+        Anything raised in the calling thread while it waits (``KeyboardInterrupt`` from a
+        signal handler) cancels the task on the loop, and the call returns only once the task
+        has settled (a grant in flight then is released by the async engine), then
+        re-raises it.  ``undo(value)`` runs on the loop (and is waited for) when the task had
+        already returned ``value`` to a caller that was interrupted before it could take it.
+        """
+        loop.call_soon_threadsafe(self._start, work, before)
+        try:
+            self._done.acquire()
+        except BaseException:
+            self._cancel = True
+            loop.call_soon_threadsafe(self._cancelled)
+            self._settle()
+            if undo is not None and self._task is not None and self._error is None:
+                taken: T = self._value
+                Call[object]().settle_after(loop, lambda: undo(taken))
+            raise
+        if self._error is not None:
+            error, self._error = self._error, None  # no cycle through the traceback
+            raise error
+        value: T = self._value
+        return value
+
+    def _settle(self) -> None:
+        """Wait for the cancelled task to end, whatever else is raised meanwhile (the
+        interrupt may also have come just after the wait succeeded: ``_ended`` tells)."""
+        while not self._ended:
+            try:
+                self._done.acquire()
+            except BaseException:  # a second Ctrl-C must not strand the task
+                continue
+
+    def settle_after(
+        self, loop: asyncio.AbstractEventLoop, work: Callable[[], Awaitable[T]]
+    ) -> None:
+        """Run ``work()`` on the loop and wait for it to end, uninterrupted."""
+        loop.call_soon_threadsafe(self._start, work, _nothing)
+        self._settle()
+
+    def _start(
+        self, work: Callable[[], Awaitable[T]], before: Callable[[asyncio.Task[T]], object]
+    ) -> None:
+        if self._cancel:  # interrupted before the loop got to it: nothing was sent
+            self._end()
+            return
+        try:
+            task: asyncio.Task[T] = asyncio.ensure_future(work())
+        except BaseException as error:  # bad arguments, checked as the coroutine is made
+            self._error = error
+            self._end()
+            return
+        before(task)
+        self._task = task
+        task.add_done_callback(self._finished)
+
+    def _cancelled(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+
+    def _finished(self, task: asyncio.Task[T]) -> None:
+        if task.cancelled():
+            self._error = RuntimeError("the call was cancelled (its client was closed)")
+        elif (error := task.exception()) is not None:
+            self._error = error
+        else:
+            self._value = task.result()
+        self._end()
+
+    def _end(self) -> None:
+        self._ended = True
+        self._done.release()
+
+
+def _nothing(_: object) -> None:
+    return None
+
+
+def refuse_in_loop(api: str) -> None:
+    """Raise ``RuntimeError`` if the calling thread runs an event loop (see the docstring)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise RuntimeError(
+        f"a blocking aiolock.sync call was made on a thread that runs an event loop, which it "
+        f"would block (or deadlock); in async code use the async API: {api}"
+    )

@@ -1,0 +1,44 @@
+"""One blocking call: a coroutine run on the loop thread as the calling thread."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable, Sequence
+from typing import TYPE_CHECKING, TypeVar
+
+from ..client import owners_of
+from ._loop import Call, refuse_in_loop
+
+if TYPE_CHECKING:
+    from ._client import Client
+
+__all__ = ["run"]
+
+T = TypeVar("T")
+
+
+def run(
+    clients: Sequence[Client],
+    work: Callable[[], Awaitable[T]],
+    api: str,
+    undo: Callable[[T], Awaitable[object]] | None = None,
+) -> T:
+    """Run ``work()`` on the loop as the calling thread, and wait for it.
+
+    The task acts for the thread with each of ``clients`` (a ``MultiLock``'s parts may belong
+    to several): every part's owner is the thread.  ``api`` names the async call that a
+    thread running an event loop should make instead.
+    """
+    refuse_in_loop(api)
+    acting = []
+    loop: asyncio.AbstractEventLoop | None = None
+    for client in clients:
+        made, loop = client.engine()
+        acting.append((owners_of(made), client.thread_owner(made)))
+    assert loop is not None, "a call needs a client"
+
+    def act(task: asyncio.Task[T]) -> None:
+        for owners, owner in acting:
+            owners.act_for(task, owner)
+
+    return Call[T]().run(loop, work, act, undo)

@@ -1,0 +1,87 @@
+"""The hop to ``aiolock.sync``'s loop thread, without a server: outcomes, an interrupt during
+the wait (the task is cancelled and settles first), a call on a loop's own thread."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+import time
+from collections.abc import Iterator
+from types import FrameType
+
+import pytest
+
+from aiolock.sync._loop import Call, detach, loop_thread, refuse_in_loop
+
+
+class Interrupted(BaseException):
+    pass
+
+
+@pytest.fixture
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    thread = loop_thread()
+    yield thread.loop
+    detach(thread)
+
+
+def test_a_call_returns_or_raises_what_the_coroutine_did(loop: asyncio.AbstractEventLoop) -> None:
+    async def value() -> int:
+        await asyncio.sleep(0)
+        return 42
+
+    async def error() -> None:
+        raise ValueError("from the loop")
+
+    seen: list[asyncio.Task[object]] = []
+    assert Call[int]().run(loop, value, seen.append) == 42
+    assert len(seen) == 1  # ``before`` saw the task before it ran
+    with pytest.raises(ValueError, match="from the loop"):
+        Call[None]().run(loop, error, lambda _: None)
+
+
+def test_an_interrupt_cancels_the_task_and_waits_for_it_to_settle(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    assert threading.current_thread() is threading.main_thread()
+    events: list[str] = []
+    started = threading.Event()
+
+    async def wait_long() -> None:
+        started.set()
+        try:
+            await asyncio.sleep(60)
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.05)  # its own cleanup takes a while: the caller waits for it
+            events.append("settled")
+            raise
+
+    def raise_interrupted(signum: int, frame: FrameType | None) -> None:
+        raise Interrupted
+
+    previous = signal.signal(signal.SIGUSR2, raise_interrupted)
+    main = threading.main_thread().ident
+    assert main is not None
+
+    def interrupt() -> None:
+        started.wait(10)
+        signal.pthread_kill(main, signal.SIGUSR2)
+
+    interrupter = threading.Thread(target=interrupt)
+    interrupter.start()
+    begun = time.monotonic()
+    try:
+        with pytest.raises(Interrupted):
+            Call[None]().run(loop, wait_long, lambda _: None)
+    finally:
+        interrupter.join()
+        signal.signal(signal.SIGUSR2, previous)
+    assert events == ["settled"]
+    assert time.monotonic() - begun < 30
+
+
+@pytest.mark.anyio
+async def test_a_call_on_a_loops_thread_is_refused() -> None:
+    with pytest.raises(RuntimeError, match="use the async API: await x"):
+        refuse_in_loop("await x")
