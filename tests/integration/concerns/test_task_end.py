@@ -86,12 +86,22 @@ async def test_every_part_of_a_multilock_is_released_when_its_task_ends(
     aiolock_client: aiolock.Client, make_client: Callable[..., aiolock.Client]
 ) -> None:
     multi = aiolock.MultiLock(aiolock_client.lock("a"), aiolock_client.fair_lock("b"))
+    other = make_client()
+    taken, done = asyncio.Event(), asyncio.Event()
 
     async def take() -> None:
         assert await multi.try_lock(lease=600)
+        taken.set()
+        await done.wait()
 
-    await ended("returns", take)
-    other = make_client()
+    task = asyncio.create_task(take())
+    await taken.wait()
+    # The parts belong to the calling task while it lives, not to a task of each part's.
+    assert not await other.lock("a").try_lock(wait=0)
+    assert not await other.fair_lock("b").try_lock(wait=0)
+    assert await multi.is_locked()
+    done.set()
+    await task
     assert await other.lock("a").try_lock(wait=10)
     assert await other.fair_lock("b").try_lock(wait=10)
 
