@@ -370,7 +370,7 @@ class _Options:
             )
         if concurrency < 1:
             raise ValueError(f"subscribe_concurrency must be at least 1, got {concurrency}")
-        # Fair waiters try again every third of it: below 10 ms they would only spin.
+        # The fair keep-alive calls every half of it: below 10 ms it would only spin.
         fair = check_timeout(arguments["fair_wait_timeout"], "fair_wait_timeout", minimum=0.01)
         replicas = arguments["sync_replicas"]
         if isinstance(replicas, bool) or not isinstance(replicas, int):

@@ -297,8 +297,7 @@ class HoldKind(Guarded[int]):
     def lock(self, lease: float | None = None) -> Coroutine[Any, Any, None]:
         """Acquire the lock, waiting as long as it takes: ``await lock.lock()``.
 
-        The arguments are checked at the call; the coroutine it returns does the waiting (a
-        plain function, so that a waiting task carries one coroutine frame fewer).
+        The arguments are checked at the call; the coroutine it returns does the waiting.
         """
         return self._traced(self._wait_for_grant(check_lease(lease)), lambda _: True)
 
@@ -498,7 +497,7 @@ class HoldKind(Guarded[int]):
         background, as for a cancelled caller.  ``who``: an owner the caller names (a
         semaphore's permit), instead of the calling owner.
 
-        A plain function that returns the coroutine: one frame fewer for every waiting task.
+        A plain function that returns the coroutine, so a waiting task carries no frame of it.
         """
         if wait == 0:
             return self._try_once(lease, who)

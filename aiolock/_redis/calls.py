@@ -478,8 +478,8 @@ async def write(conn: AbstractConnection, *commands: tuple[Any, ...]) -> None:
         raise RedisConnectionError(f"error while writing to the socket: {exc!r}") from exc
 
 
-# hiredis packs a command in C, six times faster than redis-py's asyncio packer (3 against
-# 19 µs for a fair release on the 2-core machine of benchmarks/): it encodes text as UTF-8.
+# hiredis packs a command in C, several times faster than redis-py's asyncio packer (figures in
+# benchmarks/notes/): it encodes text as UTF-8.
 _PACK_IN_C: Final = hasattr(hiredis, "pack_command")
 
 

@@ -359,7 +359,7 @@ class Subscriber:
                 if entry is not None:
                     entry.deliver(reply[2])
                     # Let the woken waiter run before this reader arms its next read: on a
-                    # hand-off it is the one on the critical path (~45 µs sooner, measured).
+                    # hand-off it is the one on the critical path.
                     await asyncio.sleep(0)
             elif kind == verbs.unsubscribed and self._sharded and not self._answers(kind, channel):
                 logger.info("the node dropped channel %r (its slot moved)", channel)
