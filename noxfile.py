@@ -54,6 +54,8 @@ CORE = [
     "tests/integration/topology/test_cluster.py",
     "tests/integration/concerns/test_transaction.py",
     "tests/integration/concerns/test_extend.py",
+    "tests/integration/concerns/test_one_owner.py",
+    "tests/integration/concerns/test_task_end.py",
 ]
 
 # pyenv's interpreters, for nox to find as python3.X.
