@@ -203,10 +203,12 @@ class AsyncSemaphore:
         permits = check_permits(permits)
         seam = self._seam
         keys = seam.keys
-        await seam.services.check_open().calls.run(
+        services = seam.services.check_open()
+        # First: the waiters of this object that the call wakes must try with the new count.
+        self.permits = self._permits.limit = permits
+        await services.calls.run(
             _scripts.SEMAPHORE_SET_PERMITS, (keys.lock, keys.channel), (permits,)
         )
-        self.permits = self._permits.limit = permits
 
     def statistics(self) -> LockStatistics:
         """This client's view (no I/O): ``held`` counts its permits, ``waiters`` its tasks."""

@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
@@ -328,8 +329,11 @@ class HoldKind(Guarded[int]):
 
     def _transaction(self, holding: Holding[int]) -> TransactionContext:
         assert isinstance(holding, Hold)
-        services = self._services.check_open()
+        services = self._services
+        if services.closed:
+            raise RuntimeError("the aiolock client is closed")
         return TransactionContext(
+            ready=services.check_open,  # entered on the client's loop (made anywhere: no I/O)
             name=self.name,
             hold=holding,
             check=self._transact_call(holding),
@@ -356,8 +360,15 @@ class HoldKind(Guarded[int]):
         # Until the reply the server has the old lease or the new one, so the client counts on
         # the shorter (never longer than the server has it): a cancelled extend leaves that.
         services.holds.cap(holding, sent + lease - CLOCK_MARGIN)
-        reply = await services.calls.run(*self._extend_call(holding, round(lease * 1000)))
-        if not int(reply):
+        # In flight, its reply decides whether the lease ran out meanwhile, not the timer: a
+        # hold the server extends must not be counted lost (and left there with no holder).
+        with services.holds.answering(holding):
+            reply = await services.calls.run(*self._extend_call(holding, round(lease * 1000)))
+        if int(reply) and holding.marked_lost:
+            # Extended on the server, lost here all the same (forced by this client as the
+            # call flew): nobody counts on it, so it goes back.
+            services.holds.defer(self._keys.lock, holding.owner, self._drop(holding.owner))
+        if not int(reply) or holding.marked_lost:
             if not holding.ended:  # (a release that ran meanwhile ended it: no loss)
                 services.holds.lose(holding, "it was no longer held when extend() asked the server")
             raise LockLostError(
@@ -365,6 +376,10 @@ class HoldKind(Guarded[int]):
                 f"{holding.lost_reason or 'released meanwhile'}"
             )
         services.holds.relet(holding, sent, lease)
+
+    async def _drop(self, owner: str) -> None:
+        """Release every hold of ``owner`` on the server: one the client no longer counts on."""
+        await self._settlement().drop_all(owner)
 
     @property
     def hash_tag(self) -> str:
@@ -710,7 +725,7 @@ class HoldKind(Guarded[int]):
             )  # its first copy may still arrive, after the release
         if hold.watchdog:
             services.watchdog.start()
-        if task is not None and self._ends_with_task and hold.count == 1:
+        if task is not None and self._ends_with_task and hold.count == 1 and not _bare(task):
             services.holds.tie(hold, self._release_ended)
         return hold
 
@@ -1055,6 +1070,18 @@ class Seam:
     def released_last(self, hold: Hold | None) -> None:
         """A release of this client deleted the lock (``hold``: its record, if it had one)."""
         self.lock._released_last(hold)
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _bare(task: asyncio.Task[Any]) -> bool:
+    """Whether ``task`` runs nothing but an aiolock call (``create_task(lock.lock())``,
+    ``gather``, ``wait_for`` on Python 3.11): its hold is meant for whoever awaits the task, and
+    releasing it when the task ends, at once, would leave that caller unprotected.  Such a hold
+    keeps the lease rule (see docs/cancellation.md)."""
+    code = getattr(task.get_coro(), "cr_code", None)
+    return code is not None and code.co_filename.startswith(_PACKAGE)
 
 
 def release_args(owner: str, request: int, undo: int | None) -> tuple[Any, ...]:

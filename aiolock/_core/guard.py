@@ -278,11 +278,17 @@ class GuardContext(Generic[TokenT_co]):
             self._loss = None
             holding.listeners.append(self._lost)
             if holding.lost:
-                self._lost()
+                self._due()
         return self._guard
 
     def _lost(self) -> None:
-        """The hold was lost (a listener, run by whatever noticed it, maybe the task itself)."""
+        """The hold was lost (a listener, run by whatever noticed it).  Noticed by the block's
+        own task (an extend or a transaction that raises ``LockLostError``, a read of
+        ``guard.lost``), the block knows already: its cleanup is not cancelled."""
+        if asyncio.current_task() is not self._task:
+            self._due()
+
+    def _due(self) -> None:
         if self._loss is None and self._task is not None:
             self._loss = "due"
             asyncio.get_running_loop().call_soon(self._cancel)

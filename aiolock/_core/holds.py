@@ -445,6 +445,11 @@ class Holds:
         if hold is not None and asyncio.get_running_loop().time() >= hold.expires_at:
             self._lease_ran_out(hold)
 
+    def answering(self, hold: Hold) -> contextlib.AbstractContextManager[None]:
+        """Mark a call that changes ``hold``'s lease (an extend) as in flight: as for a release,
+        its reply decides whether the lease ran out meanwhile, not the timer."""
+        return self.releasing(hold.key, hold.owner)
+
     def in_release(self, hold: Hold) -> bool:
         """Whether a release of ``hold``'s owner on its key is in flight.
 

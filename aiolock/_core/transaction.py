@@ -216,11 +216,22 @@ class Transaction(AsyncCoreCommands):
 class TransactionContext:
     """The async context manager behind ``guard.transaction()`` (see the module docstring)."""
 
-    __slots__ = ("_calls", "_check", "_cluster", "_hold", "_holds", "_name", "_table", "_tx")
+    __slots__ = (
+        "_calls",
+        "_check",
+        "_cluster",
+        "_hold",
+        "_holds",
+        "_name",
+        "_ready",
+        "_table",
+        "_tx",
+    )
 
     def __init__(
         self,
         *,
+        ready: Callable[[], object],
         name: str,
         hold: Hold,
         check: tuple[Script, tuple[str, ...], tuple[Any, ...]],
@@ -229,6 +240,7 @@ class TransactionContext:
         table: CommandTable,
         cluster: bool,
     ) -> None:
+        self._ready = ready  # raises if the client may make no call now (closed, another loop)
         self._name = name
         self._hold = hold
         self._check = check  # the kind's transact script, its lock keys and its ARGV head
@@ -241,6 +253,7 @@ class TransactionContext:
     async def __aenter__(self) -> Transaction:
         if self._tx is not None:
             raise RuntimeError("this transaction() context is already in use")
+        self._ready()
         parser = await self._table.parser()
         self._tx = Transaction(self._name, parser, self._table)
         return self._tx

@@ -140,7 +140,8 @@ class ChannelWait:
                 self._channel, self._counters, self._entry_type
             )
             self._counters.waiters += 1
-        if self._parked is True:
+        if self._parked is True:  # nudged between two parks: one try at once, then park
+            self._parked = None
             return _woken()
         # A bare future in the entry's queue: no coroutine frame or timeout context per task.
         waiter = self._parked = entry.park(asyncio.get_running_loop().time() + pause, self._ticket)

@@ -168,7 +168,8 @@ class Call(Generic[T]):
             self._settle()
             if undo is not None and self._task is not None and self._error is None:
                 taken: T = self._value
-                Call[object]().settle_after(loop, lambda: undo(taken))
+                # As the same owner: the undo releases what the call took for the thread.
+                Call[object]().settle_after(loop, lambda: undo(taken), before)
             raise
         if self._error is not None:
             error, self._error = self._error, None  # no cycle through the traceback
@@ -186,10 +187,14 @@ class Call(Generic[T]):
                 continue
 
     def settle_after(
-        self, loop: asyncio.AbstractEventLoop, work: Callable[[], Awaitable[T]]
+        self,
+        loop: asyncio.AbstractEventLoop,
+        work: Callable[[], Awaitable[T]],
+        before: Callable[[asyncio.Task[Any]], object] | None = None,
     ) -> None:
-        """Run ``work()`` on the loop and wait for it to end, uninterrupted."""
-        loop.call_soon_threadsafe(self._start, work, _nothing)
+        """Run ``work()`` on the loop and wait for it to end, uninterrupted (``before``: as
+        for :meth:`run`)."""
+        loop.call_soon_threadsafe(self._start, work, _nothing if before is None else before)
         self._settle()
 
     def _start(

@@ -81,3 +81,26 @@ async def test_a_grant_past_its_lease_is_given_back_at_once(
     # Within a round trip of the reply, not at the end of the lease the server counts.
     await eventually(gone, timeout=LEASE / 2, what="the late grant given back")
     assert lock.statistics().lost
+
+
+async def test_an_extend_answered_after_the_old_lease_keeps_the_hold(
+    proxy: FreezableProxy, proxied: Callable[..., aiolock.Client], redis: Redis
+) -> None:
+    # The server extends the hold at once; its reply comes after the client's count of the
+    # old lease ran out.  The reply decides: held, for the new lease (not taken for lost and
+    # left on the server with no holder).
+    client = proxied()
+    async with client.lock("warm").acquire(wait=5, lease=5) as warm:
+        await warm.extend(5)  # the extend script is loaded: the next one is one EVALSHA
+    lock = client.lock("extended")
+    async with lock.acquire(wait=5, lease=LEASE) as guard:
+        held = proxy.hold_next_reply(b"EVALSHA")
+        extending = asyncio.create_task(guard.extend(10))
+        await held.arrived  # the server ran the extend
+        await asyncio.sleep(LEASE + 0.1)  # the fault: its reply waits past the old lease
+        held.let_go()
+        await extending
+        assert not guard.lost
+        assert guard.valid_for() > 5
+        assert int(await redis.pttl(keys_of(lock).lock)) > 5000
+    assert not await redis.exists(keys_of(lock).lock)

@@ -141,6 +141,23 @@ async def test_channel_waiters_are_counted_from_their_first_park_until_they_leav
     assert (counters.contenders, counters.waiters, entry.refs) == (0, 0, 0)
 
 
+async def test_a_nudge_wakes_a_parked_channel_waiter_or_its_next_park_once(
+    services: Any,
+) -> None:
+    # Another call of the waiter's owner got the lock: the waiter tries at once (a reentrant
+    # grant), and a nudge between two parks ends only the next park, not every later one.
+    counters = NameCounters()
+    wait = channel_wait(services, counters)
+    waiter = wait.park(60)
+    wait.nudge()
+    assert waiter.result() is True
+    assert entry_of(services).parked == 0
+    wait.nudge()  # between two parks
+    assert wait.park(60).result() is True
+    assert not wait.park(60).done()  # parked again: nothing else to try for
+    wait.leave(granted=False)
+
+
 async def test_channel_waiters_are_woken_in_the_order_they_entered(services: Any) -> None:
     counters = NameCounters()
     waits = [channel_wait(services, counters) for _ in range(3)]

@@ -324,6 +324,29 @@ async def test_cancel_on_loss_cancels_once_and_cleanup_awaits_run(
     assert await redis.get("finally") == "1"
 
 
+async def test_a_loss_the_body_learns_itself_does_not_cancel_its_cleanup(
+    make_client: MakeClient, redis: Redis
+) -> None:
+    # The block's own transaction finds the hold gone and raises LockLostError: the block
+    # knows, and its except/finally awaits are not cancelled on top of it.
+    client = make_client()
+    lock = client.lock("told")
+    with pytest.raises(aiolock.LockLostError):
+        async with lock.acquire(lease=30, cancel_on_loss=True) as guard:
+            assert await make_client().lock("told").force_unlock()
+            try:
+                async with guard.transaction() as tx:
+                    tx.set(f"{lock.hash_tag}:data", "1")
+            except aiolock.LockLostError:
+                await asyncio.sleep(0.01)
+                await redis.set("rolled-back", "1")
+                raise
+    assert await redis.get("rolled-back") == "1"
+    task = asyncio.current_task()
+    assert task is not None
+    assert task.cancelling() == 0
+
+
 async def test_a_body_that_swallows_the_loss_cancellation_still_raises_lock_lost(
     make_client: MakeClient,
 ) -> None:
