@@ -58,6 +58,18 @@ REDIS_PY_KEYWORDS: Final[Mapping[str, str]] = {
     ),
 }
 
+# In ``aiolock.sync`` the owner is the calling thread.
+_THREADS: Final[Mapping[str, str]] = {
+    "thread_local": (
+        "aiolock.sync's owner is the calling thread already; `owner=` names an owner that "
+        "several threads share: client.lock(name, owner=...)"
+    ),
+    "token": (
+        "aiolock.sync's owner is the calling thread; `owner=` names an owner that several "
+        "threads share: client.lock(name, owner=...)"
+    ),
+}
+
 # The habits about waiting and leases: a call that takes neither ``wait`` nor ``lease`` (a
 # factory) says where they go.
 _TIMING: Final = frozenset({"timeout", "blocking_timeout", "blocking", "sleep"})
@@ -106,16 +118,21 @@ def _taught(
     """The error for arguments ``method`` refused: a redis-py habit explained, else Python's
     own message under the public name."""
     where = _public_name(method, args)
+    threads = method.__module__.startswith("aiolock.sync")
     for keyword in kwargs:
         if keyword not in accepted and keyword in REDIS_PY_KEYWORDS:
-            return TypeError(redis_py_keyword(f"{where}()", keyword, accepted))
+            return TypeError(redis_py_keyword(f"{where}()", keyword, accepted, threads=threads))
     return TypeError(str(exc).replace(f"{method.__qualname__}()", f"{where}()", 1))
 
 
-def redis_py_keyword(call: str, keyword: str, accepted: Collection[str] = ()) -> str:
+def redis_py_keyword(
+    call: str, keyword: str, accepted: Collection[str] = (), *, threads: bool = False
+) -> str:
     """The message for redis-py's ``keyword`` given to ``call``, which takes the arguments
-    ``accepted`` (saying where ``wait`` and ``lease`` go when it takes neither)."""
-    text = f"{call} got redis-py's keyword {keyword!r}: {REDIS_PY_KEYWORDS[keyword]}"
+    ``accepted`` (saying where ``wait`` and ``lease`` go when it takes neither); ``threads``:
+    a call of ``aiolock.sync``, whose owner is the thread."""
+    meaning = (_THREADS if threads else {}).get(keyword) or REDIS_PY_KEYWORDS[keyword]
+    text = f"{call} got redis-py's keyword {keyword!r}: {meaning}"
     if keyword in _TIMING and not {"wait", "lease"}.intersection(accepted):
         text += "; they are arguments of the lock's own calls: acquire(wait=5, lease=30)"
     return text

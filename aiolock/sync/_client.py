@@ -12,6 +12,7 @@ from typing import Any, ParamSpec, TypeVar
 from redis.asyncio import Redis, RedisCluster
 
 from .. import client as async_client
+from .._core.habits import teaching
 from .._core.names import NameTemplate
 from ..client import Client as AsyncClient
 from ..client import ClientStatistics
@@ -130,14 +131,17 @@ class Client:
 
     # -- factories ---------------------------------------------------------------------------
 
+    @teaching
     def lock(self, name: str, *, owner: str | None = None) -> Lock:
         """A reentrant lock (:meth:`aiolock.Client.lock`), its calls blocking."""
         return Lock((self,), lambda made: made[0].lock(name, owner=owner), "client.lock")
 
+    @teaching
     def fair_lock(self, name: str, *, owner: str | None = None) -> Lock:
         """A first-come, first-served lock (:meth:`aiolock.Client.fair_lock`)."""
         return Lock((self,), lambda made: made[0].fair_lock(name, owner=owner), "client.fair_lock")
 
+    @teaching
     def spin_lock(
         self,
         name: str,
@@ -155,18 +159,22 @@ class Client:
             "client.spin_lock",
         )
 
+    @teaching
     def rw_lock(self, name: str) -> ReadWriteLock:
         """A read-write lock (:meth:`aiolock.Client.rw_lock`)."""
         return ReadWriteLock(self, name)
 
+    @teaching
     def semaphore(self, name: str, permits: int) -> Semaphore:
         """A semaphore with leased permits (:meth:`aiolock.Client.semaphore`)."""
         return Semaphore(self, name, permits)
 
+    @teaching
     def countdown_latch(self, name: str) -> CountDownLatch:
         """A countdown latch (:meth:`aiolock.Client.countdown_latch`)."""
         return CountDownLatch(self, name)
 
+    @teaching
     def locked(
         self, name_template: str, *, wait: float | None = None, lease: float | None = None
     ) -> Callable[[Callable[P, R]], Callable[P, R]]:

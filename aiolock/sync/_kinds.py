@@ -5,7 +5,8 @@ from __future__ import annotations
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
-from .._core.validate import check_lease, check_name, check_wait
+from .._core.habits import teaching
+from .._core.validate import check_lease, check_name, check_permits, check_wait
 from ..lock import LockStatistics
 from ._locks import Lock, TransactionContext
 from ._run import run
@@ -61,11 +62,7 @@ class Semaphore:
     def __init__(self, client: Client, name: str, permits: int) -> None:
         self._client = client
         self.name = check_name(name)
-        if isinstance(permits, bool) or not isinstance(permits, int):
-            raise TypeError(f"permits must be an int, not {type(permits).__name__}")
-        if permits < 1:
-            raise ValueError(f"permits must be at least 1, got {permits}")
-        self.permits = permits
+        self.permits = check_permits(permits)
         self._made: tuple[Any, AsyncSemaphore] | None = None
 
     def target(self) -> AsyncSemaphore:
@@ -74,11 +71,13 @@ class Semaphore:
             self._made = (made, made.semaphore(self.name, self.permits))
         return self._made[1]
 
+    @teaching
     def acquire(self, wait: float | None = None, lease: float | None = None) -> PermitContext:
         """A context manager that holds a permit for its block (``LockTimeoutError`` when
         ``wait`` runs out; ``LockLostError`` on leaving it if the permit was lost)."""
         return PermitContext(self, check_wait(wait), check_lease(lease))
 
+    @teaching
     def try_acquire(self, wait: float | None = 0, lease: float | None = None) -> Permit | None:
         """A permit, waiting at most ``wait`` seconds (``None``: forever), or ``None``."""
         target = self.target()
@@ -94,6 +93,14 @@ class Semaphore:
             undo,
         )
         return None if permit is None else Permit(self._client, permit)
+
+    @teaching
+    def set_permits(self, permits: int) -> None:
+        """Change the count for everyone (see :meth:`aiolock.AsyncSemaphore.set_permits`)."""
+        permits = check_permits(permits)
+        target = self.target()
+        self.permits = permits  # also the count of the semaphore remade after a fork
+        run((self._client,), lambda: target.set_permits(permits), "await sem.set_permits()")
 
     def available(self) -> int:
         """How many permits are free now."""
@@ -145,6 +152,11 @@ class Permit:
             return float(permit.valid_for())
 
         return run((self._client,), read, "permit.valid_for()")
+
+    def extend(self, lease: float) -> None:
+        """Make the permit live ``lease`` seconds from now (see :meth:`aiolock.Permit.extend`)."""
+        permit = self._permit
+        run((self._client,), lambda: permit.extend(lease), "await permit.extend()")
 
     def transaction(self) -> TransactionContext[Any]:
         """Commands that run only while the permit is held (see

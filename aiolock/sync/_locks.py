@@ -15,6 +15,7 @@ from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
 
+from .._core.habits import teaching
 from .._core.names import NameTemplate
 from .._core.validate import check_lease, check_wait
 from ..client import Client as AsyncClient
@@ -83,6 +84,7 @@ class Lock:
         :attr:`aiolock.AsyncRLock.hash_tag`)."""
         return str(self.target().hash_tag)
 
+    @teaching
     def try_lock(self, wait: float | None = 0, lease: float | None = None) -> bool:
         """Acquire the lock, waiting at most ``wait`` seconds (``None``: forever)."""
         target = self.target()
@@ -96,6 +98,7 @@ class Lock:
         )
         return result
 
+    @teaching
     def lock(self, lease: float | None = None) -> None:
         """Acquire the lock, waiting as long as it takes."""
         target = self.target()
@@ -105,6 +108,7 @@ class Lock:
 
         run(self._clients, lambda: target.lock(lease), "await lock.lock()", undo)
 
+    @teaching
     def acquire(
         self, wait: float | None = None, lease: float | None = None, *, cancel_on_loss: bool = False
     ) -> GuardContext:
@@ -134,6 +138,7 @@ class Lock:
     ) -> None:
         self._entered.stack.pop().__exit__(exc_type, exc, tb)
 
+    @teaching
     def unlock(self) -> None:
         """Release one hold; :class:`~aiolock.LockNotOwnedError` if the thread holds none."""
         self._run("unlock")

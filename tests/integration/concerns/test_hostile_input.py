@@ -99,11 +99,17 @@ async def call(lock: aiolock.AsyncRLock, method: str, param: str, value: object)
         await lock.try_lock(**kwargs)
 
 
-@pytest.fixture(scope="module")
-def offline() -> aiolock.Client:
+def offline_client() -> aiolock.Client:
     """A client of a server that is not there: any I/O fails at once with ConnectionError."""
     redis = Redis(host="127.0.0.1", port=free_port(), retry=Retry(NoBackoff(), 0))
     return aiolock.Client(redis)
+
+
+@pytest.fixture
+def offline() -> aiolock.Client:
+    """:func:`offline_client`, for the tests that make no call on it (a client belongs to the
+    event loop that first used it: one that calls makes its own per example)."""
+    return offline_client()
 
 
 async def fence(redis: Redis | RedisCluster, lock: aiolock.AsyncRLock) -> int:
@@ -137,6 +143,7 @@ def lookalikes(client: aiolock.Client, name: str) -> set[str]:
 # -- names ------------------------------------------------------------------------------------
 
 
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(a=NAMES, b=NAMES)
 @example(a="{a}", b="%7Ba%7D")
 @example(a="a}:meta", b="a")
@@ -198,6 +205,7 @@ async def test_lookalike_names_do_not_disturb_a_held_lock(
 # -- bad arguments ------------------------------------------------------------------------------
 
 
+@settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(name=NOT_STR | st.just(""))
 async def test_bad_names_fail_before_io(offline: aiolock.Client, name: Any) -> None:
     with pytest.raises((TypeError, ValueError), match="name"):
@@ -208,11 +216,9 @@ async def test_bad_names_fail_before_io(offline: aiolock.Client, name: Any) -> N
 
 
 @given(value=NUMBERS, target=st.sampled_from(CALLS))
-async def test_numbers_are_checked_before_io(
-    offline: aiolock.Client, value: Any, target: tuple[str, str]
-) -> None:
+async def test_numbers_are_checked_before_io(value: Any, target: tuple[str, str]) -> None:
     method, param = target
-    lock = offline.lock("numbers")
+    lock = offline_client().lock("numbers")
     if is_valid(param, value):
         # Validation passed: the call went on to talk to the (absent) server, unless a tiny
         # wait ran out first.

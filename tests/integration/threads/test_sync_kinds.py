@@ -306,3 +306,39 @@ def test_the_constructors_check_the_options_at_once(aiolock_server: ServerInfo) 
         assert lock.try_lock(0, lease=5)
         lock.unlock()
     assert len(made) == 2  # one per constructor call: the rejected options' and this client's
+
+
+def test_semaphore_count_and_permit_extend(client: aiolock.sync.Client) -> None:
+    sem = client.semaphore("counted", 1)
+    permit = sem.try_acquire(0, lease=1)
+    assert permit is not None
+    permit.extend(30)  # a fixed lease made longer, on the server
+    assert permit.valid_for() > 20
+    with pytest.raises(ValueError, match="1 permits on the server"):
+        client.semaphore("counted", 3).try_acquire(0)
+    sem.set_permits(3)  # for everyone
+    assert client.semaphore("counted", 3).available() == 2
+    with pytest.raises(TypeError, match="permits"):
+        sem.set_permits(True)
+    permit.release()
+
+
+def test_guard_extend(client: aiolock.sync.Client) -> None:
+    with client.lock("extended").acquire(wait=0, lease=1) as guard:
+        guard.extend(30)
+        assert guard.valid_for() > 20
+        with pytest.raises(ValueError, match="lease"):
+            guard.extend(0)
+
+
+def test_redis_py_habits_are_taught_in_the_blocking_face_too(
+    client: aiolock.sync.Client,
+) -> None:
+    lock = client.lock("taught")
+    with pytest.raises(TypeError, match=r"Lock\.try_lock\(\) got redis-py's keyword") as error:
+        lock.try_lock(blocking_timeout=5)  # type: ignore[call-arg]
+    assert "wait=" in str(error.value)
+    with pytest.raises(TypeError, match="owner is the calling thread"):
+        client.lock("taught", thread_local=False)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="lease="):
+        client.semaphore("taught", 2).acquire(timeout=5)  # type: ignore[call-arg]

@@ -252,7 +252,8 @@ async def test_an_acquire_cancelled_anywhere_leaves_nothing(
             attempt.cancel()
             # Cancelled, its grant is undone; granted before the cancellation landed, it is
             # held by the attempt's task, which ran only the acquire: forced here.
-            if await asyncio.gather(attempt, return_exceptions=True) == [True]:
+            await asyncio.gather(attempt, return_exceptions=True)
+            if not attempt.cancelled() and attempt.exception() is None and attempt.result():
                 assert await lock.force_unlock()
 
             async def clean() -> bool:
