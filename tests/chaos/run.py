@@ -29,6 +29,13 @@ mid-run: its replica takes over, and the killed node then rejoins as the new pri
 replica (until it does, that primary confirms no grant: every grant there waits
 ``sync_timeout`` and fails with ``LockSyncError``).  The checker is the same: exclusion of the
 holds not reported lost, fencing order, nothing stuck, nothing left on any primary.
+
+While the load runs, the orchestrator also samples the lock keys on the server (every
+primary) every 150 ms (:class:`~tests.chaos.sampler.KeySampler`): a key seen while no attempt
+of its lock was under way, a grace after the last ended, and no fault ran, is a
+"lingering-key", a grant nobody knows that blocks the name until its lease runs out.  The
+workers record their collector pauses beside their loop lag, so that a late loss while the
+collector stopped the holder's loop is "late-loop" (the machine's share), not "late-loss".
 """
 
 from __future__ import annotations
