@@ -49,7 +49,7 @@ independent counters does not grow from one RedLock grant to the next.
 - *no lingering keys* (when the run sampled the lock keys, ``phase.keys``): a lock's key seen on
   the server while no attempt of its resource was under way (from its call to its end, its
   release or its cancellation, plus ``key_grace`` for a release or a settlement in flight), and
-  no fault ran then or within ``key_grace`` before: a "lingering-key", a grant nobody knows
+  no fault ran then or within ``fault_grace`` before: a "lingering-key", a grant nobody knows
   that blocks the name until its lease runs out;
 - *diagnostics*: whatever the workers and the orchestrator found (warnings, leftover keys...).
 
@@ -114,6 +114,7 @@ def check_phase(
     permits: int = PERMITS,
     watchdog_timeout: float | None = None,
     key_grace: float = 0.25,
+    fault_grace: float = 1.0,
 ) -> list[Violation]:
     """Every violation found in ``phase``; empty when the run was correct.
 
@@ -154,7 +155,9 @@ def check_phase(
         losses = [*holds_of(singles), *parts]
         violations += _check_explained_losses(losses, phase.faults, lag, watchdog_timeout)
     violations += _check_amnesia(straddlers, phase.amnesia)
-    violations += _check_lingering_keys(phase.attempts, phase.keys, phase.faults, key_grace, origin)
+    violations += _check_lingering_keys(
+        phase.attempts, phase.keys, phase.faults, (key_grace, fault_grace), origin
+    )
     violations += [Violation("diagnostic", problem) for problem in phase.problems]
     return violations
 
@@ -821,15 +824,16 @@ def _check_lingering_keys(
     attempts: Iterable[Attempt],
     samples: Sequence[KeySample],
     faults: Sequence[FaultEvent],
-    grace: float,
+    graces: tuple[float, float],
     origin: int,
 ) -> list[Violation]:
     """Lock keys seen with no attempt of their resource under way (from its call to its end,
-    plus ``grace``) and no fault then or ``grace`` before; consecutive sightings of one
+    plus the first of ``graces``) and no fault then or the second before (for the settlements
+    of the calls it cut to land once the connections are back); consecutive sightings of one
     resource (less than a second apart) are one violation."""
     if not samples:
         return []
-    margin = round(grace * NS)
+    margin, after_fault = (round(grace * NS) for grace in graces)
     spans: defaultdict[tuple[str, str], list[tuple[int, int | None]]] = defaultdict(list)
     for attempt in attempts:
         span = _attempt_span(attempt)
@@ -844,7 +848,7 @@ def _check_lingering_keys(
 
     def faulted(sample: KeySample) -> bool:
         return any(
-            fault.t_start <= sample.t_end and fault.t_end + margin >= sample.t_start
+            fault.t_start <= sample.t_end and fault.t_end + after_fault >= sample.t_start
             for fault in faults
         )
 

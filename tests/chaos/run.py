@@ -32,9 +32,9 @@ holds not reported lost, fencing order, nothing stuck, nothing left on any prima
 
 While the load runs, the orchestrator also samples the lock keys on the server (every
 primary) every 150 ms (:class:`~tests.chaos.sampler.KeySampler`): a key seen while no attempt
-of its lock was under way, a grace after the last ended, and no fault ran, is a
-"lingering-key", a grant nobody knows that blocks the name until its lease runs out.  The
-workers record their collector pauses beside their loop lag, so that a late loss while the
+of its lock was under way, 250 ms after the last ended, and no fault ran (nor in the second
+before), is a "lingering-key", a grant nobody knows that blocks the name until its lease runs
+out.  The workers record their collector pauses beside their loop lag, so that a late loss while the
 collector stopped the holder's loop is "late-loop" (the machine's share), not "late-loss".
 """
 

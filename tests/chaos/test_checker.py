@@ -565,7 +565,7 @@ def lingering(
     attempts: list[Attempt], samples: list[KeySample], faults: list[FaultEvent] | None = None
 ) -> list[str]:
     phase = Phase("test", attempts=attempts, keys=samples, faults=faults or [])
-    found = check_phase(phase, key_grace=0.2)
+    found = check_phase(phase, key_grace=0.2, fault_grace=0.5)
     return [violation.kind for violation in found if violation.kind == "lingering-key"]
 
 
@@ -604,8 +604,8 @@ def test_a_key_while_an_attempt_never_finished_passes() -> None:
 
 def test_a_key_inside_a_fault_window_or_its_grace_passes() -> None:
     fault = FaultEvent("freeze", round(2.2 * S), round(3 * S))
-    assert lingering([hold(1, 2, 1)], [seen(2.5), seen(3.1)], [fault]) == []
-    assert lingering([hold(1, 2, 1)], [seen(3.5)], [fault]) == ["lingering-key"]
+    assert lingering([hold(1, 2, 1)], [seen(2.5), seen(3.4)], [fault]) == []
+    assert lingering([hold(1, 2, 1)], [seen(3.6)], [fault]) == ["lingering-key"]
 
 
 def test_a_key_of_another_kind_of_the_name_is_flagged() -> None:
