@@ -17,6 +17,8 @@ import time
 from collections.abc import Sequence
 
 from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 from aiolock._core.keys import parts_of
@@ -55,19 +57,32 @@ class KeySampler:
         self.period = period
         self.samples: list[KeySample] = []
         self.failed = 0  # scans that a fault (a dead or paused node) made fail
+        # No resends: a node that is down (killed, restarting) fails its scan at once, and is
+        # asked again at the next period, on a new connection.
         self._redis = [
-            Redis(host=server.host, port=server.port, socket_timeout=1.0) for server in servers
+            Redis(
+                host=server.host,
+                port=server.port,
+                socket_timeout=1.0,
+                socket_connect_timeout=0.5,
+                retry=Retry(NoBackoff(), 0),
+            )
+            for server in servers
         ]
 
     async def run(self) -> None:
         try:
-            while True:
-                await asyncio.gather(*(self._scan(redis) for redis in self._redis))
-                await asyncio.sleep(self.period)
+            # One loop per node: a node that stalls does not hold back the others' samples.
+            await asyncio.gather(*(self._watch(redis) for redis in self._redis))
         finally:
             for redis in self._redis:
                 with contextlib.suppress(RedisError, OSError):
                     await redis.aclose()
+
+    async def _watch(self, redis: Redis) -> None:
+        while True:
+            await self._scan(redis)
+            await asyncio.sleep(self.period)
 
     async def _scan(self, redis: Redis) -> None:
         try:
