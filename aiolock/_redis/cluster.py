@@ -178,18 +178,21 @@ class ClusterCalls(Runner):
                 await self._pause_and_refresh(delay)
                 delay = min(delay * 2, 0.5)
                 continue
+            # Raised from the except clauses, never kept in a local: a local holding the error
+            # whose traceback holds this frame is a reference cycle, and a fault's worth of
+            # frames for the garbage collector (issue 42).
             try:
                 return await call(self._calls(node), unknown)
-            except (AskError, TryAgainError, ClusterDownError) as exc:  # MOVED is an ASK
-                error: Exception = exc
-                retry = True
-            except (RedisConnectionError, RedisTimeoutError) as exc:
+            except (AskError, TryAgainError, ClusterDownError):  # MOVED is an ASK
+                if loop.time() + delay > deadline:
+                    await self.refresh()
+                    raise
+            except (RedisConnectionError, RedisTimeoutError):
                 # The node is unreachable: a failover may be under way.  Only a call that never
                 # reached the node may be sent again.
-                error, retry = exc, not orphaned
-            if not retry or loop.time() + delay > deadline:
-                await self.refresh()
-                raise error
+                if orphaned or loop.time() + delay > deadline:
+                    await self.refresh()
+                    raise
             await self._pause_and_refresh(delay)
             delay = min(delay * 2, 0.5)
 

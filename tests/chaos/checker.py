@@ -46,6 +46,11 @@ independent counters does not grow from one RedLock grant to the next.
   cause: a fault from a lease before its grant to a second after its body ended, a fixed lease
   its call outlived, or its event loop blocked meanwhile ("loss-loop": the machine's share,
   shown but not counted); else it is a "spurious-loss", a loss report nothing explains;
+- *no lingering keys* (when the run sampled the lock keys, ``phase.keys``): a lock's key seen on
+  the server while no attempt of its resource was under way (from its call to its end, its
+  release or its cancellation, plus ``key_grace`` for a release or a settlement in flight), and
+  no fault ran then or within ``fault_grace`` before: a "lingering-key", a grant nobody knows
+  that blocks the name until its lease runs out;
 - *diagnostics*: whatever the workers and the orchestrator found (warnings, leftover keys...).
 
 Why "came back before it" is enough for fencing: if B never lost its lock, B held it without a
@@ -64,8 +69,10 @@ from dataclasses import dataclass
 
 from .history import (
     CANCELLED,
+    FAIR,
     GRANTED,
     KINDS,
+    LOCK,
     LOST,
     MULTI,
     OK,
@@ -76,10 +83,12 @@ from .history import (
     REDLOCK_SERVERS,
     RW,
     SEMAPHORE,
+    SPIN,
     TIMEOUT,
     WRITE,
     Attempt,
     FaultEvent,
+    KeySample,
     Phase,
     Reentry,
 )
@@ -104,6 +113,8 @@ def check_phase(
     wait_slack: float = 0.5,
     permits: int = PERMITS,
     watchdog_timeout: float | None = None,
+    key_grace: float = 0.25,
+    fault_grace: float = 1.0,
 ) -> list[Violation]:
     """Every violation found in ``phase``; empty when the run was correct.
 
@@ -111,7 +122,7 @@ def check_phase(
     ``watchdog_timeout``: the workers' option; given, every loss needs a cause (see above).
     """
     origin = min((a.t_start for a in phase.attempts), default=0)
-    lag = Lag(phase.lag) if phase.lag else None
+    lag = Lag(phase.lag, phase.gc) if phase.lag or phase.gc else None
     parts = composite_parts(phase.attempts)
     violations = [
         *_check_finished(phase.attempts),
@@ -144,31 +155,63 @@ def check_phase(
         losses = [*holds_of(singles), *parts]
         violations += _check_explained_losses(losses, phase.faults, lag, watchdog_timeout)
     violations += _check_amnesia(straddlers, phase.amnesia)
+    violations += _check_lingering_keys(
+        phase.attempts, phase.keys, phase.faults, (key_grace, fault_grace), origin
+    )
     violations += [Violation("diagnostic", problem) for problem in phase.problems]
     return violations
 
 
 class Lag:
-    """Event-loop lag samples per process: ``{proc: [(t_ns, lag_ns), ...]}`` sorted by time.
+    """Event-loop lag samples per process: ``{proc: [(t_ns, lag_ns), ...]}`` sorted by time,
+    and the collector's pauses: ``{proc: [(start_ns, end_ns), ...]}``.
 
-    A sample at ``t`` with lag ``l`` means the loop could run nothing from ``t - l`` to ``t``.
+    A sample at ``t`` with lag ``l`` means the loop could run nothing from ``t - l`` to ``t``;
+    so does a collector pause, from its start to its end (the two overlap: a pause shows in the
+    next sample's lag too, and is counted once).
     """
 
-    def __init__(self, samples: dict[int, list[tuple[int, int]]]) -> None:
+    def __init__(
+        self,
+        samples: dict[int, list[tuple[int, int]]],
+        gc: dict[int, list[tuple[int, int]]] | None = None,
+    ) -> None:
         self._times = {proc: [t for t, _ in rows] for proc, rows in samples.items()}
         self._lags = {proc: [lag for _, lag in rows] for proc, rows in samples.items()}
+        self._gc = {proc: sorted(spans) for proc, spans in (gc or {}).items()}
+
+    def _stalls(self, proc: int, start: int, end: int) -> list[tuple[int, int]]:
+        """The lag samples' blocked intervals that touch ``start``..``end``."""
+        times = self._times.get(proc)
+        if not times:
+            return []
+        lo = bisect.bisect_right(times, start)
+        hi = bisect.bisect_right(times, end) + 1  # the next sample covers the last moments
+        return [(t - lag, t) for t, lag in zip(times[lo:hi], self._lags[proc][lo:hi], strict=True)]
+
+    def pauses(self, proc: int, start: int, end: int) -> list[tuple[int, int]]:
+        """The collector pauses of ``proc`` that touch ``start``..``end``."""
+        return [(a, b) for a, b in self._gc.get(proc, ()) if b > start and a < end]
 
     def blocked(self, proc: int, start: int, end: int) -> float:
         """Seconds during which process ``proc``'s loop was blocked from ``start`` to ``end``."""
-        times = self._times.get(proc)
-        if not times:
-            return 0.0
-        lo = bisect.bisect_right(times, start)
-        hi = bisect.bisect_right(times, end) + 1  # the next sample covers the last moments
-        total = 0
-        for t, lag in zip(times[lo:hi], self._lags[proc][lo:hi], strict=True):
-            total += max(0, min(t, end) - max(t - lag, start))
+        spans = sorted(
+            (max(a, start), min(b, end))
+            for a, b in [*self._stalls(proc, start, end), *self.pauses(proc, start, end)]
+            if min(b, end) > max(a, start)
+        )
+        total, reached = 0, start
+        for a, b in spans:  # their union
+            if b > reached:
+                total += b - max(a, reached)
+                reached = b
         return total / NS
+
+    def collected(self, proc: int, start: int, end: int) -> tuple[float, float]:
+        """Seconds the collector paused ``proc`` from ``start`` to ``end``, and its longest
+        pause among them."""
+        spans = [(max(a, start), min(b, end)) for a, b in self.pauses(proc, start, end)]
+        return sum(b - a for a, b in spans) / NS, max((b - a for a, b in spans), default=0) / NS
 
 
 # A loop blocked this long during a hold (with a second after it, for the release) explains a
@@ -196,6 +239,7 @@ def _check_explained_losses(
         if any(fault.t_end >= begin and fault.t_start <= end for fault in faults):
             continue
         blocked = 0.0 if lag is None else lag.blocked(hold.proc, hold.t_grant, end)
+        paused = 0.0 if lag is None else lag.collected(hold.proc, hold.t_grant, end)[0]
         kind = "loss-loop" if blocked >= _LOSS_LAG else "spurious-loss"
         found.append(
             Violation(
@@ -204,7 +248,8 @@ def _check_explained_losses(
                 f"(token {hold.token}, lease {hold.lease}) was reported lost with no fault "
                 f"from {lease + 1.0:.1f}s before its grant to 1s after its body "
                 f"({_seconds(hold.t_end - hold.t_grant):.3f}s); the loop was blocked "
-                f"{blocked:.3f}s meanwhile: {hold.lost_reason or 'no reason recorded'}",
+                f"{blocked:.3f}s meanwhile (the collector {paused:.3f}s): "
+                f"{hold.lost_reason or 'no reason recorded'}",
             )
         )
     return found
@@ -549,15 +594,32 @@ def _check_permits(holds: Sequence[Attempt], origin: int, permits: int) -> list[
 
 def _late_kind(hold: Attempt, granted: int, lag: Lag | None) -> str:
     """The kind of a late loss: "late-loss", or "late-loop" when ``hold``'s event loop was
-    blocked for at least as long as the overlap, from just before the other grant
-    (``granted``) to ``hold``'s end: the client's lease timer could not fire meanwhile, and
-    nothing can tell a body whose loop stands still (the machine's share, not counted)."""
+    blocked (a stall, a collector pause) for at least as long as the overlap, from just before
+    the other grant (``granted``; the lease had run out on the server by then, so the client's
+    own, earlier, estimate of its end too) to ``hold``'s end: the client's lease timer could
+    not fire meanwhile, and nothing can tell a body whose loop stands still (the machine's
+    share, not counted)."""
     assert hold.t_end is not None
     if lag is None:
         return "late-loss"
     start = granted - round(_LOSS_LAG * NS)
     blocked = lag.blocked(hold.proc, start, hold.t_end)
     return "late-loop" if blocked * NS >= hold.t_end - granted else "late-loss"
+
+
+def _around_lease_end(hold: Attempt, granted: int, lag: Lag | None) -> str:
+    """How ``hold``'s loop fared around its lease's end: from just before the other grant
+    (``granted``) to ``hold``'s end, how long it was blocked, and how much of it the collector."""
+    if lag is None or hold.t_end is None:
+        return ""
+    start = granted - round(_LOSS_LAG * NS)
+    blocked = lag.blocked(hold.proc, start, hold.t_end)
+    paused, longest = lag.collected(hold.proc, start, hold.t_end)
+    return (
+        f" (around its lease's end, {_seconds(hold.t_end - start):.3f}s to its body's end, "
+        f"its loop was blocked {blocked:.3f}s, the collector {paused:.3f}s, longest pause "
+        f"{longest:.3f}s)"
+    )
 
 
 def _check_late_permit_losses(
@@ -589,7 +651,8 @@ def _check_late_permit_losses(
                     f"semaphore {hold.name!r}: {_describe(hold, origin)} was granted while "
                     f"{len(live)} other permits ran their bodies, of which "
                     f"{'; '.join(_describe(other, origin) for other in unaware)} were lost, "
-                    "not yet told of it",
+                    "not yet told of it"
+                    + "".join(_around_lease_end(other, at, lag) for other in unaware),
                 )
             )
     return found
@@ -619,7 +682,7 @@ def _check_late_losses(
                         _late_kind(hold, starts[index], lag),
                         f"{hold.kind} {hold.name!r}: {_describe(kept[index], origin)} was "
                         f"granted while {_describe(hold, origin)} still ran its body, not yet "
-                        "told of its loss",
+                        "told of its loss" + _around_lease_end(hold, starts[index], lag),
                     )
                 )
                 break
@@ -725,6 +788,101 @@ def _check_amnesia(
                     f"{hold.label} held {hold.kind} {hold.name!r} across a restart that lost all "
                     "locks, "
                     f"and its release reported success",
+                )
+            )
+    return found
+
+
+def _resources_of(attempt: Attempt) -> set[tuple[str, str]]:
+    """The resources whose keys ``attempt`` may have written: its own; a MultiLock's parts
+    (any of the kinds its parts are drawn from, for each of its names, when it was not granted:
+    it may have held some parts for a while); a RedLock's lock on each of its servers."""
+    if attempt.kind == MULTI:
+        found = {(kind, name) for kind in (LOCK, FAIR, SPIN) for name in attempt.name.split("+")}
+        return found | {(part.kind, part.name) for part in attempt.parts}
+    if attempt.kind == REDLOCK:
+        return {(LOCK, attempt.name)} | {
+            (f"{REDLOCK}{k}", attempt.name) for k in range(1, REDLOCK_SERVERS)
+        }
+    return {attempt.resource}
+
+
+def _attempt_span(attempt: Attempt) -> tuple[int, int | None]:
+    """From the attempt's call to the last moment its client knew of it (``None``: it never
+    finished, so it covers the rest of the run)."""
+    if attempt.result == PENDING or (attempt.granted and attempt.outcome is None):
+        return attempt.t_start, None
+    ends = [attempt.t_done, attempt.t_end]
+    for entry in attempt.nested:
+        if entry.result == PENDING or (entry.granted and entry.outcome is None):
+            return attempt.t_start, None
+        ends += [entry.t_done, entry.t_end]
+    return attempt.t_start, max(t for t in ends if t is not None)
+
+
+def _check_lingering_keys(
+    attempts: Iterable[Attempt],
+    samples: Sequence[KeySample],
+    faults: Sequence[FaultEvent],
+    graces: tuple[float, float],
+    origin: int,
+) -> list[Violation]:
+    """Lock keys seen with no attempt of their resource under way (from its call to its end,
+    plus the first of ``graces``) and no fault then or the second before (for the settlements
+    of the calls it cut to land once the connections are back); consecutive sightings of one
+    resource (less than a second apart) are one violation."""
+    if not samples:
+        return []
+    margin, after_fault = (round(grace * NS) for grace in graces)
+    spans: defaultdict[tuple[str, str], list[tuple[int, int | None]]] = defaultdict(list)
+    for attempt in attempts:
+        span = _attempt_span(attempt)
+        for resource in _resources_of(attempt):
+            spans[resource].append(span)
+
+    def known(sample: KeySample) -> bool:
+        return any(
+            start <= sample.t_end and (end is None or end + margin >= sample.t_start)
+            for start, end in spans.get((sample.kind, sample.name), ())
+        )
+
+    def faulted(sample: KeySample) -> bool:
+        return any(
+            fault.t_start <= sample.t_end and fault.t_end + after_fault >= sample.t_start
+            for fault in faults
+        )
+
+    lingering: defaultdict[tuple[str, str], list[KeySample]] = defaultdict(list)
+    for sample in sorted(samples, key=lambda sample: sample.t_start):
+        if not known(sample) and not faulted(sample):
+            lingering[(sample.kind, sample.name)].append(sample)
+    found = []
+    for (kind, name), seen in lingering.items():
+        stretches: list[list[KeySample]] = []
+        for sample in seen:
+            if stretches and sample.t_start - stretches[-1][-1].t_end < NS:
+                stretches[-1].append(sample)
+            else:
+                stretches.append([sample])
+        for stretch in stretches:
+            first, last = stretch[0], stretch[-1]
+            ended = [
+                end
+                for _, end in spans.get((kind, name), ())
+                if end is not None and end <= first.t_start
+            ]
+            before = (
+                f"{_seconds(first.t_start - max(ended)):.3f}s after the last attempt of it ended"
+                if ended
+                else "before any attempt of it"
+            )
+            found.append(
+                Violation(
+                    "lingering-key",
+                    f"{kind} {name!r}: its key {first.key!r} was on the server with no hold or "
+                    f"call of it under way at {_seconds(first.t_start - origin):.3f}s "
+                    f"({before}; pttl {first.pttl} ms), seen {len(stretch)} time(s) until "
+                    f"{_seconds(last.t_end - origin):.3f}s",
                 )
             )
     return found

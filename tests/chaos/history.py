@@ -15,10 +15,12 @@ from pathlib import Path
 __all__ = [
     "Attempt",
     "FaultEvent",
+    "KeySample",
     "Part",
     "Phase",
     "Reentry",
     "read_attempts",
+    "read_gc",
     "read_lag",
     "write_attempts",
     "write_faults",
@@ -163,6 +165,20 @@ class FaultEvent:
     detail: str = ""
 
 
+@dataclass(frozen=True)
+class KeySample:
+    """A lock key seen on a server while the run went on: the resource whose key it is (as
+    :attr:`Attempt.resource`), and the time of the scan that found it, ``t_start`` (sent) to
+    ``t_end`` (its remaining time to live, ``pttl`` ms, read); the key existed in between."""
+
+    kind: str
+    name: str
+    t_start: int
+    t_end: int
+    pttl: int
+    key: str = ""
+
+
 @dataclass
 class Phase:
     """One server and one set of workers: ``amnesia`` lists the (down, up) windows of restarts
@@ -175,6 +191,9 @@ class Phase:
     problems: list[str] = field(default_factory=list)  # diagnostics and cleanup findings
     # Each worker's event-loop lag: proc -> [(monotonic ns, lag ns), ...], in time order.
     lag: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    # Each worker's collector pauses of 1 ms or more: proc -> [(start ns, end ns), ...].
+    gc: dict[int, list[tuple[int, int]]] = field(default_factory=dict)
+    keys: list[KeySample] = field(default_factory=list)  # the lock keys sampled during the run
 
 
 def attempt_line(attempt: Attempt) -> str:
@@ -200,6 +219,13 @@ def read_attempts(path: Path) -> Iterator[Attempt]:
 
 def read_lag(path: Path) -> list[tuple[int, int]]:
     """A worker's event-loop lag samples, (time, lag) in ns, as its ``LagProbe`` wrote them."""
+    return [(int(row[0]), int(row[1])) for row in json.loads(path.read_text(encoding="utf-8"))]
+
+
+def read_gc(path: Path) -> list[tuple[int, int]]:
+    """A worker's collector pauses, (start, end) in ns; none if it wrote no file."""
+    if not path.exists():
+        return []
     return [(int(row[0]), int(row[1])) for row in json.loads(path.read_text(encoding="utf-8"))]
 
 

@@ -29,6 +29,13 @@ mid-run: its replica takes over, and the killed node then rejoins as the new pri
 replica (until it does, that primary confirms no grant: every grant there waits
 ``sync_timeout`` and fails with ``LockSyncError``).  The checker is the same: exclusion of the
 holds not reported lost, fencing order, nothing stuck, nothing left on any primary.
+
+While the load runs, the orchestrator also samples the lock keys on the server (every
+primary) every 150 ms (:class:`~tests.chaos.sampler.KeySampler`): a key seen while no attempt
+of its lock was under way, 250 ms after the last ended, and no fault ran (nor in the second
+before), is a "lingering-key", a grant nobody knows that blocks the name until its lease runs
+out.  The workers record their collector pauses beside their loop lag, so that a late loss while the
+collector stopped the holder's loop is "late-loop" (the machine's share), not "late-loss".
 """
 
 from __future__ import annotations
@@ -64,8 +71,9 @@ from .faults import (
     make_cluster_schedule,
     make_schedule,
 )
-from .history import Phase, read_attempts, read_lag, write_faults
+from .history import Phase, read_attempts, read_gc, read_lag, write_faults
 from .proxy import FreezableProxy
+from .sampler import KeySampler
 from .worker import WorkerConfig, redlock_prefixes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -195,6 +203,7 @@ async def run_phase(
             urls=urls,
             injector=Injector(server, proxies, seed=seed),
             server=server,
+            sampled=[server],
             left=lambda clients: leftovers([server], clients),
         )
     finally:
@@ -232,6 +241,7 @@ async def run_cluster_phase(
             ],
             injector=ClusterInjector(cluster, NAMES, PREFIX, seed=seed),
             server=cluster.primaries[0],
+            sampled=cluster.nodes,
             left=lambda clients: leftovers(cluster.primaries, clients),
             cluster=True,
         )
@@ -249,12 +259,15 @@ async def _drive(
     urls: list[str],
     injector: Injector | ClusterInjector,
     server: EmbeddedServer,
+    sampled: Sequence[EmbeddedServer],
     left: Callable[[dict[str, str]], Awaitable[list[str]]],
     cluster: bool = False,
 ) -> Phase:
-    """Start a worker on each URL, apply the schedule, drain, stop, and collect the phase."""
+    """Start a worker on each URL, apply the schedule, drain, stop, and collect the phase;
+    the lock keys of ``sampled`` are sampled from the start of the load to the drain's end."""
     phase = Phase(spec.name)
     workers: list[WorkerProcess] = []
+    watching: asyncio.Task[None] | None = None
     try:
         for index, url in enumerate(urls):
             config = WorkerConfig(
@@ -278,6 +291,8 @@ async def _drive(
         await asyncio.gather(*(worker.expect("READY", 60) for worker in workers))
         machine = Machine([w.process.pid for w in workers], server)
         sampling = asyncio.create_task(machine.sample())
+        keys = KeySampler(sampled, PREFIX)
+        watching = asyncio.create_task(keys.run())
         start = time.monotonic_ns()
         try:
             await asyncio.gather(injector.run(schedule, start), asyncio.sleep(spec.seconds))
@@ -294,7 +309,13 @@ async def _drive(
         for worker in workers:
             worker.send("stop")
         drain = profile.drain + 15
-        drained = await asyncio.gather(*(worker.expect("DRAINED", drain) for worker in workers))
+        try:
+            drained = await asyncio.gather(*(worker.expect("DRAINED", drain) for worker in workers))
+        finally:
+            watching.cancel()
+            await asyncio.wait([watching])
+        phase.keys = keys.samples
+        print(f"   lock keys: {len(keys.samples)} sightings, {keys.failed} scans failed")
         clients = {
             client_id: f"worker {worker.config.proc} {kind}"
             for worker, report in zip(workers, drained, strict=True)
@@ -313,7 +334,11 @@ async def _drive(
             await worker.finish()
             phase.attempts += read_attempts(Path(worker.config.out))
             phase.lag[worker.config.proc] = read_lag(Path(worker.config.out + ".lag"))
+            phase.gc[worker.config.proc] = read_gc(Path(worker.config.out + ".gc"))
     finally:
+        if watching is not None:
+            watching.cancel()
+            await asyncio.wait([watching])
         for worker in workers:
             if worker.process.returncode is None:
                 worker.process.kill()

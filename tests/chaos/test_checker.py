@@ -6,8 +6,8 @@ from itertools import count
 
 import pytest
 
-from .checker import check_phase, format_summary, summarize
-from .history import Attempt, FaultEvent, Part, Phase, Reentry
+from .checker import Lag, check_phase, format_summary, summarize
+from .history import Attempt, FaultEvent, KeySample, Part, Phase, Reentry
 
 S = 1_000_000_000  # one second in ns
 _seq = count()
@@ -142,6 +142,28 @@ def test_a_late_loss_while_the_holders_loop_was_blocked_is_the_machines() -> Non
     assert late_kinds({0: [(round(2.95 * S), round(0.05 * S))]}) == ["late-loss"]
     # Another process's loop stood still: not the holder's excuse.
     assert late_kinds({1: [(3 * S, round(0.3 * S))]}) == ["late-loss"]
+
+
+def test_a_late_loss_while_the_collector_paused_the_holder_is_the_machines() -> None:
+    late = hold(1, 3, 1, outcome="lost")
+    # The collector paused the holder from 2.8 s to 3 s, over its lease's end: no lag sample
+    # saw it (the probe's next one would have, after the hold's end).
+    phase = Phase("test", attempts=[late, hold(2.9, 4, 2)], gc={0: [(round(2.8 * S), 3 * S)]})
+    [found] = check_phase(phase)
+    assert found.kind == "late-loop"
+    assert "the collector 0.200s, longest pause 0.200s" in found.detail
+    # A pause that ended well before the other grant: the holder could have seen its loss.
+    phase.gc = {0: [(round(2.5 * S), round(2.7 * S))]}
+    [found] = check_phase(phase)
+    assert found.kind == "late-loss"
+    assert "blocked 0.000s, the collector 0.000s" in found.detail
+
+
+def test_a_pause_seen_both_by_the_collector_and_the_lag_probe_counts_once() -> None:
+    lag = Lag({0: [(3 * S, round(0.2 * S))]}, {0: [(round(2.85 * S), round(2.95 * S))]})
+    assert lag.blocked(0, 2 * S, 4 * S) == pytest.approx(0.2)
+    assert lag.collected(0, 2 * S, 4 * S) == pytest.approx((0.1, 0.1))
+    assert lag.blocked(0, round(2.9 * S), 4 * S) == pytest.approx(0.1)
 
 
 def test_a_hold_that_ended_in_a_redis_error_still_counts() -> None:
@@ -529,3 +551,73 @@ def test_a_loss_while_the_loop_was_blocked_is_the_machines() -> None:
     lost = hold(10, 10.01, 1, outcome="lost", lost=True)
     blocked = {0: [(10 * S, 0), (round(10.3 * S), round(0.25 * S))]}
     assert explained(lost, lag=blocked) == ["loss-loop"]
+
+
+# -- lingering keys -------------------------------------------------------------------------
+
+
+def seen(at: float, *, kind: str = "lock", name: str = "x") -> KeySample:
+    """A lock key of ``kind`` ``name`` found by a scan at ``at`` seconds (a 2 ms scan)."""
+    return KeySample(kind, name, round(at * S), round(at * S) + 2_000_000, 1500, f"k:{name}")
+
+
+def lingering(
+    attempts: list[Attempt], samples: list[KeySample], faults: list[FaultEvent] | None = None
+) -> list[str]:
+    phase = Phase("test", attempts=attempts, keys=samples, faults=faults or [])
+    found = check_phase(phase, key_grace=0.2, fault_grace=0.5)
+    return [violation.kind for violation in found if violation.kind == "lingering-key"]
+
+
+def test_a_key_that_outlives_every_hold_is_flagged() -> None:
+    found = check_phase(Phase("test", attempts=[hold(1, 2, 1)], keys=[seen(2.5), seen(2.7)]))
+    assert [violation.kind for violation in found] == ["lingering-key"]
+    assert "seen 2 time(s)" in found[0].detail
+    assert "0.500s after" in found[0].detail
+
+
+def test_a_key_of_no_attempt_at_all_is_flagged() -> None:
+    assert lingering([hold(1, 2, 1, name="y")], [seen(1.5)]) == ["lingering-key"]
+
+
+def test_sightings_apart_are_separate_stretches() -> None:
+    assert lingering([hold(1, 2, 1)], [seen(3), seen(5)]) == ["lingering-key"] * 2
+
+
+def test_a_key_during_a_hold_or_within_the_grace_after_it_passes() -> None:
+    assert lingering([hold(1, 2, 1)], [seen(1.5), seen(2.1)]) == []
+
+
+def test_a_key_during_a_call_that_was_not_granted_passes() -> None:
+    # A cancelled or timed-out call may have been granted on the server: its settlement gives
+    # the grant back within the grace.
+    for result in ("cancelled", "timeout"):
+        assert lingering([waited(1.0, 1.0, result)], [seen(0.5), seen(1.1)]) == []
+    assert lingering([waited(1.0, 1.0, "cancelled")], [seen(1.5)]) == ["lingering-key"]
+
+
+def test_a_key_while_an_attempt_never_finished_passes() -> None:
+    stuck = waited(None, 1.0, "pending")
+    stuck.t_done = None
+    assert lingering([stuck], [seen(9)]) == []
+
+
+def test_a_key_inside_a_fault_window_or_its_grace_passes() -> None:
+    fault = FaultEvent("freeze", round(2.2 * S), round(3 * S))
+    assert lingering([hold(1, 2, 1)], [seen(2.5), seen(3.4)], [fault]) == []
+    assert lingering([hold(1, 2, 1)], [seen(3.6)], [fault]) == ["lingering-key"]
+
+
+def test_a_key_of_another_kind_of_the_name_is_flagged() -> None:
+    assert lingering([hold(1, 2, 1)], [seen(1.5, kind="fair")]) == ["lingering-key"]
+
+
+def test_a_multilock_covers_the_keys_of_its_names() -> None:
+    multi = hold(1, 2, 1, name="x+y", kind="multi")
+    assert lingering([multi], [seen(1.5, kind="spin", name="y")]) == []
+    assert lingering([multi], [seen(1.5, kind="spin", name="z")]) == ["lingering-key"]
+
+
+def test_a_redlock_covers_its_servers_locks() -> None:
+    red = hold(1, 2, 1, kind="redlock")
+    assert lingering([red], [seen(1.5), seen(1.5, kind="redlock2")]) == []

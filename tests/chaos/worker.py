@@ -671,20 +671,28 @@ class LagProbe:
     overrun well beyond it was the library's.  Each sample also records the CPU time this
     process used over the interval: a blocked loop that used about as much CPU as wall time
     was busy with its own work; one that used little was waiting for a core.  The samples go
-    to ``<out>.lag`` as (time, lag, cpu) triples, in ns; garbage-collector pauses are summed.
+    to ``<out>.lag`` as (time, lag, cpu) triples, in ns.  Garbage-collector pauses are summed,
+    and those of a millisecond or more go to ``<out>.gc`` as (start, end) pairs, in the
+    history's clock: a late loss in a loop the collector stopped is told apart by the checker.
     """
 
     def __init__(self, period: float = 0.05) -> None:
         self.period = period
         self.samples: list[tuple[int, int, int]] = []  # (monotonic ns at wake-up, lag, cpu)
         self.gc_pauses: list[int] = []  # ns
+        self.gc_spans: list[tuple[int, int]] = []  # (monotonic ns, ns) of pauses >= 1 ms
         self._gc_started = 0
+        self._gc_started_at = 0
 
     def _on_gc(self, phase: str, info: dict[str, int]) -> None:
         if phase == "start":
             self._gc_started = time.perf_counter_ns()
+            self._gc_started_at = now()
         elif self._gc_started:
-            self.gc_pauses.append(time.perf_counter_ns() - self._gc_started)
+            pause = time.perf_counter_ns() - self._gc_started
+            self.gc_pauses.append(pause)
+            if pause >= 1_000_000:
+                self.gc_spans.append((self._gc_started_at, self._gc_started_at + pause))
 
     async def run(self) -> None:
         period_ns = round(self.period * 1e9)
@@ -725,7 +733,9 @@ class LagProbe:
         }
 
     def write(self, path: Path) -> None:
+        """The samples to ``path`` (``<out>.lag``), the collector's pauses beside it (``.gc``)."""
         path.write_text(json.dumps(self.samples))
+        path.with_suffix(".gc").write_text(json.dumps(self.gc_spans))
 
 
 class Worker:
