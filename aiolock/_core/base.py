@@ -1071,6 +1071,10 @@ class Seam:
         """A release of this client deleted the lock (``hold``: its record, if it had one)."""
         self.lock._released_last(hold)
 
+    def wake_others(self) -> Coroutine[Any, Any, None]:
+        """Publish a release on the lock's channels, for the waiters of every client."""
+        return self.lock._wake_others()
+
 
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

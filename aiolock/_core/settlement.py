@@ -99,6 +99,10 @@ class Settled(Protocol):
         """A release of this client deleted the lock."""
         ...
 
+    def wake_others(self) -> Coroutine[Any, Any, None]:
+        """Publish a release on the lock's channels, for the waiters of every client."""
+        ...
+
 
 @dataclass(slots=True)
 class Attempt:
@@ -314,6 +318,11 @@ class Settlement:
                 lock.released_last(None)
             return
         await self.retry_release(owner, request, None, until, copies)
+        # The first copy may have deleted the lock, and with it the mark of a waiter refused
+        # meanwhile, whose wake-up it owed (a plain release publishes only once it reads its
+        # reply): the resend finds nothing to say so.  A spare wake-up costs a try.
+        self.lock.released_last(None)
+        await self.lock.wake_others()
 
     def released_copies(self, owner: str, request: int, copies: Copies) -> None:
         """The owner's release ``request`` was answered (or given up on).  If it was resent, an
