@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
+from redis.backoff import ConstantBackoff, NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 import aiolock
@@ -59,7 +59,9 @@ async def test_a_release_resent_to_a_server_that_lost_the_hold_reports_the_loss(
     make, release = KINDS[kind]
     client = aiolock.Client.from_url(
         f"redis://127.0.0.1:{proxy.port}/0",
-        retry=Retry(NoBackoff(), 10),
+        # A short pause between tries: the reset of every proxied connection can refuse a
+        # try or two made right after it (ten back-to-back tries ran out now and then).
+        retry=Retry(ConstantBackoff(0.02), 20),
         retry_on_error=[RedisConnectionError],
     )
     sent: asyncio.Future[asyncio.Future[None]] = asyncio.get_running_loop().create_future()
