@@ -182,10 +182,14 @@ async def _refuse_invalid(request: Request) -> None:
         errors += request_params_to_args(fields, received)[1]
     body = await _json_body(request, dependant)
     if body is not _UNREAD:
-        # Whether the body is embedded follows from these fields alone (they are all the
-        # route's), as FastAPI decides it for the route.
+        # Embedded as FastAPI decides it for the route: several body fields, or one declared
+        # Body(embed=True) (forms are left to FastAPI).  Older releases trust this flag alone.
+        fields = dependant.body_params
+        embed = len({field.name for field in fields}) > 1 or bool(
+            getattr(fields[0].field_info, "embed", None)
+        )
         found = await request_body_to_args(
-            body_fields=dependant.body_params, received_body=body, embed_body_fields=False
+            body_fields=fields, received_body=body, embed_body_fields=embed
         )
         errors += found[1]
     if errors:

@@ -19,7 +19,7 @@ import httpx
 import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
-from fastapi import FastAPI, Query
+from fastapi import Body, FastAPI, Query
 from pydantic import BaseModel, Field
 from redis.asyncio import Redis
 
@@ -281,6 +281,32 @@ async def test_fastapi_answers_422_at_once_while_another_client_holds_the_lock(
         assert reply.status_code == 200
         assert reply.json()["paid"] == 5
     assert not await aiolock_client.lock("orders:7").is_locked()
+
+
+async def test_fastapi_checks_an_embedded_body_as_fastapi_does(
+    aiolock_client: aiolock.Client, make_client: Callable[..., aiolock.Client]
+) -> None:
+    # One body parameter declared Body(embed=True): the JSON object has it under its name.
+    app = FastAPI()
+    app.state.aiolock_client = aiolock_client
+    app.add_exception_handler(aiolock.LockTimeoutError, lock_timeout_handler)
+
+    @app.post("/orders/{order_id}/pay", dependencies=[held_lock("orders:{order_id}", wait=0)])
+    async def pay(order_id: int, payment: Annotated[Payment, Body(embed=True)]) -> dict[str, int]:
+        return {"order": order_id, "paid": payment.amount}
+
+    async with (
+        uvicorn_serving(app) as base_url,
+        httpx.AsyncClient(base_url=base_url, timeout=60) as http,
+    ):
+        reply = await http.post("/orders/7/pay", json={"payment": {"amount": 5}})
+        assert reply.status_code == 200, reply.text
+        assert reply.json() == {"order": 7, "paid": 5}
+        reply = await http.post("/orders/7/pay", json={"amount": 5})  # not embedded
+        assert reply.status_code == 422
+        async with make_client().lock("orders:7").acquire():  # refused before the lock
+            reply = await http.post("/orders/7/pay", json={"payment": {"amount": 0}})
+            assert reply.status_code == 422
 
 
 async def test_fastapi_fair_lock_and_permit(
