@@ -147,8 +147,12 @@ async def under_connection_drops(
 
     async def killer() -> None:
         for _ in range(KILLS):
-            before = made
-            await eventually(lambda before=before: made >= before + 20, timeout=30)
+            target = made + 20
+
+            def grown(target: int = target) -> bool:
+                return made >= target
+
+            await eventually(grown, timeout=30)
             await kill()
         stop.set()
 
@@ -174,7 +178,7 @@ async def test_connection_drops_leave_no_error_in_a_cycle(
     aiolock_client: aiolock.Client, redis: Redis
 ) -> None:
     async def kill() -> None:
-        await redis.execute_command("CLIENT", "KILL", "TYPE", "normal")  # skips this one
+        await redis.client_kill_filter(_type="normal", skipme=True)
 
     await check_faults(aiolock_client, kill)
 
@@ -184,11 +188,11 @@ async def test_connection_drops_leave_no_error_in_a_cycle_on_a_cluster(
 ) -> None:
     async with RedisCluster.from_url(aiolock_cluster.url) as cluster:
         await cluster.initialize()
-        primaries = [Redis(host=node.host, port=node.port) for node in cluster.get_primaries()]
+        primaries = [Redis(host=node.host, port=int(node.port)) for node in cluster.get_primaries()]
 
     async def kill() -> None:
         for primary in primaries:
-            await primary.execute_command("CLIENT", "KILL", "TYPE", "normal")
+            await primary.client_kill_filter(_type="normal", skipme=True)
 
     try:
         await check_faults(cluster_client, kill)
