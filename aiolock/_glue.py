@@ -9,6 +9,7 @@ from typing import Any, Final, Literal
 
 from ._core.base import LockKind
 from ._core.names import NameTemplate
+from ._core.validate import check_permits
 from .client import Client
 
 __all__ = ["LOCK_KINDS", "HeldKind", "check_kind", "check_permits", "hold_lock", "hold_permit"]
@@ -32,16 +33,6 @@ def check_kind(kind: object) -> Callable[[Client, str], LockKind]:
     if factory is None:
         raise ValueError(f"kind must be one of {', '.join(map(repr, LOCK_KINDS))}, got {kind!r}")
     return factory
-
-
-def check_permits(permits: object) -> int:
-    """``permits`` if it is an ``int`` >= 1, checked at once, where the glue is written (the
-    same check as ``client.semaphore``'s, which runs only at the first request)."""
-    if isinstance(permits, bool) or not isinstance(permits, int):
-        raise TypeError(f"permits must be an int, not {type(permits).__name__}")
-    if permits < 1:
-        raise ValueError(f"permits must be at least 1, got {permits}")
-    return permits
 
 
 def hold_lock(

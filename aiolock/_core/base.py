@@ -99,22 +99,22 @@ class NameState:
     counters: NameCounters
     # owner -> its calls in the wait loop, for the explicit owners that have some: two tasks
     # may share an owner, and a grant to one of its calls is a reentrant grant for the others.
-    calls: dict[str, list[Waiting]] | None = None
+    waiting: dict[str, list[Waiting]] | None = None
 
     def join(self, owner: str, waiting: Waiting) -> None:
-        calls = self.calls
+        calls = self.waiting
         if calls is None:
-            calls = self.calls = {}
+            calls = self.waiting = {}
         calls.setdefault(owner, []).append(waiting)
 
-    def sharing(self, owner: str) -> bool:
+    def others_wait(self, owner: str) -> bool:
         """Whether ``owner`` has more than one call in the wait loop."""
-        return self.calls is not None and len(self.calls.get(owner, ())) > 1
+        return self.waiting is not None and len(self.waiting.get(owner, ())) > 1
 
     def leave(self, owner: str, waiting: Waiting, *, granted: bool) -> None:
         """``waiting`` left the wait loop; if it got the lock, the owner's other calls try
         again at once (they would otherwise wait for a release that this grant put off)."""
-        calls = self.calls
+        calls = self.waiting
         assert calls is not None
         mine = calls[owner]
         mine.remove(waiting)
@@ -564,8 +564,8 @@ class HoldKind(Guarded[int]):
         started = asyncio.get_running_loop().time()
         await self._services.holds.settle(self._keys.lock, owner)
         waiting = self._waiting(owner)
-        shared = who is None and self._explicit_owner is not None
-        if shared:
+        explicit = who is None and self._explicit_owner is not None
+        if explicit:
             self._state.join(owner, waiting)
         granted = False
         try:
@@ -608,19 +608,19 @@ class HoldKind(Guarded[int]):
                     if granted:
                         return
         finally:
-            self._left(owner, waiting, granted=granted, shared=shared)
+            self._left(owner, waiting, granted=granted, explicit=explicit)
 
-    def _left(self, owner: str, waiting: Waiting, *, granted: bool, shared: bool) -> None:
-        """A call of ``owner`` leaves the wait loop (``shared``: its owner is explicit, and
+    def _left(self, owner: str, waiting: Waiting, *, granted: bool, explicit: bool) -> None:
+        """A call of ``owner`` leaves the wait loop (``explicit``: its owner is explicit, and
         may have other calls waiting)."""
         try:
             # First: its withdraw may need the waiting's record.  The owner's place on the
             # server is also its other waiting calls' (one owner): they keep it.
-            if not granted and not (shared and self._state.sharing(owner)):
+            if not granted and not (explicit and self._state.others_wait(owner)):
                 self._gave_up(owner)
         finally:
             waiting.leave(granted)
-            if shared:
+            if explicit:
                 self._state.leave(owner, waiting, granted=granted)
 
     # -- one attempt: send, reconcile, record ------------------------------------------------

@@ -285,7 +285,7 @@ class Holds:
         self._arm_timer(hold)
         return hold
 
-    def extend(self, hold: Hold, sent_at: float, lease: float) -> None:
+    def renewed(self, hold: Hold, sent_at: float, lease: float) -> None:
         """A renewal sent at ``sent_at`` landed: the lease now ends no earlier than ``lease``
         seconds after it."""
         hold.counters.renewals += 1

@@ -197,7 +197,7 @@ class Watchdog:
                     continue  # the owner's own release may have ended it: its reply tells
                 self._holds.lose(hold, "the watchdog found it expired or held by another owner")
             elif not unconfirmed:
-                self._holds.extend(hold, sent_at, self.lease)  # counts the hold's renewal
+                self._holds.renewed(hold, sent_at, self.lease)  # counts the hold's renewal
                 self.renewals += 1
         if unconfirmed:
             raise _Unconfirmed(unconfirmed)
