@@ -26,7 +26,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import os
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, ClassVar, TypeVar
@@ -725,7 +724,7 @@ class HoldKind(Guarded[int]):
             )  # its first copy may still arrive, after the release
         if hold.watchdog:
             services.watchdog.start()
-        if task is not None and self._ends_with_task and hold.count == 1 and not _bare(task):
+        if task is not None and self._ends_with_task and hold.count == 1:
             services.holds.tie(hold, self._release_ended)
         return hold
 
@@ -1074,18 +1073,6 @@ class Seam:
     def wake_others(self) -> Coroutine[Any, Any, None]:
         """Publish a release on the lock's channels, for the waiters of every client."""
         return self.lock._wake_others()
-
-
-_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-def _bare(task: asyncio.Task[Any]) -> bool:
-    """Whether ``task`` runs nothing but an aiolock call (``create_task(lock.lock())``,
-    ``gather``, ``wait_for`` on Python 3.11): its hold is meant for whoever awaits the task, and
-    releasing it when the task ends, at once, would leave that caller unprotected.  Such a hold
-    keeps the lease rule (see docs/cancellation.md)."""
-    code = getattr(task.get_coro(), "cr_code", None)
-    return code is not None and code.co_filename.startswith(_PACKAGE)
 
 
 def release_args(owner: str, request: int, undo: int | None) -> tuple[Any, ...]:

@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import contextvars
 import logging
+import os
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -151,6 +152,23 @@ class Hold:
     def __repr__(self) -> str:
         state = f"lost: {self.lost_reason}" if self.marked_lost else f"held x{self.count}"
         return f"<Hold {self.name!r} token={self.token} [{state}]>"
+
+
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+_BARE = (
+    ": that task ran nothing but the aiolock call that took it, so the lock was that task's "
+    "(asyncio.create_task() and gather() run a call in a task of its own, and so does "
+    "asyncio.wait_for() on Python 3.11); bound a wait with wait= or asyncio.timeout(), and "
+    "give a lock that passes between tasks an explicit owner="
+)
+
+
+def _bare(task: asyncio.Task[Any]) -> bool:
+    """Whether ``task`` ran nothing but an aiolock call (its hold surprises whoever awaited
+    it: the warning says why)."""
+    code = getattr(task.get_coro(), "cr_code", None)
+    return code is not None and code.co_filename.startswith(_PACKAGE)
 
 
 class Holds:
@@ -347,11 +365,12 @@ class Holds:
         (owner identities are never reused, so nobody else can)."""
         for hold, release in self._tied.pop(task, {}).items():
             logger.warning(
-                "task %s ended holding %s %r (x%d); releasing it",
+                "task %s ended holding %s %r (x%d); releasing it%s",
                 task.get_name(),
                 hold.kind,
                 hold.name,
                 hold.count,
+                _BARE if _bare(task) else "",
                 extra=lock_extra(hold.kind, hold.name, hold.owner),
             )
             # Not a settlement of the owner (defer): the release waits for those itself.
