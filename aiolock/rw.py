@@ -98,6 +98,15 @@ class _Mode(LockKind):
     def _registry_key(self) -> str:
         return f"{self._keys.lock}#{self.mode}"
 
+    def _holds_either(self, owner: str) -> bool:
+        """Whether ``owner`` holds either mode: the server answers its try at once (a re-entry,
+        a read beside its own write, a refused upgrade), so it must not queue behind this
+        client's waiters, who may be waiting for that very hold."""
+        holds, lock = self._services.holds, self._keys.lock
+        return (
+            holds.get(f"{lock}#r", owner) is not None or holds.get(f"{lock}#w", owner) is not None
+        )
+
     def _renew_keys(self) -> tuple[str, ...]:
         return (self._keys.lock, self._rw_keys.readers)
 
@@ -168,12 +177,11 @@ class AsyncReadLock(_Mode):
         )
 
     def _waiting(self, owner: str) -> Waiting:
-        reentering = self._services.holds.get(self._hold_key, owner) is not None
         return ChannelWait(
             self._services,
             self._keys.channel,
             self._counters,
-            reentering=reentering,
+            reentering=self._holds_either(owner),
             shared=True,
             entry_type=BroadcastEntry,
         )
@@ -281,9 +289,11 @@ class AsyncWriteLock(_Mode):
         return dropped == [True]
 
     def _waiting(self, owner: str) -> Waiting:
-        reentering = self._services.holds.get(self._hold_key, owner) is not None
         return ChannelWait(
-            self._services, self._keys.channel, self._counters, reentering=reentering
+            self._services,
+            self._keys.channel,
+            self._counters,
+            reentering=self._holds_either(owner),
         )
 
     def _withdraw_call(self, owner: str) -> Call:

@@ -297,3 +297,41 @@ async def test_an_explicit_owners_unknown_read_holds_still_refuse_its_write(
         await writer.try_lock()
     assert await reader.hold_count() == 1
     assert await rw.read_lock().force_unlock()
+
+
+async def test_an_upgrade_is_refused_at_once_while_writers_of_the_client_wait(
+    aiolock_client: aiolock.Client,
+) -> None:
+    # The reader's write try must reach the server (which refuses the upgrade) rather than
+    # queue behind this client's writers, who wait for its own read hold: a deadlock that
+    # lasted as long as the watchdog kept the read alive (a chaos run on a Cluster).
+    rw = aiolock_client.rw_lock("upgrade")
+    read = rw.read_lock()
+    await read.lock()  # lease=None: renewed for as long as this task holds it
+    writers = [
+        asyncio.create_task(aiolock_client.rw_lock("upgrade").write_lock().lock())
+        for _ in range(2)
+    ]
+    await eventually(lambda: rw.write_lock().statistics().waiters >= 1, what="writers parked")
+    with pytest.raises(aiolock.LockError, match="could deadlock"):
+        async with asyncio.timeout(5):
+            async with rw.write_lock().acquire():
+                pass  # pragma: no cover
+    await read.unlock()
+    for writer in writers:  # each gets its turn, and ends holding it: released by the client
+        await asyncio.wait_for(writer, 10)
+
+
+async def test_a_writer_reads_at_once_while_readers_of_the_client_wait(
+    aiolock_client: aiolock.Client,
+) -> None:
+    rw = aiolock_client.rw_lock("downgrade")
+    write = rw.write_lock()
+    await write.lock()
+    readers = [asyncio.create_task(aiolock_client.rw_lock("downgrade").read_lock().lock())]
+    await eventually(lambda: rw.read_lock().statistics().waiters >= 1, what="a reader parked")
+    async with asyncio.timeout(5):  # not the 30 s watchdog lease a queued try parks for
+        async with rw.read_lock().acquire():
+            pass
+    await write.unlock()
+    await asyncio.wait_for(readers[0], 10)
