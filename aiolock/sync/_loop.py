@@ -159,8 +159,9 @@ class Call(Generic[T]):
         re-raises it.  ``undo(value)`` runs on the loop (and is waited for) when the task had
         already returned ``value`` to a caller that was interrupted before it could take it.
         """
-        loop.call_soon_threadsafe(self._start, work, before)
         try:
+            # Inside: an interrupt may land right after the call is scheduled (or before).
+            loop.call_soon_threadsafe(self._start, work, before)
             self._done.acquire()
         except BaseException:
             self._cancel = True
@@ -216,6 +217,8 @@ class Call(Generic[T]):
     def _cancelled(self) -> None:
         if self._task is not None:
             self._task.cancel()
+        elif not self._ended:  # interrupted before ``_start`` was even scheduled
+            self._end()
 
     def _finished(self, task: asyncio.Task[T]) -> None:
         if task.cancelled():
