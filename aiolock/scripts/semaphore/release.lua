@@ -13,7 +13,8 @@
 -- Returns 0 when released, nil when the permit was not held (its lease had ended, or this is a
 -- resend of the release that gave it back: its client knows it resent and takes that for
 -- released).  A release writes no marker: the last live permit deletes the set (its count,
--- and permits past their lease, with it), any other is removed alone; then the publish.
+-- and permits past their lease, with it), any other is removed alone and leaves the set
+-- expiring with the latest lease left; then the publish.
 -- Permits past their lease are otherwise dropped by the next acquire that looks.
 --@include common/_time
 --@include common/_requests
@@ -24,7 +25,11 @@ if ends and ends > now then
     if redis.call('ZCOUNT', KEYS[1], '(' .. now, '+inf') == 1 then
         redis.call('DEL', KEYS[1])
     else
+        -- The set then lives as long as its latest lease: a watchdog's renewal may have kept it
+        -- longer, which would leave it behind its last permit.
         redis.call('ZREM', KEYS[1], ARGV[1])
+        local last = redis.call('ZREVRANGEBYSCORE', KEYS[1], '+inf', '(' .. now, 'WITHSCORES', 'LIMIT', 0, 1)
+        redis.call('PEXPIRE', KEYS[1], tonumber(last[2]) - now)
     end
     redis.call('PUBLISH', KEYS[3], 'released')
     return 0

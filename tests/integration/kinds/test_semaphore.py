@@ -98,6 +98,28 @@ async def test_expired_permits_come_back_without_a_release(
     await assert_clean(redis, aiolock_client)
 
 
+async def test_the_set_goes_with_the_last_lease_after_a_renewed_permit_is_released(
+    make_client: Callable[..., aiolock.Client], redis: Redis
+) -> None:
+    # A watchdog's renewal keeps the set alive for its own lease; once that permit is given
+    # back while a short-leased one is still held, the set must not outlive the short lease.
+    client = make_client(watchdog_timeout=30)
+    sem = client.semaphore("mixed", 2)
+    watched = await sem.try_acquire()
+    timed = await sem.try_acquire(lease=0.4)
+    assert watched is not None and timed is not None
+    key = keys_of(sem).lock
+    assert await redis.pttl(key) > 20_000
+    await watched.release()
+    assert 0 < await redis.pttl(key) <= 400
+    await eventually(lambda: timed.lost, what="the short lease ran out")
+
+    async def gone() -> bool:
+        return await redis.exists(key) == 0
+
+    await eventually(gone, what="the set gone with it")
+
+
 async def test_the_watchdog_renews_a_permit_while_its_task_lives(
     make_client: Callable[..., aiolock.Client],
 ) -> None:
