@@ -32,6 +32,7 @@ __all__ = [
     "LOCK_RELEASE",
     "LOCK_RENEW",
     "LOCK_TRANSACT",
+    "LOCK_WAKE",
     "READ",
     "RW_EXTEND_READ",
     "RW_EXTEND_WRITE",
@@ -110,6 +111,7 @@ LOCK_RENEW = Script.load("lock", "renew")
 LOCK_FORCE = Script.load("lock", "force")
 LOCK_TRANSACT = Script.load("lock", "transact")
 LOCK_EXTEND = Script.load("lock", "extend")
+LOCK_WAKE = Script.load("lock", "wake")
 
 FAIR_ACQUIRE = Script.load("fair", "acquire")
 FAIR_RELEASE = Script.load("fair", "release")

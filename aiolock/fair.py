@@ -465,6 +465,7 @@ class AsyncFairLock(LockKind):
             lock=base.lock,
             meta=base.meta,
             fence=base.fence,
+            waiting=base.waiting,
             channel=wake_prefix + services.owners.client_id,
             queue=f"{base.lock}:ql",
             wake_prefix=wake_prefix,

@@ -8,7 +8,11 @@ SUBSCRIBE's confirmation wakes one waiter too (see :mod:`aiolock._redis.pubsub`)
 
 from __future__ import annotations
 
+import logging
+import time
 from typing import Any, ClassVar
+
+from redis.exceptions import RedisError
 
 from . import _scripts
 from ._core.base import Call, LockKind, LockStatistics, release_args
@@ -17,9 +21,11 @@ from ._core.holds import Hold
 from ._core.keys import LockKeys
 from ._core.services import Services
 from ._core.settlement import Attempt
-from ._core.waiting import ChannelWait, Waiting
+from ._core.waiting import ClientWait, Waiting
 
 __all__ = ["AsyncRLock", "LockGuard", "LockStatistics", "ReentrantKind"]
+
+logger = logging.getLogger("aiolock.lock")
 
 
 def plain_release_fields(owner: str) -> tuple[str, ...]:
@@ -43,12 +49,57 @@ class ReentrantKind(LockKind):
 
     def _attempt(self, owner: str, request: int, lease_ms: int) -> Call:
         keys = self._keys
-        parks = 1 if self._published() else 0  # a refusal marks the lock as waited for
+        if not self._published():
+            return (
+                _scripts.LOCK_ACQUIRE,
+                (keys.lock, keys.meta, keys.fence),
+                (lease_ms, owner, request, "0", *self._late_args(owner)),
+            )
         return (
             _scripts.LOCK_ACQUIRE,
-            (keys.lock, keys.meta, keys.fence),
-            (lease_ms, owner, request, parks, *self._late_args(owner)),
+            (keys.lock, keys.meta, keys.fence, keys.waiting),
+            (lease_ms, owner, request, self._entering(), *self._late_args(owner)),
         )
+
+    def _entering(self) -> str:
+        """How a refusal of this try enters the client in the lock's waiting set
+        (``lock/acquire.lua``'s ARGV[4]): ``0`` if no call of this client will park (a
+        ``try_lock()`` with no wait); ``!`` first if a grant must name the next client at its
+        release (calls of this client have parked, or others are after the lock), ``~`` if it
+        must also take the client out of the set (this call, which parked, is its last)."""
+        counters = self._counters
+        if not counters.contenders:
+            return "0"
+        if counters.contenders > 1:
+            mark = "!"
+        elif counters.waiters:
+            mark = "~"
+        else:
+            mark = ""
+        return f"{mark}{time.time_ns() // 1_000_000} {self._client} {self._kept_ms()}"
+
+    @property
+    def _client(self) -> str:
+        return self._services.owners.client_id
+
+    def _kept_ms(self) -> int:
+        """How long an entry of this client keeps the waiting set alive: its waiters park
+        under a watchdog lease at most (a fixed lease's refusal keeps it for that lease)."""
+        return round(self._services.watchdog_timeout * 1000) + 2000
+
+    def _more(self) -> str:
+        """``lock/release.lua``'s ARGV[3]: this client enters the waiting set behind the
+        others if calls of its own wait (and keeps the set alive, now and then)."""
+        counters = self._counters
+        if not counters.contenders or not self._published():
+            return ""
+        more = f"{time.time_ns() // 1_000_000} {self._client}"
+        now = time.monotonic()
+        if now >= counters.waiting_kept_until:
+            kept = self._kept_ms()
+            counters.waiting_kept_until = now + kept / 2000
+            more = f"{more} {kept}"
+        return more
 
     def _grant_of(self, reply: Any, lease_ms: int) -> list[Any] | None:
         # ``lock/acquire.lua`` answers a fault-free fresh hold with its token alone, and a
@@ -62,10 +113,13 @@ class ReentrantKind(LockKind):
 
     def _release_call(self, owner: str, request: int, undo: int | None) -> Call:
         keys = self._keys
+        args = release_args(owner, request, undo)
+        if not self._published():
+            return _scripts.LOCK_RELEASE, (keys.lock, keys.meta), (*args[:2], "", *args[2:])
         return (
             _scripts.LOCK_RELEASE,
-            (keys.lock, keys.meta, *self._published()),
-            release_args(owner, request, undo),
+            (keys.lock, keys.meta, keys.channel, keys.waiting),
+            (*args[:2], self._more(), *args[2:]),
         )
 
     def _force_call(self) -> Call:
@@ -114,9 +168,6 @@ class AsyncRLock(ReentrantKind):
     __slots__ = ()
 
     kind: ClassVar[str] = "lock"
-    # A release publishes only if a waiter was refused since the grant: a waiter may park on
-    # the channel.  The spin lock's waiters never do, and its release never publishes.
-    _publishes_if_refused: ClassVar[bool] = True
 
     @classmethod
     def _build_keys(cls, services: Services, name: str) -> LockKeys:
@@ -127,7 +178,30 @@ class AsyncRLock(ReentrantKind):
         return (self._keys.channel,)
 
     def _waiting(self, owner: str) -> Waiting:
-        reentering = self._services.holds.get(self._hold_key, owner) is not None
-        return ChannelWait(
-            self._services, self._keys.channel, self._counters, reentering=reentering
+        services = self._services
+        reentering = services.holds.get(self._hold_key, owner) is not None
+
+        def hand_on() -> None:
+            services.holds.defer(self._keys.lock, owner, self._hand_on(self._client))
+
+        return ClientWait(
+            services, self._keys.channel, self._counters, reentering=reentering, hand_on=hand_on
         )
+
+    async def _wake_others(self) -> None:
+        """Name the next client to wake, as the release script would have (a plain release
+        removed ``:w``)."""
+        await self._hand_on(None)
+
+    async def _hand_on(self, client: str | None) -> None:
+        """Take ``client`` (the last of its calls left the wait) out of the waiting set, or
+        hand on the wake-up a release sent it (``lock/wake.lua``)."""
+        keys = self._keys
+        try:
+            await self._services.calls.run(
+                _scripts.LOCK_WAKE,
+                (keys.lock, keys.waiting, keys.channel),
+                () if client is None else (client,),
+            )
+        except RedisError as exc:  # the waiters' own pause bounds their wait
+            logger.warning("could not wake the next waiter of %r: %r", self.name, exc)

@@ -82,6 +82,7 @@ class _Mode(LockKind):
             lock=base.lock,
             meta=base.meta,
             fence=base.fence,
+            waiting=base.waiting,
             channel=read if cls.mode == "r" else write,
             readers=f"{base.lock}:readers",
             writers=f"{base.lock}:writers",

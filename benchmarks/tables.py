@@ -446,7 +446,8 @@ def _cluster_rows(
 
 def _sweep_table(section: dict[str, Any], labels: dict[str, str]) -> list[str]:
     out = [
-        f"**sweep**: 4 to 16 processes x {section['tasks_per_process']} tasks on one lock, "
+        f"**sweep**: 4 to 16 processes x {section['tasks_per_process']} tasks on one lock "
+        "(`32x2`: 32 processes x 2 tasks), "
         f"hold {section['hold_s'] * 1000:g} ms, {section['duration_s']:g} s per point "
         "(commands counted by `INFO commandstats`, those scripts run included)",
         "",
@@ -471,7 +472,7 @@ def _sweep_table(section: dict[str, Any], labels: dict[str, str]) -> list[str]:
                 continue
             percent = {"barging": lambda v: v * 100, "served": lambda v: v * 100}
             for row in _rows({name: figures}, labels, columns, percent):
-                rows.append([row[0], int(count), *row[1:]])
+                rows.append([row[0], count, *row[1:]])
     out += _table(
         [
             "implementation",

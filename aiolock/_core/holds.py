@@ -63,6 +63,8 @@ class NameCounters:
     # When (loop time) the last try of this client that the server refused was sent: a refusal
     # sent after one of this client's grants was refused by that incarnation of the lock.
     refused_sent_at: float = float("-inf")
+    # Until when (time.monotonic()) this client last kept the plain lock's waiting set alive.
+    waiting_kept_until: float = float("-inf")
 
     @property
     def first_tries(self) -> int:

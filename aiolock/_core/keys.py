@@ -157,12 +157,15 @@ class LockKeys:
     ``fence``: the fencing token counter, one for every name under the key prefix: a lock
     leaves no key behind once released, however many names are used (per-entity names such
     as ``orders:{id}``), and tokens still strictly increase per name.
+    ``waiting``: the plain lock's waiting clients, a sorted set that lives while clients wait
+    (``scripts/lock/_waiting.lua``).
     """
 
     lock: str
     meta: str
     channel: str
     fence: str
+    waiting: str
 
     @classmethod
     def build(
@@ -173,4 +176,10 @@ class LockKeys:
         counter is the one of the lock's slot."""
         base = f"{prefix}:{hash_tag(name)}" if kind is None else f"{prefix}:{kind}:{hash_tag(name)}"
         fence = fence_of(prefix, base if cluster else None)
-        return cls(lock=base, meta=f"{base}:meta", channel=channel_of(base), fence=fence)
+        return cls(
+            lock=base,
+            meta=f"{base}:meta",
+            channel=channel_of(base),
+            fence=fence,
+            waiting=f"{base}:waiting",
+        )

@@ -15,15 +15,16 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .._redis.pubsub import Entry, Grant, NamedCall, NamedEntry
+from .._redis.pubsub import Contention, Entry, Grant, NamedCall, NamedEntry
 from .holds import NameCounters
 
 if TYPE_CHECKING:
     from .services import Services
 
-__all__ = ["Backoff", "ChannelWait", "Keeper", "NamedWait", "Waiting"]
+__all__ = ["Backoff", "ChannelWait", "ClientEntry", "ClientWait", "Keeper", "NamedWait", "Waiting"]
 
 
 class Waiting(Protocol):
@@ -103,7 +104,7 @@ class ChannelWait:
         *,
         reentering: bool,
         shared: bool = False,
-        entry_type: type[Entry] = Entry,
+        entry_type: Callable[[bytes, Contention | None], Entry] = Entry,
     ) -> None:
         self._services = services
         self._entry_type = entry_type  # a BroadcastEntry for readers: a message wakes them all
@@ -177,6 +178,59 @@ class ChannelWait:
             self._counters.waiters -= 1
         self._counters.contenders -= 1
         pubsub.left(self._channel, granted=granted and not self._shared)
+
+
+class ClientEntry(Entry):
+    """The plain lock's channel in one client: a release names the one client whose waiter
+    tries next (``scripts/lock/_waiting.lua``), and only that client wakes one; a release
+    that names nobody (``released``: no client was in the lock's waiting set) wakes one here,
+    as in every client."""
+
+    __slots__ = ("client",)
+
+    def __init__(self, channel: bytes, contention: Contention | None, client: bytes) -> None:
+        super().__init__(channel, contention)
+        self.client = client
+
+    def deliver(self, payload: bytes) -> None:
+        if payload in (self.client, b"released"):
+            self.wake_one()
+
+
+class ClientWait(ChannelWait):
+    """:class:`ChannelWait` on a :class:`ClientEntry`: the last call of this client to leave
+    the wait without the lock runs ``hand_on``, which takes the client out of the lock's
+    waiting set, or hands on the wake-up a release may have sent it meanwhile."""
+
+    __slots__ = ("_hand_on",)
+
+    def __init__(
+        self,
+        services: Services,
+        channel: str,
+        counters: NameCounters,
+        *,
+        reentering: bool,
+        hand_on: Callable[[], None],
+    ) -> None:
+        client = services.owners.client_id.encode()
+        super().__init__(
+            services,
+            channel,
+            counters,
+            reentering=reentering,
+            entry_type=lambda key, contention: ClientEntry(key, contention, client),
+        )
+        self._hand_on = hand_on
+
+    def leave(self, granted: bool) -> None:
+        # Parked at least once: a refusal may have entered its client in the set.  (A first
+        # try cancelled in flight may have too; a release that names the client then wakes
+        # nobody, and the others try when the lease they parked under ends.)
+        joined = self._entry is not None
+        super().leave(granted)
+        if joined and not granted and self._counters.contenders == 0:
+            self._hand_on()
 
 
 class Keeper(Protocol):

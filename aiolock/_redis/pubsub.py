@@ -42,6 +42,7 @@ from .tasks import Background
 
 __all__ = [
     "BroadcastEntry",
+    "Contention",
     "Entry",
     "Grant",
     "Home",
@@ -565,7 +566,10 @@ class PubSub:
     # -- the public surface used by the wait loop ------------------------------------------
 
     def join(
-        self, channel: str, contention: Contention | None, entry_type: type[Entry] = Entry
+        self,
+        channel: str,
+        contention: Contention | None,
+        entry_type: Callable[[bytes, Contention | None], Entry] = Entry,
     ) -> Entry:
         """Take a reference on ``channel``'s entry, creating it if it is new; no I/O, no wait.
 

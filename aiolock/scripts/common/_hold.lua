@@ -66,8 +66,8 @@ end
 -- this call deleted the lock (the caller then wakes its waiters), and whether a waiter was
 -- refused by it (':w').  With undo (an acquire request id), release only if that acquire was
 -- the last request applied; an undo that was not applied writes a marker for the window its
--- release script got as ARGV[4] (every release script of these kinds takes owner, request,
--- undo, window).  A resend of a non-last release returns the same count ('r:<owner>' names
+-- release script got as ARGV[window] (ARGV[4] unless given: the release scripts of these
+-- kinds take owner, request, undo, window; the plain lock's has one more before undo).  A resend of a non-last release returns the same count ('r:<owner>' names
 -- it); a resend of the release that deleted the lock finds it gone and answers nil, like any release
 -- of a hold that is gone: its client knows it resent, and reads that as released (the
 -- caller's critical section ended before it sent the release).
@@ -77,11 +77,12 @@ end
 -- re-entered that hold wrote the release's id to ':late:<owner>', and the copy changes nothing.  It
 -- answers the holds left, as a resend does; its caller is gone.  held: those four fields, if
 -- the caller read them already.
-local function release_one(lock, meta, owner, request, undo, held)
+local function release_one(lock, meta, owner, request, undo, held, window)
+    window = ARGV[window or 4]
     held = held or redis.call('HMGET', lock, owner, 'r:' .. owner, ':w', ':late:' .. owner)
     if not held[1] then
         if undo then
-            void_request(meta, undo, resend_ms(ARGV[4]))  -- a late copy of it must not grant
+            void_request(meta, undo, resend_ms(window))  -- a late copy of it must not grant
         end
         return nil, false
     end
@@ -93,7 +94,7 @@ local function release_one(lock, meta, owner, request, undo, held)
         -- That acquire was not applied: nothing to undo, and a late copy of it must not apply
         -- either, while the lock lives (the field goes with it) and after.
         redis.call('HSET', lock, 'x:' .. owner, undo)
-        void_request(meta, undo, resend_ms(ARGV[4]))
+        void_request(meta, undo, resend_ms(window))
         return count, false
     end
     count = count - 1

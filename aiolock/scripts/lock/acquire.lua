@@ -5,11 +5,18 @@
 -- KEYS[2]  the meta hash: '<owner>/<n>' -> an acquire undone before it arrived or voided
 --          (see common/_requests.lua); it exists only for a resend window after a fault
 -- KEYS[3]  the fencing token counter, shared by every lock name (never expires)
+-- KEYS[4]  optional: the lock's waiting clients (a sorted set, see lock/_waiting.lua); given
+--          when a refused caller parks on the lock's channel (the spin lock's never do)
 -- ARGV[1]  lease in milliseconds
 -- ARGV[2]  owner id (client UUID + task or explicit token)
 -- ARGV[3]  request id, unique per call of this owner; a resent call carries the same id
--- ARGV[4]  '1' if a refused caller parks on the lock's channel: the refusal then marks this
---          incarnation of the lock as waited for (':w'), so that its last release publishes
+-- ARGV[4]  '0' if a refused caller does not park; else '[!]<order> <client> <ms>': a refusal
+--          enters the client in the waiting set (at <order>, kept at least <ms>) and marks this
+--          incarnation of the lock as waited for (':w'), so that its last release names the
+--          next client to wake; '!' marks a grant so too (the caller was refused or woken
+--          before, or other calls of its client wait: the set may name more clients), and '~'
+--          marks it and takes the client out of the set (the caller, refused before, is the
+--          last call of its client after the lock: a name nobody would hear must not stay)
 -- ARGV[5..] optional, neither there on the fault-free path: 'late:<ids>', the request ids of
 --          releases of this owner that its client resent lately (comma-separated; the hold
 --          this call makes or re-enters keeps them as ':late:<owner>', and their late copies
@@ -28,8 +35,8 @@
 -- Commands, as few as each path allows: a fresh grant with no marker around (the fault-free
 -- case) EXISTS of the lock and the meta hash at once, INCR, HSET, PEXPIRE; a fresh grant
 -- after a recent fault adds PTTL of the lock and HMGET of the meta hash; a refusal EXISTS,
--- PTTL (its reply), HMGET, and HSET of ':w' for the first waiter refused; a re-entry EXISTS,
--- PTTL, HMGET, HSET, and PEXPIRE only to lengthen.
+-- PTTL (its reply), HMGET, ZADD and PEXPIRE of the waiting set, and HSET of ':w' for the
+-- first waiter refused; a re-entry EXISTS, PTTL, HMGET, HSET, and PEXPIRE only to lengthen.
 local lease = tonumber(ARGV[1])
 -- Checked before any write: a PEXPIRE that fails after HSET would leave a lock that never
 -- expires.  Digits only, so that the fast path below can pass ARGV[1] on as it came.
@@ -42,6 +49,21 @@ end
 -- command tells it: the lock is free and no marker of a recent fault exists (a late copy can
 -- exist only after a fault, which writes one: common/_requests).  A call with optional ARGV
 -- (a fault path) takes the general path.
+-- A refused caller that parks enters its client in the waiting set, which the last release
+-- of the lock reads to name the one client that tries next (lock/_waiting.lua).
+local function wait_behind(pttl, marked)
+    local order, client, ms = string.match(ARGV[4] or '', '^[!~]?(%d+) (%S+) (%d+)$')
+    if not client then
+        return
+    end
+    redis.call('ZADD', KEYS[4], 'NX', order, client)
+    -- The set outlives the waiters it names: they park until this lease ends at the latest.
+    redis.call('PEXPIRE', KEYS[4], math.max(tonumber(ms), pttl + 2000))
+    if not marked then
+        redis.call('HSET', KEYS[1], ':w', '1')  -- the release that deletes it wakes the next
+    end
+end
+
 local present, pttl, held
 if #ARGV == 4 then
     present = redis.call('EXISTS', KEYS[1], KEYS[2])
@@ -50,8 +72,17 @@ if #ARGV == 4 then
         local owner = ARGV[2]
         -- Strings where a number would do: a Lua number passed to redis.call is formatted
         -- with snprintf on Redis 7.0, a cost on every acquisition (benchmarks/README).
-        redis.call('HSET', KEYS[1], owner, '1', 'f:' .. owner, token, 'r:' .. owner,
-            owner .. '/' .. ARGV[3])
+        local mark = string.byte(ARGV[4])
+        if mark == 33 or mark == 126 then  -- '!' or '~': its release names the next client
+            redis.call('HSET', KEYS[1], owner, '1', 'f:' .. owner, token, 'r:' .. owner,
+                owner .. '/' .. ARGV[3], ':w', '1')
+            if mark == 126 then
+                redis.call('ZREM', KEYS[4], string.match(ARGV[4], ' (%S+) '))
+            end
+        else
+            redis.call('HSET', KEYS[1], owner, '1', 'f:' .. owner, token, 'r:' .. owner,
+                owner .. '/' .. ARGV[3])
+        end
         redis.call('PEXPIRE', KEYS[1], ARGV[1])
         return token
     end
@@ -63,9 +94,7 @@ if #ARGV == 4 then
         held = redis.call('HMGET', KEYS[1], owner, 'r:' .. owner, 'f:' .. owner, 'x:' .. owner,
             ':w')
         if not held[1] then
-            if ARGV[4] == '1' and not held[5] then
-                redis.call('HSET', KEYS[1], ':w', '1')  -- the release that deletes it publishes
-            end
+            wait_behind(pttl, held[5])
             return {pttl}
         end
     end
@@ -77,26 +106,38 @@ end
 local request = ARGV[2] .. '/' .. ARGV[3]
 local late, resent = optional_args(5)
 
+-- A fresh grant marked '!' or '~' (see ARGV[4]) is marked waited for, as on the fast path.
+local function granted(reply)
+    local mark = string.byte(ARGV[4] or '')
+    if mark == 33 or mark == 126 then
+        redis.call('HSET', KEYS[1], ':w', '1')
+        if mark == 126 then
+            redis.call('ZREM', KEYS[4], string.match(ARGV[4], ' (%S+) '))
+        end
+    end
+    return reply
+end
+
 local function attempt()
     local owner = ARGV[2]
     -- present, pttl and held: read above already on a call with no optional ARGV.
     if (present or redis.call('EXISTS', KEYS[1], KEYS[2])) == 0 then
-        return grant(KEYS[1], KEYS[3], owner, request, lease, late)
+        return granted(grant(KEYS[1], KEYS[3], owner, request, lease, late))
     end
     pttl = pttl or redis.call('PTTL', KEYS[1])
     if pttl == -2 then  -- free: only markers of a recent fault exist
         if stale(KEYS[2], owner, request) then
             return {1}  -- a late copy of an undone or answered call: its caller is gone
         end
-        return grant(KEYS[1], KEYS[3], owner, request, lease, late)
+        return granted(grant(KEYS[1], KEYS[3], owner, request, lease, late))
     end
     held = held or redis.call('HMGET', KEYS[1], owner, 'r:' .. owner, 'f:' .. owner, 'x:' .. owner, ':w')
     local again = reenter_read(KEYS[1], held, owner, request, lease, pttl, late)
     if again then
         return again
     end
-    if again == nil and ARGV[4] == '1' and not held[5] then
-        redis.call('HSET', KEYS[1], ':w', '1')  -- the release that deletes it publishes
+    if again == nil then
+        wait_behind(pttl, held[5])
     end
     return {pttl}  -- held by another owner, or a late copy of an undone call
 end

@@ -66,7 +66,7 @@ async def test_replayed_requests_apply_once(aiolock_client: aiolock.Client, redi
     calls = services_of(aiolock_client).calls
     owner = f"{aiolock_client.id}:x:replay"
     acquire = (keys.lock, keys.meta, keys.fence)
-    release = (keys.lock, keys.meta, keys.channel)
+    release = (keys.lock, keys.meta, keys.channel, keys.waiting)
 
     first = await calls.run(_scripts.LOCK_ACQUIRE, acquire, (30000, owner, 1))
     again = await calls.run(_scripts.LOCK_ACQUIRE, acquire, (30000, owner, 1))
@@ -76,14 +76,14 @@ async def test_replayed_requests_apply_once(aiolock_client: aiolock.Client, redi
     assert reentered[1] == 2
     assert (await calls.run(_scripts.LOCK_ACQUIRE, acquire, (30000, owner, 2)))[1] == 2
 
-    assert await calls.run(_scripts.LOCK_RELEASE, release, (owner, 3)) == 1
-    assert await calls.run(_scripts.LOCK_RELEASE, release, (owner, 3)) == 1  # not 0
-    assert await calls.run(_scripts.LOCK_RELEASE, release, (owner, 4)) == 0
+    assert await calls.run(_scripts.LOCK_RELEASE, release, (owner, 3, "")) == 1
+    assert await calls.run(_scripts.LOCK_RELEASE, release, (owner, 3, "")) == 1  # not 0
+    assert await calls.run(_scripts.LOCK_RELEASE, release, (owner, 4, "")) == 0
     # A resend of the release that deleted the lock finds nothing: no marker outlives the lock
     # (its client knows it resent, and takes that for released: the last step of
     # test_redis_py_resends_do_not_double_count).
-    assert await calls.run(_scripts.LOCK_RELEASE, release, (owner, 4)) is None
-    assert await calls.run(_scripts.LOCK_RELEASE, release, (owner, 5)) is None  # not held
+    assert await calls.run(_scripts.LOCK_RELEASE, release, (owner, 4, "")) is None
+    assert await calls.run(_scripts.LOCK_RELEASE, release, (owner, 5, "")) is None  # not held
     assert not await redis.exists(keys.lock)
     assert not await redis.exists(keys.meta)  # and no marker was written
 
@@ -93,14 +93,14 @@ async def test_undo_releases_exactly_the_named_grant(aiolock_client: aiolock.Cli
     calls = services_of(aiolock_client).calls
     owner = f"{aiolock_client.id}:x:undo"
     acquire = (keys.lock, keys.meta, keys.fence)
-    release = (keys.lock, keys.meta, keys.channel)
+    release = (keys.lock, keys.meta, keys.channel, keys.waiting)
     await calls.run(_scripts.LOCK_ACQUIRE, acquire, (30000, owner, 1))
     # Undoing a request that was never applied leaves the hold alone.
-    assert await calls.run(_scripts.LOCK_RELEASE, release, (owner, 2, 99)) == 1
+    assert await calls.run(_scripts.LOCK_RELEASE, release, (owner, 2, "", 99)) == 1
     await calls.run(_scripts.LOCK_ACQUIRE, acquire, (30000, owner, 3))
-    assert await calls.run(_scripts.LOCK_RELEASE, release, (owner, 4, 3)) == 1
-    assert await calls.run(_scripts.LOCK_RELEASE, release, (owner, 4, 3)) == 1  # resent undo
-    assert await calls.run(_scripts.LOCK_RELEASE, release, (owner, 5)) == 0
+    assert await calls.run(_scripts.LOCK_RELEASE, release, (owner, 4, "", 3)) == 1
+    assert await calls.run(_scripts.LOCK_RELEASE, release, (owner, 4, "", 3)) == 1  # resent undo
+    assert await calls.run(_scripts.LOCK_RELEASE, release, (owner, 5, "")) == 0
 
 
 async def test_redis_py_resends_do_not_double_count(

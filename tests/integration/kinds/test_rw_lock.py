@@ -309,8 +309,7 @@ async def test_an_upgrade_is_refused_at_once_while_writers_of_the_client_wait(
     read = rw.read_lock()
     await read.lock()  # lease=None: renewed for as long as this task holds it
     writers = [
-        asyncio.create_task(aiolock_client.rw_lock("upgrade").write_lock().lock())
-        for _ in range(2)
+        asyncio.create_task(aiolock_client.rw_lock("upgrade").write_lock().lock()) for _ in range(2)
     ]
     await eventually(lambda: rw.write_lock().statistics().waiters >= 1, what="writers parked")
     with pytest.raises(aiolock.LockError, match="could deadlock"):

@@ -1,0 +1,213 @@
+"""The plain lock wakes one waiter per release across all clients, not one per client.
+
+Each client with a waiter is in the lock's waiting set (``scripts/lock/_waiting.lua``); the
+release names the first, and only that client's waiter tries.  Counted with the server's own
+command statistics, on both servers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+from collections.abc import Callable
+
+import pytest
+from redis.asyncio import Redis
+
+import aiolock
+from tests.helpers import assert_clean, counted, eventually, keys_of, services_of, settled
+
+pytestmark = pytest.mark.anyio
+
+
+class Waiter:
+    """A task of its own client that waits for the lock, holds it until told, and releases."""
+
+    def __init__(self, client: aiolock.Client, name: str, *, wait: float = 60) -> None:
+        self.client = client
+        self.lock = client.lock(name)
+        self.holding = asyncio.Event()
+        self.release = asyncio.Event()
+        self.task = asyncio.create_task(self._run(wait))
+
+    async def _run(self, wait: float) -> bool:
+        if not await self.lock.try_lock(wait=wait):
+            return False
+        self.holding.set()
+        await self.release.wait()
+        await self.lock.unlock()
+        return True
+
+
+def client_id_of(client: aiolock.Client) -> str:
+    return services_of(client).owners.client_id
+
+
+async def waiting_clients(redis: Redis, lock: aiolock.AsyncRLock) -> list[str]:
+    found = await redis.zrange(keys_of(lock).waiting, 0, -1)
+    return [member.decode() if isinstance(member, bytes) else str(member) for member in found]
+
+
+async def parked_in_order(redis: Redis, holder: aiolock.AsyncRLock, waiters: list[Waiter]) -> None:
+    """The last of ``waiters`` started is parked with its subscription confirmed, and its
+    client is in the set behind the others (call it after starting each)."""
+
+    async def entered() -> bool:
+        return len(await waiting_clients(redis, holder)) == len(waiters)
+
+    await eventually(entered, what=f"{len(waiters)} clients in the waiting set")
+    last = waiters[-1]
+    await eventually(lambda: settled(last.client, last.lock), what="the waiter parked")
+
+
+async def test_a_release_makes_exactly_one_client_try(
+    aiolock_client: aiolock.Client, make_client: Callable[..., aiolock.Client], redis: Redis
+) -> None:
+    lock = aiolock_client.lock("herd")
+    await lock.lock()
+    waiters = []
+    for _ in range(4):
+        waiters.append(Waiter(make_client(), "herd"))
+        await parked_in_order(redis, lock, waiters)
+    clients = [client_id_of(w.client) for w in waiters]
+    assert await waiting_clients(redis, lock) == clients
+
+    async def hand_off() -> None:
+        await lock.unlock()
+        await waiters[0].holding.wait()
+
+    # One release and one try: two scripts, whatever the number of clients that wait.
+    commands = await counted(redis, hand_off)
+    assert commands["evalsha"] == 2, commands
+    assert await waiting_clients(redis, lock) == clients[1:]
+    assert all(not w.holding.is_set() for w in waiters[1:])
+    for before, after in itertools.pairwise(waiters):
+
+        async def next_hand_off(before: Waiter = before, after: Waiter = after) -> None:
+            before.release.set()
+            await after.holding.wait()
+
+        commands = await counted(redis, next_hand_off)
+        assert commands["evalsha"] == 2, commands
+    waiters[-1].release.set()
+    assert all(await asyncio.gather(*(w.task for w in waiters)))
+    await assert_clean(redis, aiolock_client)
+    for waiter in waiters:
+        await assert_clean(redis, waiter.client)
+
+
+async def test_a_client_whose_calls_all_wait_is_named_again_after_its_own_release(
+    aiolock_client: aiolock.Client, make_client: Callable[..., aiolock.Client], redis: Redis
+) -> None:
+    # Two waiting calls in one client, one in another: the client that releases while a call
+    # of its own waits goes behind the others, and its second call is still woken.
+    lock = aiolock_client.lock("rotate")
+    await lock.lock()
+    first_client, other_client = make_client(), make_client()
+    first = Waiter(first_client, "rotate")
+    await parked_in_order(redis, lock, [first])
+    second = Waiter(first_client, "rotate")
+    await eventually(lambda: settled(first_client, first.lock, 2), what="both calls parked")
+    other = Waiter(other_client, "rotate")
+    await parked_in_order(redis, lock, [first, other])
+    await lock.unlock()
+    await first.holding.wait()
+    first.release.set()  # its client still waits (second): it goes behind other_client
+    await other.holding.wait()
+    assert not second.holding.is_set()
+    assert await waiting_clients(redis, lock) == [client_id_of(first_client)]
+    other.release.set()
+    await second.holding.wait()
+    second.release.set()
+    assert all(await asyncio.gather(first.task, second.task, other.task))
+    for client in (aiolock_client, first_client, other_client):
+        await assert_clean(redis, client)
+
+
+async def test_a_named_client_whose_waiter_left_hands_the_wake_up_on(
+    aiolock_client: aiolock.Client, make_client: Callable[..., aiolock.Client], redis: Redis
+) -> None:
+    holder = aiolock_client.lock("hand-on")
+    await holder.lock()
+    gone, staying = Waiter(make_client(), "hand-on"), Waiter(make_client(), "hand-on")
+    await parked_in_order(redis, holder, [gone, staying])
+    # As a release would: the first client is named (popped), the lock is free; the wake-up
+    # never reaches its waiter, which is cancelled instead.
+    keys = keys_of(holder)
+    await redis.zpopmin(keys.waiting)
+    await redis.delete(keys.lock)
+    gone.task.cancel()
+    # Its client hands the wake-up on: the other waiter tries now, not when the lease it
+    # parked under (the watchdog's, 30 s) ends.
+    await asyncio.wait_for(staying.holding.wait(), 10)
+    staying.release.set()
+    assert await staying.task
+    with pytest.raises(asyncio.CancelledError):
+        await gone.task
+    for waiter in (gone, staying):
+        await assert_clean(redis, waiter.client)
+
+
+async def test_a_waiter_that_gives_up_takes_its_client_out_of_the_set(
+    aiolock_client: aiolock.Client, make_client: Callable[..., aiolock.Client], redis: Redis
+) -> None:
+    lock = aiolock_client.lock("give-up")
+    await lock.lock()
+    leaving, staying = Waiter(make_client(), "give-up"), Waiter(make_client(), "give-up")
+    await parked_in_order(redis, lock, [leaving, staying])
+    leaving.task.cancel()
+    await eventually(lambda: leaving.client.statistics().pending == 0, what="the hand-on sent")
+
+    async def left() -> bool:
+        return await waiting_clients(redis, lock) == [client_id_of(staying.client)]
+
+    await eventually(left, what="only the staying client in the set")
+    await lock.unlock()
+    await staying.holding.wait()
+    staying.release.set()
+    assert await staying.task
+    for client in (aiolock_client, leaving.client, staying.client):
+        await assert_clean(redis, client)
+
+
+async def test_a_named_client_that_died_strands_nobody_past_the_lease(
+    aiolock_client: aiolock.Client, make_client: Callable[..., aiolock.Client], redis: Redis
+) -> None:
+    holder = aiolock_client.lock("dead-first")
+    await holder.lock(lease=1.0)
+    staying = Waiter(make_client(), "dead-first", wait=10)
+    await parked_in_order(redis, holder, [staying])
+    # A client killed while in the set, ahead of the live one: the release names it, and
+    # nobody hears its name.
+    await redis.zadd(keys_of(holder).waiting, {"a-client-that-died": 0})
+    await holder.unlock()
+    assert await waiting_clients(redis, holder) == [client_id_of(staying.client)]
+    # The live waiter parked under the holder's lease (1 s): it tries when that ends.
+    await asyncio.wait_for(staying.holding.wait(), 5)
+    staying.release.set()
+    assert await staying.task
+    await assert_clean(redis, staying.client)
+
+
+async def test_a_newcomer_still_barges_into_a_free_lock_in_one_call(
+    aiolock_client: aiolock.Client, make_client: Callable[..., aiolock.Client], redis: Redis
+) -> None:
+    holder = aiolock_client.lock("barge")
+    await holder.lock(lease=1.0)
+    waiter = Waiter(make_client(), "barge")
+    await parked_in_order(redis, holder, [waiter])
+    newcomer = make_client().lock("barge")
+    await newcomer.try_lock()  # refused once: its subscription is not made (no wait)
+    # A dead client is named first: the lock stays free, and the newcomer takes it at once.
+    await redis.zadd(keys_of(holder).waiting, {"a-client-that-died": 0})
+    await holder.unlock()
+    commands = await counted(redis, newcomer.try_lock)
+    assert commands["evalsha"] == 1, commands
+    assert await newcomer.is_held()
+    await newcomer.unlock()
+    # Nobody named the waiter (the release that could was the dead client's): it tries when
+    # the lease it parked under (the first holder's, 1 s) ends.
+    await asyncio.wait_for(waiter.holding.wait(), 5)
+    waiter.release.set()
+    assert await waiter.task
+    await assert_clean(redis, waiter.client)
