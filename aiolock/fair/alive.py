@@ -35,8 +35,9 @@ class AliveKey:
     While any of them is parked, one call (``keep.lua``) every half of ``fair_wait_timeout``
     sets the client's alive key for the timeout: it keeps every waiter of the client live in
     every queue of the slot, so a parked waiter costs the server nothing.  The same call looks
-    at the locks that are due (:class:`KeepAlive`), and once every other timeout or so checks
-    that their queues still have this client's owners and re-arms their expiry.  If the key
+    at the locks that are due (:class:`~aiolock.fair.keepalive.KeepAlive`), and once every
+    other timeout or so checks that their queues still have this client's owners and re-arms
+    their expiry.  If the key
     was gone when the call set it, the client stalled past the timeout and its waiters may
     have been dropped: all are woken to try again.  When the last leaves, the key is deleted
     (a fault-free use leaves no key behind).  A failed call is logged, and the next comes a

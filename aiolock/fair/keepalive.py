@@ -29,12 +29,13 @@ the server's time instead of having the script read the clock (and so sample it 
 class KeepAlive:
     """This client's part in one fair lock's queue: its parked waiters, and when to look.
 
-    The waiters' places are kept by the client's :class:`AliveKey` of the lock's slot, which
-    also looks at the lock, for all the client's fair locks of the slot in one call: when a
-    lease this client knows of runs out (expiry publishes nothing; ``due``), and at least once
-    a wait timeout (a grant to a waiter that vanished, a head only woken).  A look hands the
-    lock over if it is free; an owner the server no longer has in the queue is woken to try
-    again.  Shared by the waiting calls of the name (through the client's name cache).
+    The waiters' places are kept by the client's :class:`~aiolock.fair.alive.AliveKey` of the
+    lock's slot, which also looks at the lock, for all the client's fair locks of the slot in
+    one call: when a lease this client knows of runs out (expiry publishes nothing; ``due``),
+    and at least once a wait timeout (a grant to a waiter that vanished, a head only woken).
+    A look hands the lock over if it is free; an owner the server no longer has in the queue
+    is woken to try again.  Shared by the waiting calls of the name (through the client's name
+    cache).
     """
 
     __slots__ = (
