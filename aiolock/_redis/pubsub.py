@@ -5,10 +5,10 @@ The pieces, as in Redisson's ``PublishSubscribeService`` and ``RedissonLockEntry
 - :class:`Entry`: one per subscribed channel, with a reference count (the tasks waiting on that
   lock) and a wake-one latch: each published release hands out *one* wake-up, and so does the
   confirmation of the SUBSCRIBE (a release may have been published before it).
-  A message is the entry's to read (:meth:`Entry.deliver`): a plain one wakes one waiter, a
-  :class:`BroadcastEntry` all of them; a kind whose messages carry more subclasses it in its
-  own package (the fair lock's :class:`~aiolock.fair.entry.NamedEntry`), so the transport
-  knows no kind's message format.
+  A message is the entry's to read (:meth:`Entry.deliver`): an :class:`Entry` wakes one waiter
+  per message, a :class:`BroadcastEntry` all of them; a kind whose messages carry more
+  subclasses it in its own package (the fair lock's :class:`~aiolock.fair.entry.NamedEntry`),
+  so the transport knows no kind's message format.
 - :class:`PubSub`: the cache of entries keyed by channel.  The first waiter of a channel creates
   its entry and schedules the SUBSCRIBE, the last one out schedules the UNSUBSCRIBE; both run in
   the background, so joining never waits.  A pool of ``asyncio.Semaphore(1)``, picked by hashing
@@ -151,7 +151,7 @@ class Entry:
         """A message on the channel: a release, which wakes one waiter.
 
         The transport reads no message: a kind whose messages say more (the fair lock's name
-        the waiter they wake) subclasses this and reads them here."""
+        the waiter to wake) subclasses the entry and reads them in its override."""
         self.wake_one()
 
     def drop_wakeups(self) -> None:
