@@ -25,12 +25,24 @@ import logging
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+from redis.asyncio.client import Pipeline
 from redis.exceptions import ResponseError
 
 from . import _scripts
 from ._core.base import Call, LockKind, Seam, release_args
 from ._core.habits import teaching
 from ._core.holds import Hold
+from ._core.inspection import (
+    Holder,
+    ServerState,
+    Snapshot,
+    Waiter,
+    as_int,
+    as_str,
+    queue_fencing_counter,
+    seconds,
+    server_ms,
+)
 from ._core.keys import LockKeys, hash_tag
 from ._core.metrics import lock_extra
 from ._core.services import Services
@@ -39,7 +51,7 @@ from ._core.waiting import ChannelWait, Waiting
 from ._redis.pubsub import BroadcastEntry
 from .errors import LockError
 
-__all__ = ["AsyncReadLock", "AsyncReadWriteLock", "AsyncWriteLock"]
+__all__ = ["AsyncReadLock", "AsyncReadWriteLock", "AsyncWriteLock", "describe"]
 
 logger = logging.getLogger("aiolock.lock")
 
@@ -361,3 +373,40 @@ class AsyncReadWriteLock:
 
 def _owner(owner: object) -> str | None:
     return None if owner is None else check_name(owner, "owner")
+
+
+async def describe(keys: RWKeys, snapshot: Snapshot) -> ServerState:
+    """The lock's holders (the writer and the readers, each with its mode) and its live waiting
+    writers, for ``aiolock inspect``; its channels are both modes' waiters'."""
+
+    def reads(pipe: Pipeline) -> None:
+        pipe.time()
+        pipe.hgetall(keys.lock)
+        queue_fencing_counter(pipe, keys)
+        pipe.zrange(keys.readers, 0, -1, withscores=True)
+        pipe.zrange(keys.writers, 0, -1, withscores=True)
+
+    channels = (keys.read_channel, keys.write_channel)
+    (time, raw, counter, readers, writers), subscribers = await snapshot(reads, channels)
+    now = server_ms(time)
+    fields = {as_str(key): as_str(value) for key, value in raw.items()}
+    holders: list[Holder] = []
+    # See scripts/rw/_rw.lua: 'w', 'wc', 'we' (server ms) and ':fence' are the write hold,
+    # 'r:<owner>' and 't:<owner>' a reader's count and token; a hold past its end is gone.
+    writer, write_ends = fields.get("w"), int(fields.get("we") or 0)
+    if writer is not None and write_ends > now:
+        writes = int(fields.get("wc") or 0)
+        token = as_int(fields.get(":fence"))
+        holders.append(Holder(writer, writes, seconds(write_ends - now), token, "write"))
+    for member, ends in readers:
+        owner = as_str(member)
+        held = int(fields.get(f"r:{owner}") or 0)
+        if ends > now and held:  # other members are resend marks, with negative scores
+            token = as_int(fields.get(f"t:{owner}"))
+            holders.append(Holder(owner, held, seconds(ends - now), token, "read"))
+    live = [(as_str(owner), ends) for owner, ends in writers if ends > now]
+    waiters = [
+        Waiter(owner, position, seconds(ends - now))
+        for position, (owner, ends) in enumerate(live, 1)
+    ]
+    return ServerState(holders, as_int(counter), waiters, subscribers)

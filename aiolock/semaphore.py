@@ -18,12 +18,15 @@ from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from redis.asyncio.client import Pipeline
+
 from . import _scripts
 from ._core.base import Call, HoldKind, LockStatistics, Seam, release_args
 from ._core.guard import LockGuard
 from ._core.habits import not_awaitable, teaching
 from ._core.holds import Hold
-from ._core.keys import hash_tag, marks_of
+from ._core.inspection import Holder, ServerState, Snapshot, as_str, seconds, server_ms
+from ._core.keys import LockKeys, hash_tag, marks_of
 from ._core.metrics import traced
 from ._core.services import Services
 from ._core.settlement import Attempt
@@ -34,7 +37,7 @@ from .errors import LockLostError, LockNotOwnedError, LockTimeoutError
 if TYPE_CHECKING:
     from ._core.transaction import Transaction
 
-__all__ = ["AsyncSemaphore", "Permit", "seam_of"]
+__all__ = ["AsyncSemaphore", "Permit", "describe", "seam_of"]
 
 
 class _Permits(HoldKind):
@@ -336,3 +339,20 @@ class _PermitContext:
             raise LockLostError(f"{message}: {permit._hold.lost_reason}")
         exc.add_note(f"aiolock: {message}")
         return False
+
+
+async def describe(keys: LockKeys, snapshot: Snapshot) -> ServerState:
+    """The semaphore's permits taken now, for ``aiolock inspect`` (the server does not keep
+    the limit: the caller knows it); a permit has no fencing token."""
+
+    def reads(pipe: Pipeline) -> None:
+        pipe.time()
+        pipe.zrange(keys.lock, 0, -1, withscores=True)
+
+    (time, taken), subscribers = await snapshot(reads, (keys.channel,))
+    now = server_ms(time)
+    # See scripts/semaphore/_permits.lua: permit id -> the server ms at which its lease ends.
+    holders = [
+        Holder(as_str(permit), 1, seconds(ends - now), None) for permit, ends in taken if ends > now
+    ]
+    return ServerState(holders, None, subscribers=subscribers)

@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from aiolock import _scripts
 from aiolock._redis import calls, pubsub
+from aiolock.fair.entry import NamedEntry
 from aiolock.testing.embedded import EmbeddedServer
 from benchmarks.scenarios.contended import HOLD_S, contend
 from benchmarks.workers import WorkerPool
@@ -47,7 +48,7 @@ def _instrument(log: Log) -> None:
         await write(conn, *commands)
 
     calls.write = traced_write
-    for entry in (pubsub.Entry, pubsub.NamedEntry):
+    for entry in (pubsub.Entry, NamedEntry):
         deliver = entry.deliver
 
         def traced_deliver(self: Any, payload: bytes, deliver: Any = deliver) -> None:

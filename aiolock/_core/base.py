@@ -34,7 +34,6 @@ from redis.exceptions import RedisError
 
 from .. import _scripts
 from .._redis.calls import not_sent
-from .._redis.pubsub import Grant
 from .._scripts import Call, Script
 from ..errors import LockLostError, LockNotOwnedError, LockTimeoutError
 from .guard import Guarded, Holding
@@ -46,7 +45,7 @@ from .services import Services
 from .settlement import Attempt, Copies, Settlement, holds_left, until_it_lands
 from .transaction import TransactionContext
 from .validate import check_lease, check_wait
-from .waiting import Waiting
+from .waiting import MessageGrant, Waiting
 
 __all__ = [
     "Call",
@@ -242,7 +241,7 @@ class HoldKind(Guarded[int]):
         task: asyncio.Task[Any] | None,
         lease: float | None,
         started: float,
-        grant: Grant,
+        grant: MessageGrant,
     ) -> Hold | None:
         """Record a grant a message brought the waiting ``owner`` (the fair lock's hand-off),
         if it can be counted on: the hold, or ``None`` to try instead."""

@@ -5,9 +5,11 @@ on the future it gets for a pause, and tells it when it leaves.  Every method is
 parked task carries no extra coroutine frame.
 
 - :class:`ChannelWait`: park on the lock's pub/sub channel, one wake-up per release, FIFO among
-  the tasks of this client (the plain lock).
-- :class:`NamedWait`: park on the lock's channel for this client; a hand-off message names
-  the one waiter it wakes, or grants it the lock (the fair lock, whose queue is in Redis).
+  the tasks of this client (the read-write lock, the semaphore); :class:`ClientWait` on a
+  :class:`ClientEntry` for the plain lock, whose release names the one client that wakes.
+- :class:`~aiolock.fair.waiting.NamedWait` (in the fair lock's package): park on the lock's
+  channel for this client; a hand-off message names the one waiter it wakes, or grants it the
+  lock (:class:`MessageGrant`).
 - :class:`Backoff`: never subscribe; sleep a full-jitter exponential backoff (the spin lock).
 """
 
@@ -18,13 +20,32 @@ import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .._redis.pubsub import Contention, Entry, Grant, NamedCall, NamedEntry
+from .._redis.pubsub import Contention, Entry
 from .holds import NameCounters
 
 if TYPE_CHECKING:
     from .services import Services
 
-__all__ = ["Backoff", "ChannelWait", "ClientEntry", "ClientWait", "Keeper", "NamedWait", "Waiting"]
+__all__ = ["Backoff", "ChannelWait", "ClientEntry", "ClientWait", "MessageGrant", "Waiting"]
+
+
+class MessageGrant(Protocol):
+    """A grant of the lock a message brought a waiting call (the fair lock's hand-off): the
+    wait loop passes it from :meth:`Waiting.woken` to the kind, which records it if it can
+    count on it.  The lock was granted at ``server_ms`` of the server's clock, for
+    ``lease_ms``, with fencing token ``token``, on behalf of the acquire request ``request``."""
+
+    @property
+    def token(self) -> int: ...
+
+    @property
+    def lease_ms(self) -> int: ...
+
+    @property
+    def server_ms(self) -> int: ...
+
+    @property
+    def request(self) -> int: ...
 
 
 class Waiting(Protocol):
@@ -50,7 +71,7 @@ class Waiting(Protocol):
         """The caller was cancelled while awaiting ``waiter``."""
         ...
 
-    def woken(self) -> Grant | None:
+    def woken(self) -> MessageGrant | None:
         """Called after each wake-up, before the next try; raises if trying again is futile.
 
         Returns the grant a message brought this call, if any (the fair lock's hand-off): the
@@ -152,7 +173,7 @@ class ChannelWait:
         if self._entry is not None:
             self._entry.unpark(waiter)
 
-    def woken(self) -> Grant | None:
+    def woken(self) -> MessageGrant | None:
         if self._entry is not None:
             self._entry.raise_refusal()  # the server refused the channel: waiting is futile
         self._services.check_open()  # woken because the client closes: no more tries
@@ -233,157 +254,6 @@ class ClientWait(ChannelWait):
             self._hand_on()
 
 
-class Keeper(Protocol):
-    """What keeps the server-side places of a client's parked waiters on one lock (the fair
-    lock's keep-alive): one call for all of them, instead of a try per waiter; it also bounds
-    the tries in flight from the client."""
-
-    def add(self, entry: NamedEntry) -> None:
-        """A waiter parked for the first time, on ``entry`` (whose names it may wake)."""
-        ...
-
-    def discard(self) -> None:
-        """A waiter that had parked stopped waiting."""
-        ...
-
-    def turn(self) -> asyncio.Future[None] | None:
-        """``None`` if a try may start now (it took a turn), else a future done when it may."""
-        ...
-
-    def tried(self) -> None:
-        """A try that took a turn ended."""
-        ...
-
-    def begin(self, owner: str) -> None:
-        """A waiting call of ``owner`` begins (its tries tell the server whether the owner may
-        have a place already)."""
-        ...
-
-    def end(self, owner: str) -> None:
-        """That call ended."""
-        ...
-
-
-class NamedWait(NamedCall):
-    """Park on this client's channel of the lock until a hand-off names this owner.
-
-    The queue lives in Redis, so every call tries at once (its try takes its place in line).
-    If this client already has waiters on the lock, the owner registers on their entry before
-    its first try, so that a hand-off naming it while the try is in flight is not lost; the
-    first waiter of a client subscribes after its try, and the subscription's confirmation
-    wakes every waiter to try (a hand-off may have been published before it).  While parked,
-    its place is kept by ``keeper``, which wakes it through the entry if it lost it.
-
-    A release may grant the lock to the owner from the queue, and its message carries the
-    grant (:class:`~aiolock._redis.pubsub.Grant`): :meth:`woken` hands it to the wait loop.  A
-    grant naming a request of the owner made before this call began is from an earlier wait
-    of it (given up, and taken back by its withdraw): it is dropped.
-    """
-
-    __slots__ = (
-        "_channel",
-        "_counters",
-        "_entry",
-        "_keeper",
-        "_kept",
-        "_services",
-        "_since",
-    )
-
-    def __init__(
-        self,
-        services: Services,
-        channel: str,
-        counters: NameCounters,
-        owner: str,
-        keeper: Keeper | None = None,
-    ) -> None:
-        super().__init__(owner)
-        self._services = services
-        self._channel = channel
-        self._counters = counters
-        self._keeper = keeper
-        self._kept = False  # counted by the keeper (since its first park)
-        self._since = services.owners.last_request()  # this call's tries come after it
-        counters.contenders += 1
-        entry = services.pubsub.join_existing(channel)
-        if entry is not None:
-            self._enter(entry)
-        self._entry = entry
-        if keeper is not None:
-            keeper.begin(owner)
-
-    def _enter(self, entry: Entry) -> None:
-        assert isinstance(entry, NamedEntry)
-        entry.add(self)
-        self._counters.waiters += 1
-
-    def first_pause(self) -> float | None:
-        return None
-
-    def turn(self) -> asyncio.Future[None] | None:
-        # Thousands of waiters arriving at once each queue with a try: one waiting for its
-        # turn here costs a future, one waiting for a connection inside the call costs its
-        # whole chain of call frames.
-        return None if self._keeper is None else self._keeper.turn()
-
-    def tried(self) -> None:
-        if self._keeper is not None:
-            self._keeper.tried()
-
-    def park(self, pause: float) -> asyncio.Future[Any]:
-        entry = self._entry
-        if entry is None:
-            entry = self._entry = self._services.pubsub.join(
-                self._channel, self._counters, NamedEntry
-            )
-            self._enter(entry)
-        assert isinstance(entry, NamedEntry)
-        if self._keeper is not None and not self._kept:
-            self._kept = True
-            self._keeper.add(entry)
-        return entry.park_named(self, asyncio.get_running_loop().time() + pause)
-
-    def unpark(self, waiter: asyncio.Future[Any]) -> None:
-        if self._entry is not None:
-            self._entry.unpark(waiter)
-
-    def woken(self) -> Grant | None:
-        entry = self._entry
-        if entry is not None:
-            entry.raise_refusal()
-        self._services.check_open()
-        if entry is None:
-            return None
-        assert isinstance(entry, NamedEntry)
-        grant = entry.take_grant(self.name)
-        return grant if grant is not None and grant.request > self._since else None
-
-    def held(self, until: float) -> None:
-        pass
-
-    def nudge(self) -> None:
-        entry = self._entry
-        if entry is None:
-            self.parked = True
-        else:
-            assert isinstance(entry, NamedEntry)
-            entry.wake_call(self)
-
-    def leave(self, granted: bool) -> None:
-        if self._keeper is not None:
-            self._keeper.end(self.name)
-            if self._kept:
-                self._keeper.discard()
-        entry = self._entry
-        if entry is not None:
-            assert isinstance(entry, NamedEntry)
-            entry.discard(self)
-            self._services.pubsub.unreference(entry)
-            self._counters.waiters -= 1
-        self._counters.contenders -= 1
-
-
 class Backoff:
     """Sleep between tries: full jitter over a delay doubling from ``initial`` to ``maximum``.
 
@@ -444,7 +314,7 @@ class Backoff:
         if self._handle is not None:
             self._handle.cancel()
 
-    def woken(self) -> Grant | None:
+    def woken(self) -> MessageGrant | None:
         self._services.check_open()
         return None
 

@@ -8,7 +8,8 @@ import pytest
 from redis.exceptions import NoPermissionError
 
 from aiolock._core.holds import NameCounters
-from aiolock._redis.pubsub import BroadcastEntry, Entry, Grant, NamedCall, NamedEntry
+from aiolock._redis.pubsub import BroadcastEntry, Entry
+from aiolock.fair.entry import Grant, NamedCall, NamedEntry
 
 pytestmark = pytest.mark.anyio
 

@@ -103,3 +103,35 @@ def test_no_import_circle() -> None:
     for name in graph:
         visit(name, [name])
     assert circles == [], "import circles:\n" + "\n".join(sorted(set(circles)))
+
+
+def imports(path: Path) -> set[str]:
+    """The package's modules that ``path`` imports, for running or for typing alike."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = module_name(path).split(".")
+    if path.name != "__init__.py":
+        package = package[:-1]
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            base = package[: len(package) - node.level + 1]
+            found.add(".".join(base + ([node.module] if node.module else [])))
+        elif isinstance(node, ast.ImportFrom | ast.Import):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            names += [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+            found.update(name for name in names if name.split(".")[0] == "aiolock")
+    return found
+
+
+def test_the_transport_knows_no_kind() -> None:
+    """``aiolock/_redis/`` carries calls and messages: it imports nothing but itself, the
+    script loader and the errors, so no kind's message format can creep into it (a kind that
+    reads its messages subclasses :class:`~aiolock._redis.pubsub.Entry` in its own package)."""
+    allowed = {"aiolock._redis", "aiolock._scripts", "aiolock.errors"}
+    found = [
+        f"{path.relative_to(PACKAGE.parent)} imports {target}"
+        for path in sorted((PACKAGE / "_redis").rglob("*.py"))
+        for target in sorted(imports(path))
+        if not any(target == ok or target.startswith(ok + ".") for ok in allowed)
+    ]
+    assert found == []

@@ -1,4 +1,5 @@
-"""The wait strategies (``aiolock._core.waiting``) on their own, with no server.
+"""The wait strategies (``aiolock._core.waiting``, the fair lock's ``aiolock.fair.waiting``) on
+their own, with no server.
 
 Each strategy runs against the real pub/sub service and its real entries; only the server is
 missing: the topology never says where a channel lives, so every SUBSCRIBE stays pending and
@@ -20,9 +21,10 @@ from redis.exceptions import NoPermissionError
 from aiolock._core.clock import DRIFT, ServerClock
 from aiolock._core.holds import NameCounters
 from aiolock._core.owners import Owners
-from aiolock._core.waiting import Backoff, ChannelWait, NamedWait
-from aiolock._redis.pubsub import Grant, Home, NamedEntry, PubSub
-from aiolock.fair import Turns
+from aiolock._core.waiting import Backoff, ChannelWait
+from aiolock._redis.pubsub import Home, PubSub
+from aiolock.fair.entry import Grant, NamedEntry
+from aiolock.fair.waiting import NamedWait, Turns
 
 pytestmark = pytest.mark.anyio
 

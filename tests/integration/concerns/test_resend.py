@@ -23,7 +23,7 @@ import aiolock
 from aiolock import _scripts
 from aiolock._core.base import Seam
 from aiolock._core.settlement import Copies
-from aiolock.fair import FairKeys
+from aiolock.fair.queue import FairKeys
 from aiolock.semaphore import seam_of
 from aiolock.testing.pytest_plugin import ServerInfo
 from tests.helpers import (

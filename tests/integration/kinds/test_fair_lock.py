@@ -20,8 +20,8 @@ from redis.asyncio import Redis
 import aiolock
 from aiolock import _scripts
 from aiolock._core.base import Seam
-from aiolock._redis.pubsub import NamedEntry
-from aiolock.fair import FairKeys
+from aiolock.fair.entry import NamedEntry
+from aiolock.fair.queue import FairKeys
 from aiolock.testing.pytest_plugin import ServerInfo
 from tests.helpers import (
     assert_clean,
