@@ -203,18 +203,18 @@ class ChannelWait:
 
 class ClientEntry(Entry):
     """The plain lock's channel in one client: a release names the one client whose waiter
-    tries next (``scripts/lock/_waiting.lua``), and only that client wakes one; a release
-    that names nobody (``released``: no client was in the lock's waiting set) wakes one here,
-    as in every client."""
+    tries next (``><client id>``, ``scripts/lock/_waiting.lua``), and only that client wakes
+    one; any other message (``released``: no client was in the lock's waiting set;
+    ``forced``) wakes one here, as in every client."""
 
-    __slots__ = ("client",)
+    __slots__ = ("named",)
 
     def __init__(self, channel: bytes, contention: Contention | None, client: bytes) -> None:
         super().__init__(channel, contention)
-        self.client = client
+        self.named = b">" + client
 
     def deliver(self, payload: bytes) -> None:
-        if payload in (self.client, b"released"):
+        if payload[:1] != b">" or payload == self.named:
             self.wake_one()
 
 

@@ -15,8 +15,9 @@
 -- client is named.
 
 -- Name the next client (after entering this one, if more is '<order> <client>[ <ms>]'): pop
--- the first and publish its id; with nobody in the set, publish 'released', which wakes one
--- waiter in every client (a waiter of an earlier version, or one whose entry expired).
+-- the first and publish '><its id>'; with nobody in the set, publish 'released', which wakes
+-- one waiter in every client (a waiter of an earlier version, or one whose entry expired), as
+-- any other message does (a force_unlock's 'forced').
 local function name_next(waiting, channel, more)
     if more and more ~= '' then
         local order, client, ms = string.match(more, '^(%d+) (%S+) ?(%d*)$')
@@ -28,5 +29,5 @@ local function name_next(waiting, channel, more)
         end
     end
     local first = redis.call('ZPOPMIN', waiting)
-    redis.call('PUBLISH', channel, first[1] or 'released')
+    redis.call('PUBLISH', channel, first[1] and '>' .. first[1] or 'released')
 end
