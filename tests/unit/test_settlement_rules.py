@@ -19,7 +19,7 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from aiolock import AsyncRLock, LockSyncError
+from aiolock import AsyncRLock, LockNotOwnedError, LockSyncError
 from aiolock._core.base import Seam
 from aiolock._core.services import Services
 from tests.unit.fake_runner import (
@@ -378,6 +378,27 @@ async def test_a_grant_that_reentered_holds_the_client_never_saw_is_cut_back_to_
     assert "had 2 hold(s) of this owner the client never saw" in caplog.text
 
 
+@pytest.mark.parametrize("count", [1, 2])
+async def test_a_grant_that_reentered_a_hold_taken_for_lost_is_dropped_and_tried_again(
+    runner: FakeRunner, lock: AsyncRLock, count: int
+) -> None:
+    """Rule: a grant with the token of the owner's hold the client took for lost (its clock
+    runs a little ahead of the server's) is not a fresh grant: every hold of it is released
+    as a settlement, and the caller tries again."""
+    runner.script(ACQUIRE, Reply(7))
+    assert await lock.try_lock(lease=1.0)
+    await asyncio.sleep(1.0)
+    assert lock.statistics().lost
+    runner.script(ACQUIRE, Reply([7, count, 5]), Reply(8))
+    runner.answer(RELEASE, 0)
+    assert await lock.try_lock(lease=LEASE)
+    assert [sent.name for sent in runner.sent[1:]] == [ACQUIRE, *[RELEASE] * count, ACQUIRE]
+    assert all(undo_of(sent) is None for sent in runner.named(RELEASE))
+    hold = Seam(lock).hold(ID)
+    assert hold is not None
+    assert (hold.token, hold.count) == (8, 1)
+
+
 async def test_a_release_whose_reply_was_lost_is_no_longer_held_and_is_resent(
     runner: FakeRunner, lock: AsyncRLock
 ) -> None:
@@ -464,6 +485,25 @@ async def test_a_release_cancelled_before_it_was_sent_is_sent_all_the_same(
     [release] = runner.named(RELEASE)
     assert release.args[0] == ID
     assert held_count(lock) == 1
+
+
+async def test_a_plain_release_cancelled_in_flight_is_recorded_from_its_late_reply(
+    runner: FakeRunner, lock: AsyncRLock
+) -> None:
+    """Rule: a plain release whose caller was cancelled is read as its script's reply would be
+    (3 fields or more: released), and its late copy could still arrive: the owner's holds go
+    by another id."""
+    await hold(lock, runner)
+    reply = Held()
+    runner.script(HDEL, reply)
+    task = asyncio.create_task(lock.unlock())
+    await reply.reached.wait()
+    await cancel(task)
+    assert held_count(lock) == 0
+    reply.answer(3)
+    await settled(lock)
+    assert [sent.name for sent in runner.sent[1:]] == [HDEL]  # nothing resent, no wake-up
+    assert Seam(lock).owner()[0] != ID
 
 
 async def test_a_resent_release_is_carried_by_the_owners_acquires_for_the_window(
@@ -610,6 +650,32 @@ async def test_a_resent_plain_release_renames_the_owner_too(
     assert runner.named(ACQUIRE)[-1].args[1] != ID
 
 
+@pytest.mark.parametrize(
+    ("uptime", "kept"),
+    [(100, True), (2, False)],
+    ids=["up-since-the-grant", "restarted-since"],
+)
+async def test_a_resent_last_release_answered_not_held_asks_the_servers_uptime(
+    runner: FakeRunner, lock: AsyncRLock, uptime: int, kept: bool
+) -> None:
+    """Rule: a resent release answered "not held" was most likely applied by its first copy,
+    unless the server restarted without the hold in between: the client asks ``INFO server``
+    and records a release only if the server has been up since the hold was last confirmed,
+    else a loss."""
+    await hold(lock, runner)
+    await asyncio.sleep(5)  # released 5 s after its grant, well within its lease
+    runner.script(HDEL, Resent(Reply(0)))  # the first copy ended the hold: the resend finds none
+    runner.answer("INFO", f"# Server\r\nuptime_in_seconds:{uptime}\r\n")
+    if kept:
+        await lock.unlock()
+    else:
+        with pytest.raises(LockNotOwnedError):  # it was lost before the release
+            await lock.unlock()
+    assert [sent.name for sent in runner.sent[1:]] == [HDEL, HDEL, "INFO"]
+    assert lock.statistics().lost is not kept
+    assert held_count(lock) == 0
+
+
 # -- voids ----------------------------------------------------------------------------------------
 
 
@@ -641,6 +707,26 @@ async def test_a_lost_hold_whose_acquire_was_resent_is_voided(
     assert lock.statistics().lost
     [void] = runner.named(VOID)
     assert void.args == (ID, WINDOW_MS, request_of(runner.named(ACQUIRE)[0]))
+
+
+# -- closing --------------------------------------------------------------------------------------
+
+
+async def test_a_settlement_stops_resending_once_the_client_closed(
+    runner: FakeRunner, services: Services, lock: AsyncRLock
+) -> None:
+    """Rule: a settlement resends until it lands, the lease surely ran out, or the client
+    closed: its connections are gone."""
+    runner.script(ACQUIRE, Fail(RedisConnectionError("dropped")))
+    runner.always(RELEASE, Fail(RedisConnectionError("down")))
+    with pytest.raises(RedisConnectionError):
+        await lock.try_lock(lease=LEASE)
+    await asyncio.sleep(0.05)  # two tries (at 0 and 20 ms) failed
+    services.closed = True
+    began = now()
+    await settled(lock)
+    assert now() - began < 0.1  # not the lease and its margin
+    assert len(runner.named(RELEASE)) == 2  # no try after the backoff it was sleeping
 
 
 # -- counts ---------------------------------------------------------------------------------------
