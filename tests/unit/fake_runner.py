@@ -13,7 +13,8 @@ answers, and reads back what was sent.  The outcomes are the ones a real runner 
   the resend mark, ``on_send(True)``) meets the next outcome;
 - :class:`Held`: the call waits, written or not, until the test answers it or its caller is
   cancelled; a caller cancelled meanwhile leaves at once and ``orphan`` gets the outcome the
-  test gives later (or :class:`~aiolock._redis.calls.NotSent` if nothing was written).
+  test gives later (:class:`~aiolock._redis.calls.NotSent` if nothing was written, a
+  connection error if it was cancelled between a failed copy and its resend).
 
 Every call is matched by its script's name (``"lock/acquire"``) or its command (``"HDEL"``):
 one-shot outcomes queued with :meth:`FakeRunner.script` come first, then a standing answer
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from aiolock._core.holds import Holds
 from aiolock._core.owners import Owners
@@ -155,10 +157,13 @@ class Resent(Outcome):
 
 class Held(Outcome):
     """The call waits until the test answers it (:meth:`answer`, :meth:`fail`); ``written``:
-    a copy is written first (else a cancelled caller's call was never sent).
+    a copy is written first (else it waits for a connection, or, after :class:`Resent`'s first
+    copy, for its resend).
 
-    A caller cancelled meanwhile leaves at once, and the call's orphan gets a future of what
-    the test gives later: the late reply a real runner reads in the background.
+    A caller cancelled meanwhile leaves at once.  Its orphan gets a future of what the test
+    gives later (the late reply a real runner reads in the background) if this copy was
+    written; :class:`~aiolock._redis.calls.NotSent` if no copy was; a connection error (the
+    outcome is unknown) if only an earlier copy was.
     """
 
     def __init__(self, written: bool = True) -> None:
@@ -182,6 +187,14 @@ class Held(Outcome):
         """The call fails: the connection dropped, the reply timed out."""
         self.reply.set_exception(error)
 
+    def _left(self, call: _Call) -> asyncio.Future[Any]:
+        """The outcome a caller cancelled now leaves to its orphan, as the real runner does."""
+        if not call.copies:
+            return not_sent()
+        if not self.written:  # between a copy on a failed connection and its resend
+            return _failed(RedisConnectionError("cancelled between attempts"))
+        return self.reply
+
     async def play(self, call: _Call) -> tuple[Any, int]:
         if self.written:
             call.write()
@@ -191,7 +204,7 @@ class Held(Outcome):
             value = await asyncio.shield(self.reply)
         except asyncio.CancelledError:
             if call.orphan is not None:
-                call.orphan(self.reply if call.copies else not_sent())
+                call.orphan(self._left(call))
             raise
         except Exception as error:
             raise call.fail(error) from None

@@ -275,6 +275,25 @@ async def test_a_resent_acquire_whose_caller_left_is_voided_then_undone(
     assert undo_of(undo) == request_of(first)
 
 
+async def test_an_acquire_cancelled_between_a_failed_copy_and_its_resend_is_undone(
+    runner: FakeRunner, lock: AsyncRLock
+) -> None:
+    """Rule: a call cancelled between two copies has an unknown outcome (the first may have
+    run, or still arrive): it is undone at once, and an undo that finds it not applied marks
+    it, so that a late first copy grants nothing (no void: no resend was written)."""
+    waiting = Held(written=False)
+    runner.script(ACQUIRE, Resent(waiting))
+    runner.answer(VOID, 1)
+    runner.answer(RELEASE, None)
+    task = asyncio.create_task(lock.try_lock(lease=LEASE))
+    await waiting.reached.wait()
+    await cancel(task)
+    await settled(lock)
+    [acquire] = runner.named(ACQUIRE)
+    assert [sent.name for sent in runner.sent] == [ACQUIRE, RELEASE]
+    assert undo_of(runner.named(RELEASE)[0]) == request_of(acquire)
+
+
 # -- an undo or a release that fails --------------------------------------------------------------
 
 
