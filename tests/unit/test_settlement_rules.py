@@ -19,9 +19,10 @@ import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from aiolock import AsyncRLock, LockNotOwnedError, LockSyncError
+from aiolock import AsyncRLock, AsyncSemaphore, LockNotOwnedError, LockSyncError
 from aiolock._core.base import Seam
 from aiolock._core.services import Services
+from aiolock.semaphore import seam_of
 from tests.unit.fake_runner import (
     Fail,
     FakeRunner,
@@ -292,6 +293,29 @@ async def test_an_acquire_cancelled_between_a_failed_copy_and_its_resend_is_undo
     [acquire] = runner.named(ACQUIRE)
     assert [sent.name for sent in runner.sent] == [ACQUIRE, RELEASE]
     assert undo_of(runner.named(RELEASE)[0]) == request_of(acquire)
+
+
+async def test_a_permit_acquire_cancelled_in_flight_is_undone_under_its_permit_id(
+    runner: FakeRunner, services: Services
+) -> None:
+    """Rule: the same for every kind: a semaphore's permit taken by a caller that left is
+    given back, exactly that grant (the permit id is the owner of one acquisition)."""
+    semaphore = AsyncSemaphore(services, "pool", 3)
+    reply = Held()
+    runner.script("semaphore/acquire", reply)
+    runner.answer("semaphore/release", 0)
+    task = asyncio.create_task(semaphore.try_acquire(lease=LEASE))
+    await reply.reached.wait()
+    await cancel(task)
+    reply.answer([0, 1, round(LEASE * 1000)])
+    [acquire] = runner.named("semaphore/acquire")
+    permit = acquire.args[1]
+    await services.holds.settle(seam_of(semaphore).keys.lock, permit)
+    [undo] = runner.named("semaphore/release")
+    assert undo.args[0] == permit
+    assert undo_of(undo) == request_of(acquire)
+    assert undo.args[3] == WINDOW_MS
+    assert semaphore.statistics().held == 0
 
 
 # -- an undo or a release that fails --------------------------------------------------------------
