@@ -4,6 +4,8 @@
 test below names the one it checks.  The runner (:mod:`tests.unit.fake_runner`) answers what the
 test says and records what was sent; the loop's clock jumps to its next timer
 (:mod:`tests.unit.virtual_clock`), so backoffs, leases and resend windows take no wall time.
+A ``sleep`` here moves that clock on (past a lease, a window): the loop runs every callback
+that is ready before the clock moves, so after it everything that could happen by then has.
 The real-server tests (``integration/concerns/test_resend.py``, ``test_calls.py``,
 ``chaos/test_unknown_outcome.py``) check what the scripts do with the same calls.
 """
