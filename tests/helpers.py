@@ -27,6 +27,7 @@ from aiolock._core.base import LockKind, Seam
 from aiolock._core.keys import LockKeys
 from aiolock._core.services import Services
 from aiolock._redis.calls import Calls, write
+from aiolock._redis.cluster import ClusterCalls
 from aiolock._redis.pubsub import Entry
 from aiolock.rw import RWKeys
 from aiolock.semaphore import seam_of
@@ -43,6 +44,13 @@ def server_calls_of(client: aiolock.Client) -> Calls:
     """A single-server client's call path (a Cluster client's, routing by slot, has no pool)."""
     calls = services_of(client).calls
     assert isinstance(calls, Calls), calls
+    return calls
+
+
+def cluster_calls_of(client: aiolock.Client) -> ClusterCalls:
+    """A Cluster client's call path, routing by slot."""
+    calls = services_of(client).calls
+    assert isinstance(calls, ClusterCalls), calls
     return calls
 
 

@@ -511,20 +511,32 @@ class Holds:
         task.add_done_callback(done)
 
     async def settle(self, key: str, owner: str) -> None:
-        """Wait for the owner's pending work on ``key`` (its failures never reach the caller).
+        """Wait for the owner's pending work on ``key`` (its failures never reach the caller);
+        for an id :meth:`alias` gave, the work of the owner's earlier ids on ``key`` first.
 
         :raises RuntimeError: called from that very work (see :meth:`defer`), which would
             wait for itself forever.
         """
-        if (key, owner) in _SETTLING.get():
-            raise RuntimeError(
-                f"deferred work of owner {owner!r} on {key!r} waits for its own settlement "
-                "(it acquires or releases that key as that owner): it would never end"
-            )
-        while (task := self._pending.get((key, owner))) is not None:
-            await asyncio.wait([task])
-            if self._pending.get((key, owner)) is task:
-                del self._pending[(key, owner)]
+        ats = [(key, owner)]
+        base = self._bases.get((key, owner))
+        if base is not None:
+            # An id :meth:`alias` gave waits for the owner's earlier ids too: the release that
+            # made it is settled under the id it ended, which may hold the lock until then.
+            earlier = [
+                at for at in self._pending if at[0] == key and base in (at[1], self._bases.get(at))
+            ]
+            ats = [at for at in earlier if at != (key, owner)] + ats
+        for at in ats:
+            if at in _SETTLING.get():
+                raise RuntimeError(
+                    f"deferred work of owner {at[1]!r} on {key!r} waits for its own settlement "
+                    "(it acquires or releases that key as that owner): it would never end"
+                )
+        for at in ats:
+            while (task := self._pending.get(at)) is not None:
+                await asyncio.wait([task])
+                if self._pending.get(at) is task:
+                    del self._pending[at]
 
     def abandoned(self, key: str, owner: str) -> None:
         """A background release of the owner's hold on ``key`` gave up: the hold may linger."""
@@ -592,7 +604,11 @@ class Holds:
         ``key`` as a plain command that may still arrive late: the owner's holds of ``key`` go
         by a new id for ``window`` seconds (see :meth:`alias`)."""
         base = self._bases.get((key, owner), owner)
-        alias = f"{base}~{request}"
+        # After the client's id, where no owner's own id has ``a<n>:`` (they have ``x:``, ``t``,
+        # ``h``, ``p``): no explicit owner's name makes another's alias, and the prefix that
+        # the fair lock's scripts read as the client stays.
+        client, _, rest = base.partition(":")
+        alias = f"{client}:a{request}:{rest}"
         now = asyncio.get_running_loop().time()
         for at, (old, until) in list(self._aliases.items()):  # few: one per recent fault
             if until <= now and (at[0], old) not in self._holds:

@@ -17,8 +17,7 @@ from typing import Any, Final, TypeVar
 from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.cluster import ClusterNode
 
-from .._redis.calls import Calls
-from .._redis.cluster import ClusterCalls
+from .._redis.calls import Runner
 from .._redis.pubsub import PubSub
 from .._redis.redispy import retry_policy
 from .holds import Holds
@@ -37,7 +36,7 @@ class Services:
     """A client's services and options, as its lock objects see them."""
 
     redis: Redis | RedisCluster
-    calls: Calls | ClusterCalls
+    calls: Runner
     pubsub: PubSub
     holds: Holds
     watchdog: Watchdog

@@ -36,8 +36,7 @@ from redis.commands import AsyncCoreCommands
 from redis.crc import key_slot
 from redis.exceptions import ResponseError
 
-from .._redis.calls import Calls
-from .._redis.cluster import ClusterCalls
+from .._redis.calls import Runner
 from .._redis.redispy import AsyncCommandsParser, commands_parser
 from ..errors import LockLostError
 
@@ -235,7 +234,7 @@ class TransactionContext:
         name: str,
         hold: Hold,
         check: tuple[Script, tuple[str, ...], tuple[Any, ...]],
-        calls: Calls | ClusterCalls,
+        calls: Runner,
         holds: Holds,
         table: CommandTable,
         cluster: bool,

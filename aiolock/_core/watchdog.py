@@ -31,8 +31,7 @@ import logging
 from redis.crc import key_slot
 from redis.exceptions import RedisError
 
-from .._redis.calls import Calls
-from .._redis.cluster import ClusterCalls
+from .._redis.calls import Runner
 from .._redis.tasks import supervise
 from .holds import Hold, Holds
 from .metrics import lock_extra
@@ -50,7 +49,7 @@ class Watchdog:
 
     def __init__(
         self,
-        calls: Calls | ClusterCalls,
+        calls: Runner,
         holds: Holds,
         *,
         lease: float,

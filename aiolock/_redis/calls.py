@@ -110,7 +110,14 @@ class ConnectionSource(Protocol):
 
 class Runner(abc.ABC):
     """What runs scripts: :meth:`run_synced`, which a transport implements, and :meth:`run`,
-    the call that waits for no replica."""
+    the call that waits for no replica.
+
+    The one seam between the engine and the wire (as httpx's transport is): every call of a
+    lock, its settlement and the watchdog goes through the client's runner, and its outcomes
+    are the ones :meth:`run` lists (a reply, an error before or after the call was written, a
+    cancellation that hands the outcome to ``orphan``).  The unit tests put an in-memory runner
+    here that scripts those outcomes (``tests/unit/fake_runner.py``).
+    """
 
     __slots__ = ()
 
@@ -187,6 +194,11 @@ class Runner(abc.ABC):
     async def publish(self, channel: str, message: str) -> None:
         """Publish ``message`` on a lock's ``channel`` (``SPUBLISH`` on a Cluster whose nodes
         have sharded pub/sub, as the scripts' variants do)."""
+
+    @abc.abstractmethod
+    async def aclose(self, grace: float) -> None:
+        """Close the runner's connections; replies still being read for callers that left get
+        ``grace`` seconds to arrive first."""
 
 
 class Calls(Runner):

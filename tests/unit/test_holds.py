@@ -113,3 +113,45 @@ async def test_deferred_work_may_settle_other_locks_and_owners_and_defer_more() 
     await asyncio.wait_for(holds.settle("lock", "owner"), timeout=5)
     assert done == ["other", "work", "more"]
     assert holds.pending() == []
+
+
+async def test_an_alias_waits_for_the_owners_earlier_ids_and_keeps_the_rule() -> None:
+    """The id an owner goes by after a plain release with an unknown outcome waits for the work
+    of its earlier ids (the release being completed under the id it ended); that work waiting
+    for the alias would wait for itself, and raises."""
+    holds = Holds()
+    gate = asyncio.Event()
+    order: list[str] = []
+
+    async def completing() -> None:
+        await gate.wait()
+        order.append("completed")
+
+    holds.defer("lock", "c:x:me", completing())
+    holds.realias("lock", "c:x:me", 5, 60)
+    alias = holds.alias("lock", "c:x:me")
+    assert alias == "c:a5:x:me"
+
+    async def next_acquire() -> None:
+        await holds.settle("lock", alias)
+        order.append("acquire")
+
+    waiting = asyncio.create_task(next_acquire())
+    await asyncio.sleep(0)
+    assert order == []
+    gate.set()
+    await asyncio.wait_for(waiting, 5)
+    assert order == ["completed", "acquire"]
+
+    raised: list[BaseException] = []
+
+    async def settles_its_alias() -> None:
+        try:
+            await holds.settle("lock", alias)
+        except RuntimeError as exc:
+            raised.append(exc)
+
+    holds.defer("lock", "c:x:me", settles_its_alias())
+    await asyncio.wait_for(holds.settle("lock", "c:x:me"), 5)
+    assert len(raised) == 1
+    holds.clear()

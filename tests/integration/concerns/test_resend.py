@@ -733,7 +733,8 @@ async def test_a_late_copy_of_a_resent_plain_release_leaves_the_next_hold_alone(
         await stall
         assert await hdel_calls(redis) - before >= 2
         alias, _ = seam.owner()
-        assert alias.startswith(f"{owner}~")  # the owner's next hold goes by another id
+        assert alias != owner  # the owner's next hold goes by another id
+        assert alias.partition(":")[0] == owner.partition(":")[0]  # of the same client
         await lock.lock()
         # The late copy names none of it.
         if kind == "fair_lock":
@@ -765,17 +766,19 @@ async def test_an_owner_goes_by_its_own_id_again_after_the_window(
     lock = aiolock_client.lock("realiased")
     seam = Seam(lock)
     owner, _ = seam.owner()
+    client, _, rest = owner.partition(":")
     services.holds.realias(seam.registry_key, owner, 7, 0.05)
     alias, _ = seam.owner()
-    assert alias == f"{owner}~7"
+    assert alias == f"{client}:a7:{rest}"
     async with lock.acquire(wait=5):
         await asyncio.sleep(0.1)  # past the window, but a hold under the alias lasts
         assert seam.owner()[0] == alias
         assert await lock.hold_count() == 1
     assert seam.owner()[0] == owner
     services.holds.realias(seam.registry_key, owner, 8, 5)
-    services.holds.realias(seam.registry_key, f"{owner}~8", 9, 5)  # of an alias: of the owner
-    assert seam.owner()[0] == f"{owner}~9"
+    alias = seam.owner()[0]
+    services.holds.realias(seam.registry_key, alias, 9, 5)  # of an alias: of the owner
+    assert seam.owner()[0] == f"{client}:a9:{rest}"
 
 
 @pytest.mark.parametrize("kind", RELEASE_KINDS)

@@ -31,6 +31,7 @@ from aiolock.testing.embedded import EmbeddedCluster
 from aiolock.testing.pytest_plugin import ServerInfo
 from tests.conftest import SERVERS
 from tests.helpers import (
+    cluster_calls_of,
     cluster_clients,
     entries_of,
     eventually,
@@ -136,7 +137,7 @@ async def test_every_kind_waits_on_its_slots_node_only(
     assert subscribers(ports, channel, sharded=False) == dict.fromkeys(ports, 0)
     await unblock()  # SPUBLISH: the waiter hears it on the slot's node
     assert await asyncio.wait_for(waiting, 15)
-    assert services_of(waiter_client).calls.sharded  # type: ignore[union-attr]
+    assert cluster_calls_of(waiter_client).sharded
 
 
 async def test_one_server_keeps_classic_pubsub(
@@ -285,7 +286,7 @@ async def test_without_sharded_pubsub_one_classic_subscriber_serves(
         ),
         what="subscribed",
     )
-    assert not services_of(waiter_client).calls.sharded  # type: ignore[union-attr]
+    assert not cluster_calls_of(waiter_client).sharded
     assert pubsub.statistics().subscribers == 1
     for waiter in waiters:
         counts = subscribers(ports, keys_of(waiter).channel, sharded=False)

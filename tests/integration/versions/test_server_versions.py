@@ -19,7 +19,7 @@ import aiolock
 from aiolock.testing.embedded import EmbeddedServer
 from aiolock.testing.pytest_plugin import ServerInfo
 from tests.conftest import SERVERS
-from tests.helpers import cluster_clients, entries_of, eventually, redis_version, services_of
+from tests.helpers import cluster_calls_of, cluster_clients, entries_of, eventually, redis_version
 
 pytestmark = pytest.mark.anyio
 
@@ -69,7 +69,7 @@ async def test_a_cluster_waits_on_sharded_pubsub_from_7_and_classic_before(
             "classic": int(not sharded),
             "sharded": int(sharded),
         }
-        assert services_of(waiter).calls.sharded is sharded  # type: ignore[union-attr]
+        assert cluster_calls_of(waiter).sharded is sharded
         await held.unlock()
         assert await asyncio.wait_for(waiting, 15)
         await wanted.unlock()
