@@ -39,7 +39,7 @@ from tests.unit.virtual_clock import VirtualClockLoop
 pytestmark = pytest.mark.anyio
 
 ACQUIRE, RELEASE, VOID = "lock/acquire", "lock/release", "common/void"
-HDEL, PUBLISH = "HDEL", "PUBLISH"
+HDEL, WAKE = "HDEL", "lock/wake"
 OWNER = "me"  # the lock's explicit owner
 ID = "fake-client:x:me"  # the id the client sends for it
 LEASE = 10.0  # seconds: every acquire here asks for it
@@ -92,9 +92,20 @@ def request_of(acquire: Sent) -> int:
     return int(acquire.args[2])
 
 
+def _undo_at(release: Sent) -> int:
+    # ARGV: owner, request[, undo, window]; the plain lock's has its waiting client before undo.
+    return 3 if release.name == "lock/release" else 2
+
+
 def undo_of(release: Sent) -> int | None:
-    """The acquire a release undoes (ARGV: owner, request[, undo, window])."""
-    return int(release.args[2]) if len(release.args) > 2 else None
+    """The acquire a release undoes."""
+    at = _undo_at(release)
+    return int(release.args[at]) if len(release.args) > at else None
+
+
+def window_of(release: Sent) -> int:
+    """The resend window an undo marks an unapplied acquire for."""
+    return int(release.args[_undo_at(release) + 1])
 
 
 async def hold(lock: AsyncRLock, runner: FakeRunner, count: int = 1) -> None:
@@ -135,7 +146,7 @@ async def test_an_acquire_cancelled_in_flight_has_its_late_grant_undone_by_its_r
     assert undo.args[0] == ID
     assert undo_of(undo) == request_of(acquire)
     assert undo.args[1] != request_of(acquire)  # a request of its own
-    assert undo.args[3] == WINDOW_MS  # an unapplied acquire is marked for the window
+    assert window_of(undo) == WINDOW_MS  # an unapplied acquire is marked for the window
     assert held_count(lock) == 0
 
 
@@ -316,7 +327,7 @@ async def test_a_permit_acquire_cancelled_in_flight_is_undone_under_its_permit_i
     [undo] = runner.named("semaphore/release")
     assert undo.args[0] == permit
     assert undo_of(undo) == request_of(acquire)
-    assert undo.args[3] == WINDOW_MS
+    assert window_of(undo) == WINDOW_MS
     assert semaphore.statistics().held == 0
 
 
@@ -452,7 +463,7 @@ async def test_a_release_whose_reply_was_lost_is_no_longer_held_and_is_resent(
     background: resent as the same request until it lands."""
     await hold(lock, runner, count=2)
     runner.script(RELEASE, Fail(RedisConnectionError("dropped")), Reply(1))
-    runner.answer(PUBLISH, 0)
+    runner.answer(WAKE, 1)
     with pytest.raises(RedisConnectionError):
         await lock.unlock()
     assert held_count(lock) == 1  # one hold less, at once
@@ -461,9 +472,10 @@ async def test_a_release_whose_reply_was_lost_is_no_longer_held_and_is_resent(
     assert first.args == resend.args  # the same request
     assert held_count(lock) == 1
     # The first copy may have deleted the lock and the mark of a waiter refused meanwhile,
-    # whose wake-up it owed: a resend cannot tell, so it publishes one.
-    [wake] = runner.named(PUBLISH)
-    assert wake.keys == (Seam(lock).keys.channel,)
+    # whose wake-up it owed: a resend cannot tell, so it names the next waiting client.
+    [wake] = runner.named(WAKE)
+    keys = Seam(lock).keys
+    assert wake.keys == (keys.lock, keys.waiting, keys.channel)
 
 
 async def test_a_last_plain_release_whose_reply_was_lost_leaves_nothing_held(
@@ -475,7 +487,7 @@ async def test_a_last_plain_release_whose_reply_was_lost_leaves_nothing_held(
     await hold(lock, runner)
     runner.script(HDEL, Fail(RedisConnectionError("dropped")))
     runner.answer(RELEASE, 0)
-    runner.answer(PUBLISH, 0)
+    runner.answer(WAKE, 1)
     with pytest.raises(RedisConnectionError):
         await lock.unlock()
     seam = Seam(lock)
@@ -519,7 +531,7 @@ async def test_a_release_cancelled_before_it_was_sent_is_sent_all_the_same(
     seam = Seam(lock)
     seam.services.holds.defer(seam.keys.lock, ID, earlier_settlement())
     runner.answer(RELEASE, 1)
-    runner.answer(PUBLISH, 0)
+    runner.answer(WAKE, 1)
     task = asyncio.create_task(lock.unlock())
     await asyncio.sleep(0.1)
     await cancel(task)
@@ -581,7 +593,7 @@ async def test_a_plain_release_with_an_unknown_outcome_renames_the_owner_for_the
     await hold(lock, runner)
     runner.script(HDEL, Fail(RedisTimeoutError("slow")))
     runner.answer(RELEASE, 0)
-    runner.answer(PUBLISH, 0)
+    runner.answer(WAKE, 1)
     with pytest.raises(RedisTimeoutError):
         await lock.unlock()
     [plain] = runner.named(HDEL)
@@ -614,7 +626,7 @@ async def test_the_next_acquire_under_the_new_id_waits_for_the_plain_releases_se
     runner.script(HDEL, Fail(RedisTimeoutError("slow")))
     completing = Held()
     runner.script(RELEASE, completing)
-    runner.answer(PUBLISH, 0)
+    runner.answer(WAKE, 1)
     with pytest.raises(RedisTimeoutError):
         await lock.unlock()
     runner.script(ACQUIRE, Reply(8))
@@ -624,7 +636,7 @@ async def test_the_next_acquire_under_the_new_id_waits_for_the_plain_releases_se
     assert len(runner.named(ACQUIRE)) == 1  # not sent while the release is in flight
     completing.answer(0)
     assert await again
-    assert [sent.name for sent in runner.sent[-3:]] == [RELEASE, PUBLISH, ACQUIRE]
+    assert [sent.name for sent in runner.sent[-3:]] == [RELEASE, WAKE, ACQUIRE]
     assert runner.named(ACQUIRE)[-1].args[1] != ID
 
 
@@ -635,7 +647,7 @@ async def test_a_second_new_id_waits_for_the_settlement_of_the_first(
     unknown outcome: the id after it waits for that release's settlement."""
     await hold(lock, runner)
     runner.script(HDEL, Fail(RedisTimeoutError("slow")))
-    runner.answer(PUBLISH, 0)
+    runner.answer(WAKE, 1)
     runner.script(RELEASE, Reply(0))
     with pytest.raises(RedisTimeoutError):
         await lock.unlock()
@@ -668,7 +680,7 @@ async def test_a_new_id_is_no_other_owners_id(
     await hold(lock, runner)
     runner.script(HDEL, Fail(RedisTimeoutError("slow")))
     runner.answer(RELEASE, 0)
-    runner.answer(PUBLISH, 0)
+    runner.answer(WAKE, 1)
     with pytest.raises(RedisTimeoutError):
         await lock.unlock()
     await settled(lock)
