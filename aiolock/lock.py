@@ -1,9 +1,10 @@
 """``AsyncRLock``: the reentrant distributed lock, Redisson's ``RLock`` for asyncio.
 
-A kind on the shared base (:mod:`aiolock._core.base`): the scripts in ``scripts/lock/``, and waiters
-parked on the lock's pub/sub channel, one wake-up per release (:class:`~aiolock._core.waiting.
-ChannelWait`).  A release published before the subscription existed is not missed: the
-SUBSCRIBE's confirmation wakes one waiter too (see :mod:`aiolock._redis.pubsub`).
+A kind on the shared engine (:mod:`aiolock._core.kind`): the scripts in ``scripts/lock/``, and
+waiters parked on the lock's pub/sub channel, one wake-up per release
+(:class:`~aiolock._core.waiting.ChannelWait`).  A release published before the subscription
+existed is not missed: the SUBSCRIBE's confirmation wakes one waiter too (see
+:mod:`aiolock._redis.pubsub`).
 """
 
 from __future__ import annotations
@@ -11,10 +12,11 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 from . import _scripts
-from ._core.base import Call, LockKind, LockStatistics, release_args
 from ._core.guard import LockGuard
 from ._core.holds import Hold
+from ._core.hooks import Call, release_args
 from ._core.keys import LockKeys
+from ._core.kind import LockKind, LockStatistics
 from ._core.services import Services
 from ._core.settlement import Attempt
 from ._core.waiting import ChannelWait, Waiting
@@ -41,7 +43,7 @@ class ReentrantKind(LockKind):
         """The channel a release publishes on, as script keys: none if nobody subscribes."""
         return (self._keys.channel,)
 
-    def _attempt(self, owner: str, request: int, lease_ms: int) -> Call:
+    def attempt_call(self, owner: str, request: int, lease_ms: int) -> Call:
         keys = self._keys
         parks = 1 if self._published() else 0  # a refusal marks the lock as waited for
         return (
@@ -50,7 +52,7 @@ class ReentrantKind(LockKind):
             (lease_ms, owner, request, parks, *self._late_args(owner)),
         )
 
-    def _grant_of(self, reply: Any, lease_ms: int) -> list[Any] | None:
+    def grant_of(self, reply: Any, lease_ms: int) -> list[Any] | None:
         # ``lock/acquire.lua`` answers a fault-free fresh hold with its token alone, and a
         # refusal with {pttl}.
         if isinstance(reply, int):
@@ -60,7 +62,7 @@ class ReentrantKind(LockKind):
     def _busy(self, attempt: Attempt, reply: Any) -> float:
         return super()._busy(attempt, reply[0])
 
-    def _release_call(self, owner: str, request: int, undo: int | None) -> Call:
+    def release_call(self, owner: str, request: int, undo: int | None) -> Call:
         keys = self._keys
         return (
             _scripts.LOCK_RELEASE,
@@ -71,15 +73,13 @@ class ReentrantKind(LockKind):
     def _force_call(self) -> Call:
         return _scripts.LOCK_FORCE, (self._keys.lock, *self._published()), ()
 
-    def _plain_release(self, hold: Hold) -> tuple[Any, ...] | None:
+    def _last_release_command(self, hold: Hold) -> tuple[Any, ...] | None:
         """``HDEL`` of the owner's fields (its count, ``f:``, ``r:``, and ``x:`` and ``:late:``
         if a fault left them) and ``:w``: every field of a hold is named by its owner
         (``scripts/common/_hold.lua``), so it ends that hold and no other owner's, in one plain
         command instead of a script.  Not for a hold whose acquire was refused on the way (the
         lock is contended: the release script publishes in the same call, where this would
         publish after its reply), nor while tasks of this client wait for the lock."""
-        if hold.resent:
-            return None
         if self._published() and (hold.contended or self._counters.contenders):
             return None
         return ("HDEL", self._keys.lock, *plain_release_fields(hold.owner))

@@ -1,7 +1,7 @@
 """What ``aiolock inspect`` reads: one lock's state on the server, in one MULTI/EXEC.
 
-Each kind's keys come from a lock object built through the :class:`~aiolock.Client` (through
-its :class:`~aiolock._core.base.Seam`), never from names put together here; how each kind stores
+Each kind's keys come from a lock object built through the :class:`~aiolock.Client` (its
+``keys``), never from names put together here; how each kind stores
 its state is described in the headers of its scripts (``scripts/<kind>/``).  The reads of one
 kind run in a single transaction with the server's ``TIME``, so the holders, leases, queue and
 counter are one consistent snapshot, and deadlines kept on the server's clock are turned into
@@ -23,13 +23,12 @@ from redis.asyncio import Redis, RedisCluster
 from redis.asyncio.client import Pipeline
 from redis.exceptions import ResponseError
 
-from .._core.base import Seam
 from .._core.keys import LockKeys
 from .._redis.cluster import node_of
 from ..client import Client
 from ..fair import FairKeys
 from ..rw import RWKeys
-from ..semaphore import seam_of
+from ..semaphore import permits_of
 
 __all__ = ["KINDS", "Holder", "Report", "Waiter", "inspect", "queue_fencing_counter"]
 
@@ -130,7 +129,7 @@ async def inspect(client: Client, kind: str, name: str, *, permits: int | None =
 
 async def _reentrant(client: Client, kind: str, name: str) -> Report:
     lock = client.spin_lock(name) if kind == "spin" else client.lock(name)
-    keys = Seam(lock).keys
+    keys = lock.keys
 
     def reads(pipe: Pipeline) -> None:
         pipe.hgetall(keys.lock)
@@ -153,7 +152,7 @@ async def _spin(client: Client, name: str, permits: int | None) -> Report:
 
 
 async def _fair(client: Client, name: str, permits: int | None) -> Report:
-    keys = Seam(client.fair_lock(name)).keys
+    keys = client.fair_lock(name).keys
     assert isinstance(keys, FairKeys)
 
     def reads(pipe: Pipeline) -> None:
@@ -194,7 +193,7 @@ async def _fair(client: Client, name: str, permits: int | None) -> Report:
 
 
 async def _rw(client: Client, name: str, permits: int | None) -> Report:
-    keys = Seam(client.rw_lock(name).write_lock()).keys
+    keys = client.rw_lock(name).write_lock().keys
     assert isinstance(keys, RWKeys)
 
     def reads(pipe: Pipeline) -> None:
@@ -232,7 +231,7 @@ async def _rw(client: Client, name: str, permits: int | None) -> Report:
 
 
 async def _semaphore(client: Client, name: str, permits: int | None) -> Report:
-    keys = seam_of(client.semaphore(name, permits or 1)).keys
+    keys = permits_of(client.semaphore(name, permits or 1)).keys
 
     def reads(pipe: Pipeline) -> None:
         pipe.time()

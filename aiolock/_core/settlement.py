@@ -9,8 +9,8 @@ are holds the server has, or are marked lost; the server has no hold of that own
 client does not know about.
 
 A :class:`Settlement` is made for one lock when there is something to settle, from the lock's
-declared interface (:class:`Settled`, which the kind base's ``Seam`` offers): the lock's
-keys, its client's services, and its release and void calls.  The kind base sends the calls;
+declared interface (:class:`Settled`, which every kind offers, :mod:`aiolock._core.kind`): the
+lock's keys, its client's services, and its release and void calls.  The kind sends the calls;
 this module decides what their unknown outcomes leave behind, and cleans it up.
 """
 
@@ -66,7 +66,7 @@ async def until_it_lands(
 
 
 class Settled(Protocol):
-    """What settlement asks of a lock (the kind base's ``Seam`` offers it)."""
+    """What settlement asks of a lock (every kind offers it: :mod:`aiolock._core.kind`)."""
 
     @property
     def name(self) -> str: ...

@@ -107,7 +107,8 @@ async def test_the_set_goes_with_the_last_lease_after_a_renewed_permit_is_releas
     sem = client.semaphore("mixed", 2)
     watched = await sem.try_acquire()
     timed = await sem.try_acquire(lease=0.4)
-    assert watched is not None and timed is not None
+    assert watched is not None
+    assert timed is not None
     key = keys_of(sem).lock
     assert await redis.pttl(key) > 20_000
     await watched.release()
