@@ -7,7 +7,7 @@ from collections.abc import Callable
 from contextlib import AbstractAsyncContextManager
 from typing import Any, Final, Literal
 
-from ._core.base import LockKind
+from ._core.kind import LockKind
 from ._core.names import NameTemplate
 from ._core.validate import check_permits
 from .client import Client

@@ -1,9 +1,10 @@
 """``AsyncRLock``: the reentrant distributed lock, Redisson's ``RLock`` for asyncio.
 
-A kind on the shared base (:mod:`aiolock._core.base`): the scripts in ``scripts/lock/``, and waiters
-parked on the lock's pub/sub channel, one wake-up per release (:class:`~aiolock._core.waiting.
-ChannelWait`).  A release published before the subscription existed is not missed: the
-SUBSCRIBE's confirmation wakes one waiter too (see :mod:`aiolock._redis.pubsub`).
+A kind on the shared engine (:mod:`aiolock._core.kind`): the scripts in ``scripts/lock/``, and
+waiters parked on the lock's pub/sub channel; a release names the one client that wakes one
+of its waiters (:class:`~aiolock._core.waiting.ClientWait`, ``scripts/lock/_waiting.lua``).  A
+release published before the subscription existed is not missed: the SUBSCRIBE's confirmation
+wakes one waiter too (see :mod:`aiolock._redis.pubsub`).
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ from typing import Any, ClassVar
 from redis.exceptions import RedisError
 
 from . import _scripts
-from ._core.base import Call, LockKind, LockStatistics, release_args
 from ._core.guard import LockGuard
 from ._core.holds import Hold
+from ._core.hooks import Call, release_args
 from ._core.keys import LockKeys
+from ._core.kind import LockKind, LockStatistics
 from ._core.services import Services
 from ._core.settlement import Attempt
 from ._core.waiting import ClientWait, Waiting
@@ -47,7 +49,7 @@ class ReentrantKind(LockKind):
         """The channel a release publishes on, as script keys: none if nobody subscribes."""
         return (self._keys.channel,)
 
-    def _attempt(self, owner: str, request: int, lease_ms: int) -> Call:
+    def attempt_call(self, owner: str, request: int, lease_ms: int) -> Call:
         keys = self._keys
         if not self._published():
             return (
@@ -101,7 +103,7 @@ class ReentrantKind(LockKind):
             more = f"{more} {kept}"
         return more
 
-    def _grant_of(self, reply: Any, lease_ms: int) -> list[Any] | None:
+    def grant_of(self, reply: Any, lease_ms: int) -> list[Any] | None:
         # ``lock/acquire.lua`` answers a fault-free fresh hold with its token alone, and a
         # refusal with {pttl}.
         if isinstance(reply, int):
@@ -111,7 +113,7 @@ class ReentrantKind(LockKind):
     def _busy(self, attempt: Attempt, reply: Any) -> float:
         return super()._busy(attempt, reply[0])
 
-    def _release_call(self, owner: str, request: int, undo: int | None) -> Call:
+    def release_call(self, owner: str, request: int, undo: int | None) -> Call:
         keys = self._keys
         args = release_args(owner, request, undo)
         if not self._published():
@@ -125,15 +127,13 @@ class ReentrantKind(LockKind):
     def _force_call(self) -> Call:
         return _scripts.LOCK_FORCE, (self._keys.lock, *self._published()), ()
 
-    def _plain_release(self, hold: Hold) -> tuple[Any, ...] | None:
+    def _last_release_command(self, hold: Hold) -> tuple[Any, ...] | None:
         """``HDEL`` of the owner's fields (its count, ``f:``, ``r:``, and ``x:`` and ``:late:``
         if a fault left them) and ``:w``: every field of a hold is named by its owner
         (``scripts/common/_hold.lua``), so it ends that hold and no other owner's, in one plain
         command instead of a script.  Not for a hold whose acquire was refused on the way (the
         lock is contended: the release script publishes in the same call, where this would
         publish after its reply), nor while tasks of this client wait for the lock."""
-        if hold.resent:
-            return None
         if self._published() and (hold.contended or self._counters.contenders):
             return None
         return ("HDEL", self._keys.lock, *plain_release_fields(hold.owner))
@@ -157,9 +157,10 @@ class AsyncRLock(ReentrantKind):
     ``lease=None`` (the default) keeps the lock alive with the client's watchdog for as long as
     the owner holds it; a number of seconds makes the lock expire that long after it was taken,
     unless it is released first.  Waiting does not poll: a waiter parks on the lock's pub/sub
-    channel, and a release wakes one waiter per client.  The remaining lease bounds every wait,
-    so a lost message only delays a waiter.  Waiters of one client are served in order; across
-    clients they race (see :meth:`aiolock.Client.fair_lock` for a queue across clients).
+    channel, and a release wakes one waiter in all, in the client it names.  The remaining
+    lease bounds every wait, so a lost message only delays a waiter.  Waiters of one client
+    are served in order; clients take turns, and a newcomer may take a free lock first (see
+    :meth:`aiolock.Client.fair_lock` for a queue across clients).
 
     Not to be confused with :class:`asyncio.Lock`: this lock lives in Redis, its leases can run
     out, and leaving a :class:`LockGuard` block after a loss raises :class:`LockLostError`.
@@ -188,7 +189,7 @@ class AsyncRLock(ReentrantKind):
             services, self._keys.channel, self._counters, reentering=reentering, hand_on=hand_on
         )
 
-    async def _wake_others(self) -> None:
+    async def wake_others(self) -> None:
         """Name the next client to wake, as the release script would have (a plain release
         removed ``:w``)."""
         await self._hand_on(None)

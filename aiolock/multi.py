@@ -18,7 +18,6 @@ import math
 from collections.abc import Coroutine
 from typing import Any
 
-from ._core.base import LockKind, Seam
 from ._core.composite import (
     CompositeHold,
     CompositeStatistics,
@@ -28,6 +27,7 @@ from ._core.composite import (
 from ._core.guard import Guarded, Holding
 from ._core.habits import held_by_another_task, teaching
 from ._core.holds import Hold
+from ._core.kind import LockKind
 from ._core.metrics import traced
 from ._core.validate import check_lease, check_wait
 from .errors import LockNotOwnedError, LockTimeoutError
@@ -52,7 +52,7 @@ class MultiLock(Guarded[tuple[int, ...]]):
     Each part keeps its own owner: the calling task, or the part's explicit owner.
     """
 
-    __slots__ = ("_order", "_seams", "locks", "name")
+    __slots__ = ("_order", "locks", "name")
 
     @teaching
     def __init__(self, *locks: LockKind) -> None:
@@ -63,9 +63,8 @@ class MultiLock(Guarded[tuple[int, ...]]):
             raise ValueError(f"locks must name at least two locks, got {len(locks)}")
         self.locks = locks
         self.name = "+".join(lock.name for lock in locks)
-        self._seams = seams = tuple(Seam(lock) for lock in locks)
         # One global order for every MultiLock of every process (see the module docstring).
-        self._order = sorted(range(len(locks)), key=lambda i: seams[i].order)
+        self._order = sorted(range(len(locks)), key=lambda i: locks[i].order)
         self._guards = None
 
     # -- acquiring ---------------------------------------------------------------------------
@@ -92,7 +91,7 @@ class MultiLock(Guarded[tuple[int, ...]]):
     async def _enter(self, wait: float | None, lease: float | None) -> Holding[tuple[int, ...]]:
         if not await self._traced_take(wait, lease):
             raise LockTimeoutError(f"could not acquire {self.name!r} within {wait}s")
-        parts = [seam.held() for seam in self._seams]
+        parts = [part.held() for part in self.locks]
         token = tuple(part.token for part in parts)
         return CompositeHold(self.locks, parts, len(parts), token)
 
@@ -101,32 +100,32 @@ class MultiLock(Guarded[tuple[int, ...]]):
         await holding.release()
 
     def _traced_take(self, wait: float | None, lease: float | None) -> Coroutine[Any, Any, bool]:
-        tracing = self._seams[0].services.tracing  # the first part's client
+        tracing = self.locks[0].services.tracing  # the first part's client
         return traced(tracing, self._take(wait, lease), "multi", self.name, self._holds_of)
 
     def _holds_of(self, taken: bool) -> tuple[Hold, ...]:
         """The parts' holds, right after ``_take`` returned ``taken``."""
-        return tuple(seam.held() for seam in self._seams) if taken else ()
+        return tuple(part.held() for part in self.locks) if taken else ()
 
     async def _take(self, wait: float | None, lease: float | None) -> bool:
         loop = asyncio.get_running_loop()
         deadline = math.inf if wait is None else loop.time() + wait
         while True:
-            taken: list[Seam] = []
+            taken: list[LockKind] = []
             try:
                 for index in self._order:
-                    seam = self._seams[index]
+                    part = self.locks[index]
                     if wait is None:
-                        await seam.wait_for_grant(lease)
+                        await part.wait_for_grant(lease)
                     elif wait == 0:
-                        if not await seam.try_until(0, lease):  # one try
+                        if not await part.try_until(0, lease):  # one try
                             return False
                     elif (left := deadline - loop.time()) <= 0:
                         return False  # (``try_until(0)`` would be one try of any length)
-                    elif not await seam.try_until(left, lease):
+                    elif not await part.try_until(left, lease):
                         return False
-                    taken.append(seam)
-                if all(_still_held(seam) for seam in taken):
+                    taken.append(part)
+                if all(_still_held(part) for part in taken):
                     taken.clear()  # all held: nothing to give back
                     return True
                 # A part taken first was lost while a later one was awaited (its lease ran
@@ -138,9 +137,9 @@ class MultiLock(Guarded[tuple[int, ...]]):
                     # keep the others held (a part's own settlement finishes a release that
                     # failed).  The wait bounds them too: past the deadline they finish in the
                     # background (a stalled server cannot hold the caller).
-                    owners = [seam.owner()[0] for seam in taken]
+                    owners = [part.current_owner()[0] for part in taken]
                     releases = start_releases(
-                        [seam.release(owner) for seam, owner in zip(taken, owners, strict=True)]
+                        [part.release_one(owner) for part, owner in zip(taken, owners, strict=True)]
                     )
                     if wait:
                         await asyncio.wait([releases], timeout=max(deadline - loop.time(), 0))
@@ -159,9 +158,9 @@ class MultiLock(Guarded[tuple[int, ...]]):
             released all the same).  A connection error is raised after every part was tried;
             a part whose release failed is completed in the background.
         """
-        owners = [seam.owner()[0] for seam in self._seams]
+        owners = [part.current_owner()[0] for part in self.locks]
         outcomes = await release_all(
-            [seam.release(owner) for seam, owner in zip(self._seams, owners, strict=True)]
+            [part.release_one(owner) for part, owner in zip(self.locks, owners, strict=True)]
         )
         for outcome in outcomes:
             if isinstance(outcome, BaseException):
@@ -169,7 +168,7 @@ class MultiLock(Guarded[tuple[int, ...]]):
         missing = [index for index, left in enumerate(outcomes) if left is None]
         if not missing:
             return
-        if any(self._seams[i].held_by_another_task(owners[i]) for i in missing):
+        if any(self.locks[i].held_by_another_task(owners[i]) for i in missing):
             raise LockNotOwnedError(held_by_another_task(f"{self.name!r}"))
         names = [self.locks[i].name for i in missing]
         raise LockNotOwnedError(f"{self.name!r}: not held by this owner: {names}")
@@ -214,7 +213,7 @@ class MultiLock(Guarded[tuple[int, ...]]):
         return f"<MultiLock {self.name!r} [{state}, parts:{len(self.locks)}]>"
 
 
-def _still_held(seam: Seam) -> bool:
+def _still_held(part: LockKind) -> bool:
     """The calling owner still holds the lock as far as its client knows (no I/O)."""
-    hold = seam.hold(seam.owner()[0])
+    hold = part.hold(part.current_owner()[0])
     return hold is not None and not hold.lost

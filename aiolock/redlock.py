@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any, Final
 
 from redis.exceptions import RedisError
 
-from ._core.base import Seam
 from ._core.composite import (
     CompositeHold,
     CompositeStatistics,
@@ -67,7 +66,7 @@ class RedLock(Guarded[int]):
     or ZooKeeper) when a stale writer would be harmful rather than merely wasteful.
     """
 
-    __slots__ = ("_seams", "clients", "name", "parts", "quorum")
+    __slots__ = ("clients", "name", "parts", "quorum")
 
     @teaching
     def __init__(self, clients: Sequence[Client], name: str, *, owner: str | None = None) -> None:
@@ -88,7 +87,6 @@ class RedLock(Guarded[int]):
         self.parts: tuple[AsyncRLock, ...] = tuple(
             client.lock(name, owner=owner) for client in clients
         )
-        self._seams = tuple(Seam(part) for part in self.parts)
         self.quorum = len(clients) // 2 + 1
         self._guards = None
 
@@ -120,7 +118,7 @@ class RedLock(Guarded[int]):
     def _traced_take(
         self, wait: float | None, lease: float | None
     ) -> Coroutine[Any, Any, CompositeHold[int] | None]:
-        tracing = self._seams[0].services.tracing  # the first part's client
+        tracing = self.parts[0].services.tracing  # the first part's client
         return traced(tracing, self._take(wait, lease), "redlock", self.name, _parts)
 
     async def _take(self, wait: float | None, lease: float | None) -> CompositeHold[int] | None:
@@ -142,11 +140,11 @@ class RedLock(Guarded[int]):
         loop = asyncio.get_running_loop()
         lease_s = lease if lease is not None else min(c.watchdog_timeout for c in self.clients)
         drift = lease_s * 0.01 + 0.002
-        owners = [seam.owner() for seam in self._seams]  # resolved in the calling task
+        owners = [part.current_owner() for part in self.parts]  # resolved in the calling task
         started = loop.time()
         calls = [
-            asyncio.ensure_future(seam.acquire_as(owner, task, lease))
-            for seam, (owner, task) in zip(self._seams, owners, strict=True)
+            asyncio.ensure_future(part.acquire_as(owner, task, lease))
+            for part, (owner, task) in zip(self.parts, owners, strict=True)
         ]
         # A server that does not answer within the lease cannot be part of a valid grant, nor
         # one that answers after the caller's deadline.
@@ -180,9 +178,9 @@ class RedLock(Guarded[int]):
         its own lock, and its lease ends it in any case.
         """
         _cancel_late(calls)
-        holds = [(self._seams[i], _hold(call)) for i, call in enumerate(calls) if _granted(call)]
+        holds = [(self.parts[i], _hold(call)) for i, call in enumerate(calls) if _granted(call)]
         releases = start_releases(
-            [seam.release(hold.owner) for seam, hold in holds if not hold.lost]
+            [part.release_one(hold.owner) for part, hold in holds if not hold.lost]
         )
         now = asyncio.get_running_loop().time()
         await asyncio.wait([releases], timeout=None if deadline == math.inf else deadline - now)
@@ -195,13 +193,13 @@ class RedLock(Guarded[int]):
 
         :raises LockNotOwnedError: if no server had a hold of the caller.
         """
-        owners = [seam.owner()[0] for seam in self._seams]
+        owners = [part.current_owner()[0] for part in self.parts]
         outcomes = await release_all(
-            [seam.release(owner) for seam, owner in zip(self._seams, owners, strict=True)]
+            [part.release_one(owner) for part, owner in zip(self.parts, owners, strict=True)]
         )
         if all(outcome is None or isinstance(outcome, _FAILURES) for outcome in outcomes):
             what = f"lock {self.name!r}"
-            if any(map(Seam.held_by_another_task, self._seams, owners)):
+            if any(map(AsyncRLock.held_by_another_task, self.parts, owners)):
                 raise LockNotOwnedError(held_by_another_task(what))
             raise LockNotOwnedError(f"{what} is not held by this owner")
 
@@ -226,12 +224,16 @@ class RedLock(Guarded[int]):
 
     async def is_held(self) -> bool:
         """``True`` if a majority of servers have it held by the caller."""
-        held = await self._gather([seam.read("hget", seam.owner()[0]) for seam in self._seams])
+        held = await self._gather(
+            [part.read("hget", part.current_owner()[0]) for part in self.parts]
+        )
         return sum(bool(value) for value in held) >= self.quorum
 
     async def hold_count(self) -> int:
         """The caller's reentrant count that a majority of servers agree on (0: not held)."""
-        counts = await self._gather([seam.read("hget", seam.owner()[0]) for seam in self._seams])
+        counts = await self._gather(
+            [part.read("hget", part.current_owner()[0]) for part in self.parts]
+        )
         ranked = sorted((int(count or 0) for count in counts), reverse=True)
         return ranked[self.quorum - 1]
 

@@ -1,7 +1,7 @@
 """``AsyncReadWriteLock``: many readers or one writer, across all clients; writers not starved.
 
-Redisson's ``RReadWriteLock`` for asyncio, on the shared base (:mod:`aiolock._core.base`): the read
-lock and the write lock are two kinds over one lock hash (scripts in ``scripts/rw/``).
+Redisson's ``RReadWriteLock`` for asyncio, on the shared engine (:mod:`aiolock._core.kind`): the
+read lock and the write lock are two kinds over one lock hash (scripts in ``scripts/rw/``).
 
 - Readers of many owners hold it at once; each owner's read holds have a lease of their own in
   a sorted set on the server's clock, and the lock lives as long as its longest hold, so the
@@ -29,9 +29,9 @@ from redis.asyncio.client import Pipeline
 from redis.exceptions import ResponseError
 
 from . import _scripts
-from ._core.base import Call, LockKind, Seam, release_args
 from ._core.habits import teaching
 from ._core.holds import Hold
+from ._core.hooks import Call, release_args
 from ._core.inspection import (
     Holder,
     ServerState,
@@ -44,6 +44,7 @@ from ._core.inspection import (
     server_ms,
 )
 from ._core.keys import LockKeys, hash_tag
+from ._core.kind import LockKind
 from ._core.metrics import lock_extra
 from ._core.services import Services
 from ._core.validate import check_name
@@ -108,9 +109,6 @@ class _Mode(LockKind):
         assert isinstance(keys, RWKeys)
         return keys
 
-    def _registry_key(self) -> str:
-        return f"{self._keys.lock}#{self.mode}"
-
     def _holds_either(self, owner: str) -> bool:
         """Whether ``owner`` holds either mode: the server answers its try at once (a re-entry,
         a read beside its own write, a refused upgrade), so it must not queue behind this
@@ -138,7 +136,7 @@ class _Mode(LockKind):
     async def _rw_state(self) -> tuple[bool, int, int, int, float, float]:
         """(someone writes, live readers, the caller's read holds, its write holds, seconds
         until the write hold ends, seconds until the last read hold ends)."""
-        owner, _ = self._owner()
+        owner, _ = self.current_owner()
         writer, readers, reads, writes, write_ms, read_ms = await self._services.calls.run(
             _scripts.RW_STATE, self._rw_keys.script_keys(), (owner,)
         )
@@ -168,9 +166,10 @@ class AsyncReadLock(_Mode):
 
     kind: ClassVar[str] = "rw-read"
     mode: ClassVar[str] = "r"
+    _registry_suffix: ClassVar[str] = "#r"
     _renew = _scripts.RW_RENEW_READ
 
-    def _attempt(self, owner: str, request: int, lease_ms: int) -> Call:
+    def attempt_call(self, owner: str, request: int, lease_ms: int) -> Call:
         args = (lease_ms, owner, request, 0, *self._late_args(owner))
         return _scripts.RW_READ, self._rw_keys.script_keys(), args
 
@@ -182,7 +181,7 @@ class AsyncReadLock(_Mode):
         args = (lease_ms, hold.owner, hold.token)
         return _scripts.RW_EXTEND_READ, self._rw_keys.script_keys(), args
 
-    def _release_call(self, owner: str, request: int, undo: int | None) -> Call:
+    def release_call(self, owner: str, request: int, undo: int | None) -> Call:
         return (
             _scripts.RW_RELEASE_READ,
             self._rw_keys.script_keys(),
@@ -228,9 +227,10 @@ class AsyncWriteLock(_Mode):
 
     kind: ClassVar[str] = "rw-write"
     mode: ClassVar[str] = "w"
+    _registry_suffix: ClassVar[str] = "#w"
     _renew = _scripts.RW_RENEW_WRITE
 
-    def _attempt(self, owner: str, request: int, lease_ms: int) -> Call:
+    def attempt_call(self, owner: str, request: int, lease_ms: int) -> Call:
         wait_ms = round(self._services.fair_wait_timeout * 1000)
         args = (lease_ms, owner, request, wait_ms, *self._late_args(owner))
         return _scripts.RW_WRITE, self._rw_keys.script_keys(), args
@@ -242,35 +242,32 @@ class AsyncWriteLock(_Mode):
         args = (lease_ms, hold.owner, hold.token)
         return _scripts.RW_EXTEND_WRITE, self._rw_keys.script_keys(), args
 
-    def _release_call(self, owner: str, request: int, undo: int | None) -> Call:
+    def release_call(self, owner: str, request: int, undo: int | None) -> Call:
         return (
             _scripts.RW_RELEASE_WRITE,
             self._rw_keys.script_keys(),
             release_args(owner, request, undo),
         )
 
-    async def _try_acquire(
-        self, owner: str, task: asyncio.Task[Any] | None, lease: float | None, started: float
-    ) -> Hold | float:
+    async def _after_error(
+        self, owner: str, task: asyncio.Task[Any] | None, error: ResponseError
+    ) -> bool:
         # The script refuses an owner that reads (an upgrade).  Read holds the client did not
         # know of are dropped and the write tried again; known ones make it a LockError.
-        while True:
-            try:
-                return await super()._try_acquire(owner, task, lease, started)
-            except ResponseError as error:
-                if "upgrade refused" not in str(error):
-                    raise
-                if task is None or not await self._dropped_unknown_reads(owner):
-                    raise LockError(
-                        f"the read lock of {self.name!r} is held by this owner: taking the "
-                        "write lock too could deadlock (release the read holds first)"
-                    ) from None
+        if "upgrade refused" not in str(error):
+            return False
+        if task is None or not await self._dropped_unknown_reads(owner):
+            raise LockError(
+                f"the read lock of {self.name!r} is held by this owner: taking the "
+                "write lock too could deadlock (release the read holds first)"
+            ) from None
+        return True
 
     async def _dropped_unknown_reads(self, owner: str) -> bool:
         """Whether the read holds that made the script refuse the owner (a task) were ones
         the client did not know of, now released: the write is then tried again."""
         services = self._services
-        reader = Seam(AsyncReadLock(services, self.name, self._explicit_owner))
+        reader = AsyncReadLock(services, self.name, self._explicit_owner)
         if reader.hold(owner) is not None:
             return False  # the owner reads, knowingly: an upgrade, refused
         # Read holds the client took for lost (its deadlines run a little ahead of the
@@ -309,7 +306,7 @@ class AsyncWriteLock(_Mode):
             reentering=self._holds_either(owner),
         )
 
-    def _withdraw_call(self, owner: str) -> Call:
+    def withdraw_call(self, owner: str) -> Call:
         # A writer that stops waiting stops holding readers back at once.
         return _scripts.RW_WITHDRAW, self._rw_keys.script_keys(), (owner,)
 

@@ -7,7 +7,7 @@ found none free tries again when the earliest lease ends (with no message).  A r
 one waiter, parked on the semaphore's channel as for the plain lock.
 
 Each acquisition is an owner of its own (the permit id) on the shared base
-(:mod:`aiolock._core.base`), so a cancelled or failed acquire is undone and a release with a lost
+(:mod:`aiolock._core.kind`), so a cancelled or failed acquire is undone and a release with a lost
 reply completed exactly as for the locks, and ``lease=None`` permits are renewed by the
 client's watchdog while the task that took them lives.
 """
@@ -21,12 +21,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from redis.asyncio.client import Pipeline
 
 from . import _scripts
-from ._core.base import Call, HoldKind, LockStatistics, Seam, release_args
 from ._core.guard import LockGuard
 from ._core.habits import not_awaitable, teaching
 from ._core.holds import Hold
+from ._core.hooks import Call, release_args
 from ._core.inspection import Holder, ServerState, Snapshot, as_str, seconds, server_ms
 from ._core.keys import LockKeys, hash_tag, marks_of
+from ._core.kind import HoldKind, LockStatistics
 from ._core.metrics import traced
 from ._core.services import Services
 from ._core.settlement import Attempt
@@ -37,7 +38,7 @@ from .errors import LockLostError, LockNotOwnedError, LockTimeoutError
 if TYPE_CHECKING:
     from ._core.transaction import Transaction
 
-__all__ = ["AsyncSemaphore", "Permit", "describe", "seam_of"]
+__all__ = ["AsyncSemaphore", "Permit", "describe", "permits_of"]
 
 
 class _Permits(HoldKind):
@@ -53,14 +54,14 @@ class _Permits(HoldKind):
         super().__init__(services, name, None)
         self.limit = limit
 
-    def _attempt(self, owner: str, request: int, lease_ms: int) -> Call:
+    def attempt_call(self, owner: str, request: int, lease_ms: int) -> Call:
         return (
             _scripts.SEMAPHORE_ACQUIRE,
             (self._keys.lock, self._marks),
             (lease_ms, owner, request, self.limit),
         )
 
-    def _release_call(self, owner: str, request: int, undo: int | None) -> Call:
+    def release_call(self, owner: str, request: int, undo: int | None) -> Call:
         keys = self._keys
         return (
             _scripts.SEMAPHORE_RELEASE,
@@ -68,7 +69,7 @@ class _Permits(HoldKind):
             release_args(owner, request, undo),
         )
 
-    def _grant_of(self, reply: Any, lease_ms: int) -> list[Any] | None:
+    def grant_of(self, reply: Any, lease_ms: int) -> list[Any] | None:
         # ``semaphore/acquire.lua`` answers {0, 1, lease left} for a grant; {-1, count} when
         # the count kept differs from this caller's, and a number of ms when all are taken.
         return reply if isinstance(reply, list) and reply[0] == 0 else None
@@ -88,7 +89,7 @@ class _Permits(HoldKind):
     def _extend_call(self, hold: Hold, lease_ms: int) -> Call:
         return _scripts.SEMAPHORE_EXTEND, (self._keys.lock,), (lease_ms, hold.owner)
 
-    def _void_call(self, owner: str, requests: list[int]) -> Call:
+    def void_call(self, owner: str, requests: list[int]) -> Call:
         window = self._services.resend_window_ms
         return (_scripts.SEMAPHORE_VOID, (self._marks,), (owner, window, *requests))
 
@@ -127,13 +128,12 @@ class AsyncSemaphore:
     changes it for everyone.
     """
 
-    __slots__ = ("_permits", "_seam", "name", "permits")
+    __slots__ = ("_permits", "name", "permits")
 
     def __init__(self, services: Services, name: str, permits: int) -> None:
         self.name = name
         self.permits = permits
         self._permits = _Permits(services, name, permits)
-        self._seam = Seam(self._permits)
 
     @teaching
     def acquire(self, wait: float | None = None, lease: float | None = None) -> _PermitContext:
@@ -152,13 +152,13 @@ class AsyncSemaphore:
         return await self._take(check_wait(wait), check_lease(lease))
 
     async def _take(self, wait: float | None, lease: float | None) -> Permit | None:
-        seam = self._seam
-        services = seam.services.check_open()
+        permits = self._permits
+        services = permits.services.check_open()
         taking = self._take_as(services, wait, lease)
         return await traced(
             services.tracing,
             taking,
-            seam.lock.kind,
+            permits.kind,
             self.name,
             lambda permit: () if permit is None else (permit._hold,),
         )
@@ -166,14 +166,14 @@ class AsyncSemaphore:
     async def _take_as(
         self, services: Services, wait: float | None, lease: float | None
     ) -> Permit | None:
-        seam = self._seam
+        permits = self._permits
         owners = services.owners
         who = (f"{owners.client_id}:p{owners.next_request()}", owners.holder_task())
         if wait is None:
-            await seam.wait_for_grant(lease, who)
-        elif not await seam.try_until(wait, lease, who):
+            await permits.wait_for_grant(lease, who)
+        elif not await permits.try_until(wait, lease, who):
             return None
-        hold = seam.hold(who[0])
+        hold = permits.hold(who[0])
         if hold is None:  # the grant registers it: never, short of a bug
             raise RuntimeError(f"semaphore {self.name!r} granted a permit it did not register")
         return Permit(self, hold, LockGuard(self._permits, hold))
@@ -187,9 +187,9 @@ class AsyncSemaphore:
     async def available(self) -> int:
         """How many permits are free now, by the count kept on the server (this caller's
         ``permits`` while nobody holds one)."""
-        seam = self._seam
-        held, kept = await seam.services.check_open().calls.run(
-            _scripts.SEMAPHORE_HELD, (seam.keys.lock,), ()
+        machinery = self._permits
+        held, kept = await machinery.services.check_open().calls.run(
+            _scripts.SEMAPHORE_HELD, (machinery.keys.lock,), ()
         )
         return max((int(kept) or self.permits) - int(held), 0)
 
@@ -204,9 +204,8 @@ class AsyncSemaphore:
         :raises ValueError: if it is less than 1 or more than 10**12 (both before any I/O).
         """
         permits = check_permits(permits)
-        seam = self._seam
-        keys = seam.keys
-        services = seam.services.check_open()
+        keys = self._permits.keys
+        services = self._permits.services.check_open()
         # First: the waiters of this object that the call wakes must try with the new count.
         self.permits = self._permits.limit = permits
         await services.calls.run(
@@ -223,9 +222,9 @@ class AsyncSemaphore:
         return f"<AsyncSemaphore {self.name!r} [held:{stats.held}/{self.permits}{extra}]>"
 
 
-def seam_of(semaphore: AsyncSemaphore) -> Seam:
-    """The declared interface (:class:`~aiolock._core.base.Seam`) of a semaphore's permits lock."""
-    return semaphore._seam
+def permits_of(semaphore: AsyncSemaphore) -> HoldKind:
+    """The lock kind behind a semaphore's permits (each permit id one owner of it)."""
+    return semaphore._permits
 
 
 def hold_of(permit: Permit) -> Hold:
@@ -280,9 +279,9 @@ class Permit:
         :raises LockNotOwnedError: if the permit was no longer held (its lease ran out, or it
             was released already).
         """
-        seam = self.semaphore._seam
-        seam.services.check_loop()
-        if await seam.release(self.id) is None:
+        permits = self.semaphore._permits
+        permits.services.check_loop()
+        if await permits.release_one(self.id) is None:
             raise LockNotOwnedError(f"permit {self.id!r} of {self.semaphore.name!r} is not held")
 
     def __repr__(self) -> str:
@@ -331,7 +330,7 @@ class _PermitContext:
         permit, self._permit = self._permit, None
         assert permit is not None, "__aexit__ without __aenter__"
         if not permit.lost:
-            await self._semaphore._seam.release(permit.id)
+            await self._semaphore._permits.release_one(permit.id)
         if not permit.lost:
             return False
         message = f"permit {permit.id!r} of {self._semaphore.name!r} was lost while held"

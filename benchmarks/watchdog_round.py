@@ -43,7 +43,6 @@ if __package__ in (None, ""):  # run as a script: this checkout's aiolock, not a
 from redis.asyncio import RedisCluster
 
 import aiolock
-from aiolock._core.base import Seam
 from aiolock.testing.embedded import EmbeddedCluster
 
 _LEASE = 600.0  # the watchdog's own rounds come every 200 s: none during a measurement
@@ -61,7 +60,7 @@ async def _round_costs(url: str, holds: int, rounds: int) -> tuple[list[float], 
         locks = [client.lock(f"hold-{index}", owner="bench") for index in range(holds)]
         for start in range(0, holds, _CONCURRENT):
             await asyncio.gather(*(lock.lock() for lock in locks[start : start + _CONCURRENT]))
-        watchdog = Seam(locks[0]).services.watchdog
+        watchdog = locks[0].services.watchdog
         renewals = watchdog.renewals
         cpu, wall = [], []
         for _ in range(rounds):

@@ -1,8 +1,9 @@
 """What tests share: waiting on conditions (never on fixed sleeps), and the one place that
 knows how to reach a client's services, a lock's keys and its pub/sub entry.
 
-A lock's internals are asked through its declared interface, :class:`aiolock._core.base.Seam`,
-and a client's pub/sub entries through ``PubSub.entries`` (reading one takes no reference);
+A lock's internals are asked through the internal names every kind declares (its ``keys``,
+``services``, ``current_owner()``, ``held()``... see :mod:`aiolock._core.kind`), and a
+client's pub/sub entries through ``PubSub.entries`` (reading one takes no reference);
 the few things no interface offers (a client's services, a latch's keys) are read here, once,
 so that a change inside the library meets one function rather than every test.
 """
@@ -23,21 +24,22 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 import aiolock
-from aiolock._core.base import LockKind, Seam
 from aiolock._core.keys import LockKeys
+from aiolock._core.kind import HoldKind, LockKind
 from aiolock._core.services import Services
 from aiolock._redis.calls import Calls, write
 from aiolock._redis.cluster import ClusterCalls
 from aiolock._redis.pubsub import Entry
 from aiolock.rw import RWKeys
-from aiolock.semaphore import seam_of
+from aiolock.semaphore import permits_of
 
 
 def services_of(of: Any) -> Services:
     """The services of a client (the one reach into ``Client._services``), or of a lock."""
     if isinstance(of, aiolock.Client):
         return of._services
-    return Seam(of).services
+    assert isinstance(of, HoldKind), of
+    return of.services
 
 
 def server_calls_of(client: aiolock.Client) -> Calls:
@@ -55,13 +57,14 @@ def cluster_calls_of(client: aiolock.Client) -> ClusterCalls:
 
 
 def keys_of(lock: Any) -> LockKeys:
-    """A lock's Redis keys: a semaphore's are its permits lock's; a latch, not a lock, has no
-    :class:`Seam` and is read directly."""
+    """A lock's Redis keys: a semaphore's are its permits lock's; a latch, not a lock kind, has
+    no ``keys`` of its own to offer and is read directly."""
     if isinstance(lock, aiolock.AsyncSemaphore):
-        return seam_of(lock).keys
+        return permits_of(lock).keys
     if isinstance(lock, aiolock.AsyncCountDownLatch):
         return lock._keys
-    return Seam(lock).keys
+    assert isinstance(lock, HoldKind), lock
+    return lock.keys
 
 
 def rw_keys_of(lock: aiolock.AsyncReadLock | aiolock.AsyncWriteLock) -> RWKeys:

@@ -1,7 +1,7 @@
 """What ``aiolock inspect`` reads: one lock's state on the server, in one MULTI/EXEC.
 
-Each kind's keys come from a lock object built through the :class:`~aiolock.Client` (through
-its :class:`~aiolock._core.base.Seam`), never from names put together here, and each kind reads
+Each kind's keys come from a lock object built through the :class:`~aiolock.Client` (its
+``keys``), never from names put together here, and each kind reads
 its own layout (its ``describe`` function, see :mod:`aiolock._core.inspection`): nothing here
 decodes a hash, a queue or a set.  The reads of one kind run in a single transaction with the
 server's ``TIME`` (:func:`_snapshot`), so the holders, leases, queue and counter are one
@@ -23,7 +23,6 @@ from redis.asyncio import Redis, RedisCluster
 from redis.exceptions import ResponseError
 
 from .. import rw, semaphore
-from .._core.base import Seam
 from .._core.inspection import Holder, Reads, ServerState, Snapshot, Waiter, describe_holds
 from .._redis.cluster import node_of
 from ..client import Client
@@ -104,31 +103,31 @@ Described = tuple[str, ServerState]
 
 
 async def _lock(client: Client, name: str, permits: int | None) -> Described:
-    keys = Seam(client.lock(name)).keys
+    keys = client.lock(name).keys
     snapshot = _snapshot_of(client, keys.lock)
     return keys.lock, await describe_holds(keys, snapshot, (keys.channel,))
 
 
 async def _spin(client: Client, name: str, permits: int | None) -> Described:
-    keys = Seam(client.spin_lock(name)).keys
+    keys = client.spin_lock(name).keys
     # The spin lock's waiters never subscribe.
     return keys.lock, await describe_holds(keys, _snapshot_of(client, keys.lock))
 
 
 async def _fair(client: Client, name: str, permits: int | None) -> Described:
-    keys = Seam(client.fair_lock(name)).keys
+    keys = client.fair_lock(name).keys
     assert isinstance(keys, FairKeys)
     return keys.lock, await fair_queue.describe(keys, _snapshot_of(client, keys.lock))
 
 
 async def _rw(client: Client, name: str, permits: int | None) -> Described:
-    keys = Seam(client.rw_lock(name).write_lock()).keys
+    keys = client.rw_lock(name).write_lock().keys
     assert isinstance(keys, RWKeys)
     return keys.lock, await rw.describe(keys, _snapshot_of(client, keys.lock))
 
 
 async def _semaphore(client: Client, name: str, permits: int | None) -> Described:
-    keys = semaphore.seam_of(client.semaphore(name, permits or 1)).keys
+    keys = semaphore.permits_of(client.semaphore(name, permits or 1)).keys
     return keys.lock, await semaphore.describe(keys, _snapshot_of(client, keys.lock))
 
 

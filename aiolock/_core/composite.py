@@ -12,8 +12,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
-from .base import LockKind, LockStatistics, Seam
 from .holds import Hold
+from .kind import LockKind, LockStatistics
 
 __all__ = ["CompositeHold", "CompositeStatistics", "release_all", "start_releases"]
 
@@ -93,7 +93,7 @@ class CompositeHold(Generic[TokenT]):
                 part.listeners.remove(self._part_lost)
         outcomes = await release_all(
             [
-                Seam(lock).release(part.owner)
+                lock.release_one(part.owner)
                 for lock, part in zip(self.locks, self.parts, strict=True)
                 if not part.lost
             ]

@@ -256,7 +256,7 @@ class Holds:
         channels: tuple[str, ...],
     ) -> Hold:
         """Record a grant ``[token, count, pttl]``, as the kind read it from its acquire
-        script's reply (``HoldKind._grant_of``).
+        script's reply (``KindHooks.grant_of``).
 
         ``started``: when the acquire call began (loop time), for the wait it took.
         """

@@ -9,8 +9,8 @@ are holds the server has, or are marked lost; the server has no hold of that own
 client does not know about.
 
 A :class:`Settlement` is made for one lock when there is something to settle, from the lock's
-declared interface (:class:`Settled`, which the kind base's ``Seam`` offers): the lock's
-keys, its client's services, and its release and void calls.  The kind base sends the calls;
+declared interface (:class:`Settled`, which every kind offers, :mod:`aiolock._core.kind`): the
+lock's keys, its client's services, and its release and void calls.  The kind sends the calls;
 this module decides what their unknown outcomes leave behind, and cleans it up.
 """
 
@@ -66,7 +66,7 @@ async def until_it_lands(
 
 
 class Settled(Protocol):
-    """What settlement asks of a lock (the kind base's ``Seam`` offers it)."""
+    """What settlement asks of a lock (every kind offers it: :mod:`aiolock._core.kind`)."""
 
     @property
     def name(self) -> str: ...
@@ -93,10 +93,6 @@ class Settled(Protocol):
 
     def grant_of(self, reply: Any, lease_ms: int) -> list[Any] | None:
         """The grant an acquire call's ``reply`` answers; ``None``: the lock was refused."""
-        ...
-
-    def released_last(self, hold: Hold | None) -> None:
-        """A release of this client deleted the lock."""
         ...
 
     def wake_others(self) -> Coroutine[Any, Any, None]:
@@ -311,17 +307,11 @@ class Settlement:
             self.released_copies(owner, request, copies)
             remaining = holds_left(work.result())
             lock.services.holds.released(lock.registry_key, owner, remaining)
-            if remaining == 0:
-                # The caller was cancelled, but its release deleted the lock all the same: this
-                # client's parked waiters are woken here, or nobody wakes them (the release
-                # publishes only for a waiter this incarnation of the lock refused).
-                lock.released_last(None)
             return
         await self.retry_release(owner, request, None, until, copies)
         # The first copy may have deleted the lock, and with it the mark of a waiter refused
         # meanwhile, whose wake-up it owed (a plain release publishes only once it reads its
         # reply): the resend finds nothing to say so.  A spare wake-up costs a try.
-        self.lock.released_last(None)
         await self.lock.wake_others()
 
     def released_copies(self, owner: str, request: int, copies: Copies) -> None:
@@ -382,8 +372,6 @@ class Settlement:
                 self.released_copies(owner, request, copies)
                 return False
             self.released_copies(owner, request, copies)
-            if reply == 0:
-                lock.released_last(None)
             if not holds_left(reply):
                 return True
 
@@ -435,8 +423,6 @@ class Settlement:
             return
         self.released_copies(owner, request, copies)
         services.holds.released(lock.registry_key, owner, holds_left(reply))
-        if reply == 0:
-            lock.released_last(None)
 
     # -- the pieces --------------------------------------------------------------------------
 

@@ -1,6 +1,6 @@
 """How a task waits between two tries of a lock: one strategy object per waiting call.
 
-The wait loop (:class:`aiolock._core.base.HoldKind`) asks its strategy when to try first, parks
+The wait loop (:mod:`aiolock._core.acquire`) asks its strategy when to try first, parks
 on the future it gets for a pause, and tells it when it leaves.  Every method is synchronous, so a
 parked task carries no extra coroutine frame.
 

@@ -1,6 +1,6 @@
 """``AsyncFairLock``: first come, first served across every client, with the queue in Redis.
 
-A kind on the shared base (:mod:`aiolock._core.base`) with the scripts in ``scripts/fair/``: the
+A kind on the shared engine (:mod:`aiolock._core.kind`) with the scripts in ``scripts/fair/``: the
 lock hash of the plain lock, plus a queue of waiting owners (a list, first in line first) and
 their deadlines on the server's clock.  A try that does not get the lock takes (or keeps) the
 owner's place and sets its deadline; a release grants the lock to exactly the next waiter
@@ -46,12 +46,15 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any, ClassVar
 
 from .. import _scripts
-from .._core.base import Call, LockKind, release_args
 from .._core.holds import Hold
+from .._core.hooks import Call, release_args
 from .._core.keys import LockKeys, alive_of
+from .._core.kind import LockKind
 from .._core.services import Services
 from .._core.settlement import Attempt
 from .._core.waiting import MessageGrant, Waiting
@@ -110,7 +113,7 @@ class AsyncFairLock(LockKind):
         assert isinstance(keys, FairKeys)
         return keys.script_keys()
 
-    def _attempt(self, owner: str, request: int, lease_ms: int) -> Call:
+    def attempt_call(self, owner: str, request: int, lease_ms: int) -> Call:
         wait_ms = round(self._services.fair_wait_timeout * 1000)
         keeper = self._keeper()
         late = self._late_args(owner)
@@ -137,15 +140,14 @@ class AsyncFairLock(LockKind):
         then count a grant from the queue it marked as this call's (see the module doc)."""
         return ("fresh",) if self._services.holds.get(self._hold_key, owner) is None else ()
 
-    async def _acquire_as(
-        self, owner: str, task: asyncio.Task[Any] | None, lease: float | None
-    ) -> Hold | float:
+    @contextmanager
+    def _single_try(self, owner: str) -> Iterator[None]:
         keeper = self._keeper()  # kept alive by this frame, with its record of the call
         once = keeper.once
         once[owner] = once.get(owner, 0) + 1
         keeper.begin(owner)
         try:
-            return await super()._acquire_as(owner, task, lease)
+            yield
         finally:
             keeper.end(owner)
             if once[owner] == 1:
@@ -207,16 +209,14 @@ class AsyncFairLock(LockKind):
             services.watchdog.renew_by(now + left / 3)
         return hold
 
-    def _release_call(self, owner: str, request: int, undo: int | None) -> Call:
+    def release_call(self, owner: str, request: int, undo: int | None) -> Call:
         args = release_args(owner, request, undo)
         return _scripts.FAIR_RELEASE, self._script_keys(), args
 
-    def _plain_release(self, hold: Hold) -> Call | None:
+    def _last_release_script(self, hold: Hold) -> Call | None:
         """The owner's last release with no fault around it (``fair/last.lua``): its hold's
         fields end in one ``HDEL`` and the lock is granted to the next waiter, stamped with
         this client's lower bound of the server's time when it has one (no ``TIME``)."""
-        if hold.resent:
-            return None
         keeper = self._services.peek_name_state("fair-keep", self.name)
         stamp = keeper.server_ms() if isinstance(keeper, KeepAlive) else None
         args = (hold.owner, "-" if stamp is None else stamp)
@@ -243,7 +243,7 @@ class AsyncFairLock(LockKind):
     def _waiting(self, owner: str) -> Waiting:
         return NamedWait(self._services, self._keys.channel, self._counters, owner, self._keeper())
 
-    def _withdraw_call(self, owner: str) -> Call | None:
+    def withdraw_call(self, owner: str) -> Call | None:
         # With fresh, it also takes back a grant from the queue its client never took; with
         # the member its last try left, it finds its place without a search.  A call whose
         # tries were all answered, the last taking no place (once), has nothing to withdraw.

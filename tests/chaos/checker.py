@@ -415,7 +415,7 @@ def _check_waits(
         calls += [(f"nested {entry.call}", entry) for entry in attempt.nested]
         for mode, call in calls:
             # wait=0 is documented as one attempt "however long that call takes" (LockKind's
-            # _try_until): only a real wait promises a deadline.
+            # try_until): only a real wait promises a deadline.
             if not call.wait or call.t_done is None:
                 continue
             if call.result not in (GRANTED, TIMEOUT):

@@ -22,7 +22,6 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 import aiolock
 from aiolock import _scripts
-from aiolock._core.base import Seam
 from tests.helpers import eventually, held_by_another_task, keys_of, services_of
 
 from .proxy import FreezableProxy
@@ -192,7 +191,7 @@ async def test_c_the_next_fresh_grant_gets_a_larger_token(
         handed.append(guard.fencing_token)
     if nested:
         await lock.lock()
-        handed.append(Seam(lock).held().token)
+        handed.append(lock.held().token)
     reply = proxy.cut_next_request(ACQUIRE)
     with pytest.raises(RedisConnectionError):
         await lock.try_lock(wait=0)
@@ -299,17 +298,16 @@ async def test_e_a_resent_grant_is_voided_before_its_release(
     await lock.lock()  # the resend's answer
     token, count = grant(await dropped(reply))
     assert count == 1
-    seam = Seam(lock)
-    owner, _ = seam.owner()
-    hold = seam.hold(owner)
+    owner, _ = lock.current_owner()
+    hold = lock.hold(owner)
     assert hold is not None
     assert hold.token == token  # the same grant, answered twice
     assert len(hold.resent) == 1
     request = hold.resent[0]
     # The resend's own mark lives a minute: as if this hold had outlived it.
-    assert await redis.hdel(seam.keys.meta, f"{owner}/{request}") == 1
+    assert await redis.hdel(lock.keys.meta, f"{owner}/{request}") == 1
     await lock.unlock()
-    assert await redis.hget(seam.keys.meta, f"{owner}/{request}") is not None  # voided
+    assert await redis.hget(lock.keys.meta, f"{owner}/{request}") is not None  # voided
     await assert_free(redis, lock)
 
     async def another_owner() -> None:
@@ -317,8 +315,8 @@ async def test_e_a_resent_grant_is_voided_before_its_release(
             pass
 
     await asyncio.create_task(another_owner())
-    late = seam.attempt_call(owner, request, 30_000)  # the first copy, arriving now
-    assert seam.grant_of(await services_of(aiolock_client).calls.run(*late), 30_000) is None
+    late = lock.attempt_call(owner, request, 30_000)  # the first copy, arriving now
+    assert lock.grant_of(await services_of(aiolock_client).calls.run(*late), 30_000) is None
     await assert_free(redis, lock)
     no_unknown_holds()
 
@@ -340,15 +338,14 @@ async def test_e_a_resent_try_that_was_refused_is_voided_at_once(
         assert not await lock.try_lock(wait=0)  # the resend's answer: busy
         assert (await dropped(reply)).startswith(b"*1\r\n")  # the first copy: busy too, {pttl}
         assert client.statistics().pending == 0  # no void call of the client's: the script's
-    seam = Seam(lock)
-    owner, _ = seam.owner()
+    owner, _ = lock.current_owner()
     voided = [
-        field for field in await redis.hkeys(seam.keys.meta) if str(field).startswith(f"{owner}/")
+        field for field in await redis.hkeys(lock.keys.meta) if str(field).startswith(f"{owner}/")
     ]
     assert len(voided) == 1
     request = int(str(voided[0]).rsplit("/", 1)[1])
-    late = seam.attempt_call(owner, request, 30_000)  # the first copy, arriving once it is free
-    assert seam.grant_of(await services_of(aiolock_client).calls.run(*late), 30_000) is None
+    late = lock.attempt_call(owner, request, 30_000)  # the first copy, arriving once it is free
+    assert lock.grant_of(await services_of(aiolock_client).calls.run(*late), 30_000) is None
     await assert_free(redis, lock)
 
 
@@ -367,19 +364,18 @@ async def test_e_a_resent_grant_whose_lease_ran_out_is_voided_when_lost(
     reply = proxy.cut_next_request(ACQUIRE)
     await lock.lock(lease=0.3)  # the resend's answer
     grant(await dropped(reply))
-    seam = Seam(lock)
-    owner, _ = seam.owner()
-    hold = seam.hold(owner)
+    owner, _ = lock.current_owner()
+    hold = lock.hold(owner)
     assert hold is not None
     request = hold.resent[0]
     # The resend's own mark lives a minute: as if this hold had outlived it.
-    assert await redis.hdel(seam.keys.meta, f"{owner}/{request}") == 1
+    assert await redis.hdel(lock.keys.meta, f"{owner}/{request}") == 1
     await eventually(lambda: hold.lost, what="the lease to run out")
     await settled(client)
-    assert await redis.hget(seam.keys.meta, f"{owner}/{request}") is not None  # voided
+    assert await redis.hget(lock.keys.meta, f"{owner}/{request}") is not None  # voided
     await eventually(lambda: _gone(redis, lock), what="the lock to expire on the server")
-    late = seam.attempt_call(owner, request, 30_000)  # the first copy, arriving now
-    assert seam.grant_of(await services_of(aiolock_client).calls.run(*late), 30_000) is None
+    late = lock.attempt_call(owner, request, 30_000)  # the first copy, arriving now
+    assert lock.grant_of(await services_of(aiolock_client).calls.run(*late), 30_000) is None
     await assert_free(redis, lock)
 
 

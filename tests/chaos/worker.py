@@ -56,8 +56,8 @@ from aiolock import (
     LockSyncError,
     LockTimeoutError,
 )
-from aiolock._core.base import LockKind, Seam
 from aiolock._core.holds import Hold
+from aiolock._core.kind import LockKind
 from aiolock.client import Client
 from aiolock.semaphore import hold_of
 from tests.helpers import services_of
@@ -357,8 +357,8 @@ async def _reentries(
 
 def _other_mode(lock: LockKind) -> LockKind:
     """The other mode of a read-write lock, for the same owner (explicit, or the task's)."""
-    rw = aiolock.AsyncReadWriteLock(Seam(lock).services, lock.name)
-    owner = Seam(lock).explicit_owner
+    rw = aiolock.AsyncReadWriteLock(lock.services, lock.name)
+    owner = lock.explicit_owner
     if isinstance(lock, aiolock.AsyncReadLock):
         return rw.write_lock(owner=owner)
     return rw.read_lock(owner=owner)
@@ -434,9 +434,8 @@ async def _inner_body(entry: Reentry, seconds: float, lost: Callable[[], bool]) 
 def _hold_of(lock: LockKind) -> Hold | None:
     """The calling owner's hold in the client's registry: no public call returns the token of a
     ``try_lock()`` grant."""
-    seam = Seam(lock)
-    owner, _ = seam.owner()
-    return seam.hold(owner)
+    owner, _ = lock.current_owner()
+    return lock.hold(owner)
 
 
 async def _plain(lock: LockKind, plan: Plan, diagnostics: Diagnostics) -> None:
@@ -618,7 +617,7 @@ async def run_operation(
             await _composite(composite(plan), plan, diagnostics)
         else:
             lock = _make_lock(client, plan)
-            attempt.owner, _ = Seam(lock).owner()  # this task's, or the explicit one
+            attempt.owner, _ = lock.current_owner()  # this task's, or the explicit one
             await (_guarded if guarded else _plain)(lock, plan, diagnostics)
     except BaseException as exc:
         _classify(attempt, exc, diagnostics, attempt.label)

@@ -1,9 +1,9 @@
 """The package's seams: no module reaches into another's underscore names, no import circle.
 
 A private name is a module's own business; code elsewhere asks through a declared interface
-(:class:`aiolock._core.base.Seam`, a module function), so that a module can change inside
-without reading every module that uses it.  redis-py's privates are read in one module only,
-``aiolock/_redis/redispy.py``, which its own test guards.
+(a kind's internal names without an underscore, a module function), so that a module can
+change inside without reading every module that uses it.  redis-py's privates are read in one
+module only, ``aiolock/_redis/redispy.py``, which its own test guards.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def runtime_imports(path: Path) -> set[str]:
 
 def test_no_module_reaches_into_another_modules_privates() -> None:
     found = [use for path in sorted(PACKAGE.rglob("*.py")) for use in reaches(path)]
-    assert found == [], "declare a seam instead of reaching in:\n" + "\n".join(found)
+    assert found == [], "declare a target instead of reaching in:\n" + "\n".join(found)
 
 
 def test_no_import_circle() -> None:

@@ -22,9 +22,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from aiolock import AsyncRLock, AsyncSemaphore, LockNotOwnedError, LockSyncError
-from aiolock._core.base import Seam
 from aiolock._core.services import Services
-from aiolock.semaphore import seam_of
+from aiolock.semaphore import permits_of
 from tests.unit.fake_runner import (
     Fail,
     FakeRunner,
@@ -68,7 +67,7 @@ async def services(runner: FakeRunner) -> AsyncIterator[Services]:
 async def lock(services: Services) -> AsyncRLock:
     """A reentrant lock of the explicit owner ``OWNER`` (no task ties its holds)."""
     made = AsyncRLock(services, "orders", OWNER)
-    assert Seam(made).owner()[0] == ID
+    assert made.current_owner()[0] == ID
     return made
 
 
@@ -78,8 +77,8 @@ def now() -> float:
 
 async def settled(lock: AsyncRLock, owner: str = ID) -> None:
     """Wait for the owner's settlements on the lock (what its next acquire waits for)."""
-    seam = Seam(lock)
-    await seam.services.holds.settle(seam.keys.lock, owner)
+
+    await lock.services.holds.settle(lock.keys.lock, owner)
 
 
 def held_count(lock: AsyncRLock) -> int:
@@ -323,7 +322,7 @@ async def test_a_permit_acquire_cancelled_in_flight_is_undone_under_its_permit_i
     reply.answer([0, 1, round(LEASE * 1000)])
     [acquire] = runner.named("semaphore/acquire")
     permit = acquire.args[1]
-    await services.holds.settle(seam_of(semaphore).keys.lock, permit)
+    await services.holds.settle(permits_of(semaphore).keys.lock, permit)
     [undo] = runner.named("semaphore/release")
     assert undo.args[0] == permit
     assert undo_of(undo) == request_of(acquire)
@@ -372,7 +371,7 @@ async def test_an_undo_that_never_lands_gives_up_once_the_hold_surely_ended(
     runner.script(RELEASE, Reply(2), Reply(1))
     caplog.clear()
     with caplog.at_level(logging.WARNING, "aiolock.lock"):
-        assert await Seam(lock).release(ID) == 2
+        assert await lock.release_one(ID) == 2
         await settled(lock)
     [record] = [r for r in caplog.records if "did not know of" in r.getMessage()]
     assert record.levelno == logging.WARNING
@@ -450,7 +449,7 @@ async def test_a_grant_that_reentered_a_hold_taken_for_lost_is_dropped_and_tried
     assert await lock.try_lock(lease=LEASE)
     assert [sent.name for sent in runner.sent[1:]] == [ACQUIRE, *[RELEASE] * count, ACQUIRE]
     assert all(undo_of(sent) is None for sent in runner.named(RELEASE))
-    hold = Seam(lock).hold(ID)
+    hold = lock.hold(ID)
     assert hold is not None
     assert (hold.token, hold.count) == (8, 1)
 
@@ -474,7 +473,7 @@ async def test_a_release_whose_reply_was_lost_is_no_longer_held_and_is_resent(
     # The first copy may have deleted the lock and the mark of a waiter refused meanwhile,
     # whose wake-up it owed: a resend cannot tell, so it names the next waiting client.
     [wake] = runner.named(WAKE)
-    keys = Seam(lock).keys
+    keys = lock.keys
     assert wake.keys == (keys.lock, keys.waiting, keys.channel)
 
 
@@ -490,8 +489,8 @@ async def test_a_last_plain_release_whose_reply_was_lost_leaves_nothing_held(
     runner.answer(WAKE, 1)
     with pytest.raises(RedisConnectionError):
         await lock.unlock()
-    seam = Seam(lock)
-    assert seam.hold(ID) is None
+
+    assert lock.hold(ID) is None
     assert held_count(lock) == 0
     await settled(lock)
     [release] = runner.named(RELEASE)
@@ -528,8 +527,7 @@ async def test_a_release_cancelled_before_it_was_sent_is_sent_all_the_same(
     async def earlier_settlement() -> None:
         await blocker.wait()
 
-    seam = Seam(lock)
-    seam.services.holds.defer(seam.keys.lock, ID, earlier_settlement())
+    lock.services.holds.defer(lock.keys.lock, ID, earlier_settlement())
     runner.answer(RELEASE, 1)
     runner.answer(WAKE, 1)
     task = asyncio.create_task(lock.unlock())
@@ -560,7 +558,7 @@ async def test_a_plain_release_cancelled_in_flight_is_recorded_from_its_late_rep
     reply.answer(3)
     await settled(lock)
     assert [sent.name for sent in runner.sent[1:]] == [HDEL]  # nothing resent, no wake-up
-    assert Seam(lock).owner()[0] != ID
+    assert lock.current_owner()[0] != ID
 
 
 async def test_a_resent_release_is_carried_by_the_owners_acquires_for_the_window(
@@ -600,7 +598,7 @@ async def test_a_plain_release_with_an_unknown_outcome_renames_the_owner_for_the
     await settled(lock)
     [completed] = runner.named(RELEASE)
     assert completed.args[0] == ID  # completed under the id it ended
-    alias = Seam(lock).owner()[0]
+    alias = lock.current_owner()[0]
     assert alias != ID
     runner.script(ACQUIRE, Reply(8))
     assert await lock.try_lock(lease=LEASE)
@@ -686,12 +684,12 @@ async def test_a_new_id_is_no_other_owners_id(
     await settled(lock)
     [release] = runner.named(RELEASE)
     request = release.args[1]
-    new_id = Seam(lock).owner()[0]
+    new_id = lock.current_owner()[0]
     assert new_id != ID
     assert new_id.partition(":")[0] == "fake-client"
     lookalikes = [f"{OWNER}~{request}", f"{OWNER}:a{request}", f"a{request}:x:{OWNER}"]
     for name in lookalikes:
-        assert Seam(AsyncRLock(services, "orders", name)).owner()[0] != new_id
+        assert AsyncRLock(services, "orders", name).current_owner()[0] != new_id
 
 
 async def test_a_resent_plain_release_renames_the_owner_too(
@@ -798,7 +796,7 @@ async def test_a_release_that_leaves_holds_the_client_never_knew_of_drops_them(
     await hold(lock, runner, count=2)
     runner.script(RELEASE, Reply(3), Reply(2), Reply(1))
     with caplog.at_level(logging.WARNING, "aiolock.lock"):
-        assert await Seam(lock).release(ID) == 3
+        assert await lock.release_one(ID) == 3
         await settled(lock)
     [record] = [r for r in caplog.records if "did not know of" in r.getMessage()]
     assert record.levelno == logging.ERROR

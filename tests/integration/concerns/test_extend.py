@@ -15,7 +15,6 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
-from aiolock._core.base import Seam
 from aiolock.testing.pytest_plugin import ServerInfo
 from tests.helpers import (
     assert_clean,
@@ -149,7 +148,7 @@ async def test_extend_checks_the_guards_fencing_token(
     lock = aiolock_client.lock("token")
     with pytest.raises(aiolock.LockLostError):
         async with lock.acquire(wait=5, lease=30) as guard:
-            owner, _ = Seam(lock).owner()
+            owner, _ = lock.current_owner()
             await redis.hset(keys_of(lock).lock, f"f:{owner}", guard.fencing_token + 1)
             with pytest.raises(aiolock.LockLostError):
                 await guard.extend(60)

@@ -22,9 +22,9 @@ from redis.backoff import ConstantBackoff
 from redis.exceptions import ResponseError
 
 import aiolock
-from aiolock._core.base import LockKind, Seam
 from aiolock._core.keys import marks_of
-from aiolock.semaphore import seam_of
+from aiolock._core.kind import HoldKind, LockKind
+from aiolock.semaphore import permits_of
 from aiolock.testing.embedded import EmbeddedServer
 from aiolock.testing.pytest_plugin import ServerInfo
 from tests.helpers import evalsha_calls, eventually, services_of, stall_server, use_once
@@ -220,10 +220,11 @@ async def test_an_undo_marks_for_the_resend_window_only(
 
     async def mark(kind: str) -> None:
         name = f"undone-{kind}"
+        lock: HoldKind
         if kind == "semaphore":
-            seam = seam_of(client.semaphore(name, 1))  # its permits lock's
+            lock = permits_of(client.semaphore(name, 1))  # its permits lock
             owner = "undone-permit"
-            marked = marks_of(seam.keys)  # apart from the permits: theirs lives for a lease
+            marked = marks_of(lock.keys)  # apart from the permits: theirs lives for a lease
         else:
             makers: dict[str, Callable[[str], LockKind]] = {
                 "lock": client.lock,
@@ -232,17 +233,16 @@ async def test_an_undo_marks_for_the_resend_window_only(
                 "write": lambda n: client.rw_lock(n).write_lock(),
             }
             lock = makers[kind](name)
-            seam = Seam(lock)
-            owner, _ = seam.owner()
-            marked = seam.keys.meta
+            owner, _ = lock.current_owner()
+            marked = lock.keys.meta
         services = services_of(client)
         late = services.owners.next_request()
         loop = asyncio.get_running_loop()
-        settlement = seam.settlement
+        settlement = lock.settlement
         await settlement.retry_release(owner, services.owners.next_request(), late, loop.time() + 5)
         assert 0 < await redis.pttl(marked) <= window, kind
-        reply = await services.calls.run(*seam.attempt_call(owner, late, 600_000))  # the late copy
-        assert seam.grant_of(reply, 600_000) is None, kind  # refused
+        reply = await services.calls.run(*lock.attempt_call(owner, late, 600_000))  # the late copy
+        assert lock.grant_of(reply, 600_000) is None, kind  # refused
 
     async def only_the_counter() -> bool:
         return set(await keys_under(redis, client.key_prefix)) <= {f"{client.key_prefix}:fence"}

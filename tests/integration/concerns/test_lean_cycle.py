@@ -16,7 +16,6 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
-from aiolock._core.base import Seam
 from tests.helpers import counted, eventually, keys_of, services_of
 
 pytestmark = pytest.mark.anyio
@@ -55,27 +54,26 @@ async def test_a_fault_free_grant_answers_its_token_alone(
     build on the server); the client reads it as count 1 with the lease it asked.  A refusal
     answers ``{pttl}``, a re-entry the whole ``{token, count, pttl}``."""
     lock = aiolock_client.lock("short-answer")
-    seam = Seam(lock)
-    owner, _ = seam.owner()
+    owner, _ = lock.current_owner()
     services = services_of(aiolock_client)
-    fresh = seam.attempt_call(owner, services.owners.next_request(), 20_000)
+    fresh = lock.attempt_call(owner, services.owners.next_request(), 20_000)
     token = await services.calls.run(*fresh)
     assert isinstance(token, int)
     assert await redis.hget(keys_of(lock).lock, f"f:{owner}") == str(token)
     assert 19_000 < await redis.pttl(keys_of(lock).lock) <= 20_000
-    assert seam.grant_of(token, 20_000) == [token, 1, 20_000]
-    again = seam.attempt_call(owner, services.owners.next_request(), 20_000)
+    assert lock.grant_of(token, 20_000) == [token, 1, 20_000]
+    again = lock.attempt_call(owner, services.owners.next_request(), 20_000)
     assert await services.calls.run(*again) == [token, 2, pytest.approx(20_000, abs=1_000)]
-    other = seam.attempt_call("another owner", services.owners.next_request(), 20_000)
+    other = lock.attempt_call("another owner", services.owners.next_request(), 20_000)
     refused = await services.calls.run(*other)
     assert isinstance(refused, list)
     assert len(refused) == 1
     assert 0 < refused[0] <= 20_000
-    assert seam.grant_of(refused, 20_000) is None
+    assert lock.grant_of(refused, 20_000) is None
     for _ in range(2):
         assert (
             await services.calls.run(
-                *seam.release_call(owner, services.owners.next_request(), None)
+                *lock.release_call(owner, services.owners.next_request(), None)
             )
             is not None
         )

@@ -22,7 +22,6 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
-from aiolock._core.base import Seam
 from tests.helpers import eventually, keys_of, rw_keys_of
 
 pytestmark = pytest.mark.anyio
@@ -85,7 +84,7 @@ async def _rw_end(redis: Redis, lock: Any) -> int:
     if isinstance(lock, aiolock.AsyncWriteLock):
         ends = await redis.hget(keys.lock, "we")
     else:
-        owner, _ = Seam(lock).owner()
+        owner, _ = lock.current_owner()
         ends = await redis.zscore(keys.readers, owner)
     assert ends is not None, "the hold is gone right after its grant"
     return int(float(ends))

@@ -14,7 +14,6 @@ from redis.asyncio import Redis
 
 import aiolock
 from aiolock import _scripts
-from aiolock._core.base import Seam
 from aiolock._redis import calls
 from tests.helpers import assert_clean, eventually, services_of
 
@@ -73,7 +72,7 @@ async def test_force_unlock_is_noticed_within_one_period(make_client: MakeClient
     with pytest.raises(aiolock.LockLostError, match="taken"):
         async with lock.acquire(wait=0) as guard:
             lost = asyncio.Event()
-            Seam(lock).held().listeners.append(lost.set)  # the guard's hold
+            lock.held().listeners.append(lost.set)  # the guard's hold
             forced_at = loop.time()
             assert await other.lock("taken").force_unlock()
             await asyncio.wait_for(lost.wait(), timeout=2)
@@ -163,8 +162,7 @@ async def test_a_renewal_read_after_the_lease_deadline_still_keeps_the_hold(
 
     monkeypatch.setattr(runner, "run_synced", read_late)
     async with lock.acquire() as guard:
-        seam = Seam(lock)
-        late.append(seam.hold(seam.owner()[0]))
+        late.append(lock.hold(lock.current_owner()[0]))
         await eventually(lambda: not late and lock.statistics().renewals >= 2, what="renewed")
         assert not guard.lost
         assert await lock.is_held()

@@ -21,10 +21,9 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 import aiolock
 from aiolock import _scripts
-from aiolock._core.base import Seam
 from aiolock._core.settlement import Copies
 from aiolock.fair.queue import FairKeys
-from aiolock.semaphore import seam_of
+from aiolock.semaphore import permits_of
 from aiolock.testing.pytest_plugin import ServerInfo
 from tests.helpers import (
     evalsha_calls,
@@ -139,7 +138,7 @@ async def _late_copy_refused(client: aiolock.Client, lock: Any, acquire: Any) ->
     """``acquire``'s first copy arrives late: it grants nothing, and the owner's own next call
     is granted as usual."""
     reply = await services_of(client).calls.run(*acquire)
-    assert Seam(lock).grant_of(reply, 30_000) is None  # refused, not granted
+    assert lock.grant_of(reply, 30_000) is None  # refused, not granted
     assert not await lock.is_locked()
     assert await lock.try_lock()
     await lock.unlock()
@@ -165,16 +164,15 @@ async def test_a_late_copy_of_an_undone_acquire_does_not_apply(
     nobody knows of."""
     lock = _lock(aiolock_client, kind, "late")
     await lock.lock()
-    seam = Seam(lock)
-    owner, _ = seam.owner()
+    owner, _ = lock.current_owner()
     services = services_of(aiolock_client)
     late = services.owners.next_request()
-    undo = seam.release_call(owner, services.owners.next_request(), late)
+    undo = lock.release_call(owner, services.owners.next_request(), late)
     assert await services.calls.run(*undo) == 1  # nothing applied yet: nothing undone
     if gone:
         await lock.unlock()
-    reply = await services.calls.run(*seam.attempt_call(owner, late, 30_000))  # the late copy
-    assert seam.grant_of(reply, 30_000) is None  # refused, neither re-entered nor granted
+    reply = await services.calls.run(*lock.attempt_call(owner, late, 30_000))  # the late copy
+    assert lock.grant_of(reply, 30_000) is None  # refused, neither re-entered nor granted
     if gone:
         assert not await lock.is_locked()
         assert await lock.try_lock()  # the owner's own next call is granted as usual
@@ -189,14 +187,13 @@ async def test_a_late_copy_of_an_undone_fresh_acquire_does_not_grant(
 ) -> None:
     """The same, for a fresh acquire: the lock is free when the late copy arrives."""
     lock = _lock(aiolock_client, kind, "late-fresh")
-    seam = Seam(lock)
-    owner, _ = seam.owner()
+    owner, _ = lock.current_owner()
     services = services_of(aiolock_client)
     late = services.owners.next_request()
-    undo = seam.release_call(owner, services.owners.next_request(), late)
+    undo = lock.release_call(owner, services.owners.next_request(), late)
     assert await services.calls.run(*undo) is None  # nothing held: nothing undone
-    reply = await services.calls.run(*seam.attempt_call(owner, late, 30_000))  # the late copy
-    assert seam.grant_of(reply, 30_000) is None  # refused, not granted
+    reply = await services.calls.run(*lock.attempt_call(owner, late, 30_000))  # the late copy
+    assert lock.grant_of(reply, 30_000) is None  # refused, not granted
     assert not await lock.is_locked()
     assert await lock.try_lock()  # the owner's own next call is granted as usual
     await lock.unlock()
@@ -210,15 +207,14 @@ async def test_a_late_copy_of_an_acquire_answered_by_its_resend_does_not_apply_a
     delayed on a slow path, arrives.  It must not count a hold a second time."""
     lock = _lock(aiolock_client, kind, "late-resent")
     await lock.lock()
-    seam = Seam(lock)
-    owner, _ = seam.owner()
+    owner, _ = lock.current_owner()
     services = services_of(aiolock_client)
-    nested = seam.attempt_call(owner, services.owners.next_request(), 30_000)
+    nested = lock.attempt_call(owner, services.owners.next_request(), 30_000)
     assert (await services.calls.run(*nested))[1] == 2  # the resend lands: two holds
-    release = seam.release_call(owner, services.owners.next_request(), None)
+    release = lock.release_call(owner, services.owners.next_request(), None)
     assert await services.calls.run(*release) == 1  # released: one hold left
     reply = await services.calls.run(*nested)  # the first copy, late
-    assert seam.grant_of(reply, 30_000) is None  # refused, not counted again
+    assert lock.grant_of(reply, 30_000) is None  # refused, not counted again
     assert await lock.hold_count() == 1
     await lock.unlock()
     assert not await lock.is_locked()
@@ -235,16 +231,15 @@ async def test_a_late_copy_of_an_answered_acquire_grants_nothing_once_the_owner_
     mark (the client's resend window), as every resend does: its script voided the request,
     and no release wrote anything."""
     lock = _lock(aiolock_client, kind, "late-after")
-    seam = Seam(lock)
-    owner, _ = seam.owner()
+    owner, _ = lock.current_owner()
     services = services_of(aiolock_client)
     if nested:
         await lock.lock()
-    acquire = seam.attempt_call(owner, services.owners.next_request(), 30_000)
+    acquire = lock.attempt_call(owner, services.owners.next_request(), 30_000)
     script, keys, args = acquire
     resend = (script, keys, (*args, services.resend_window_ms))
     assert (await services.calls.run(*resend))[1] == 1 + nested  # the resend lands
-    release = seam.release_call(owner, services.owners.next_request(), None)
+    release = lock.release_call(owner, services.owners.next_request(), None)
     assert await services.calls.run(*release) == nested  # the acquire's hold released
     if nested:
         await lock.unlock()  # and the outer one
@@ -261,25 +256,25 @@ async def test_a_resend_after_a_stall_answers_with_a_lease_from_now(
     counts the hold's lease from its send time, and a reply with a lease about to end would
     have it taken for lost at once while the server still holds it."""
     if kind == "semaphore":
-        seam = seam_of(aiolock_client.semaphore("resent-lease", 1))  # its permits lock
+        lock = permits_of(aiolock_client.semaphore("resent-lease", 1))  # its permits lock
         owner = "resent-permit"
     else:
-        seam = Seam(_lock(aiolock_client, kind, "resent-lease"))
-        owner, _ = seam.owner()
+        lock = _lock(aiolock_client, kind, "resent-lease")
+        owner, _ = lock.current_owner()
     services = services_of(aiolock_client)
-    acquire = seam.attempt_call(owner, services.owners.next_request(), 1_000)
-    first = seam.grant_of(await services.calls.run(*acquire), 1_000)
+    acquire = lock.attempt_call(owner, services.owners.next_request(), 1_000)
+    first = lock.grant_of(await services.calls.run(*acquire), 1_000)
     assert first is not None
 
     async def aged() -> bool:  # the server's clock moved on since the first copy
-        return 0 < await redis.pttl(seam.keys.lock) < 1_000
+        return 0 < await redis.pttl(lock.keys.lock) < 1_000
 
     await eventually(aged)
-    again = seam.grant_of(await services.calls.run(*acquire), 1_000)  # the resend
+    again = lock.grant_of(await services.calls.run(*acquire), 1_000)  # the resend
     assert again is not None
     assert again[:2] == first[:2]  # the same grant, not a second hold
     assert again[2] == 1_000  # its lease runs from now
-    release = seam.release_call(owner, services.owners.next_request(), None)
+    release = lock.release_call(owner, services.owners.next_request(), None)
     assert await services.calls.run(*release) == 0
 
 
@@ -303,15 +298,14 @@ async def test_a_voided_acquire_grants_nothing_after_another_owner_released(
     release that ended the hold.  Another owner then takes and releases the lock, replacing
     the marker of that release.  The first copy, arriving now, must still grant nothing."""
     lock = _lock(aiolock_client, kind, "voided")
-    seam = Seam(lock)
-    owner, _ = seam.owner()
+    owner, _ = lock.current_owner()
     services = services_of(aiolock_client)
-    acquire = seam.attempt_call(owner, services.owners.next_request(), 30_000)
-    landed = seam.grant_of(await services.calls.run(*acquire), 30_000)
+    acquire = lock.attempt_call(owner, services.owners.next_request(), 30_000)
+    landed = lock.grant_of(await services.calls.run(*acquire), 30_000)
     assert landed is not None
     assert landed[1] == 1  # the resend lands
-    await seam.settlement.void(owner, [acquire[2][2]])
-    release = seam.release_call(owner, services.owners.next_request(), None)
+    await lock.settlement.void(owner, [acquire[2][2]])
+    release = lock.release_call(owner, services.owners.next_request(), None)
     assert await services.calls.run(*release) == 0
     await _another_owner_takes_and_releases(aiolock_client, kind, "voided")
     await _late_copy_refused(aiolock_client, lock, acquire)
@@ -325,19 +319,18 @@ async def test_a_voided_read_grants_nothing_while_other_readers_keep_the_lock(
     arriving now, must not grant a read hold nobody knows of."""
     rw = aiolock_client.rw_lock("voided-read")
     lock = rw.read_lock()
-    seam = Seam(lock)
-    owner, _ = seam.owner()
+    owner, _ = lock.current_owner()
     services = services_of(aiolock_client)
     async with held_by_another_task(rw.read_lock()):  # another reader keeps the lock alive
-        acquire = seam.attempt_call(owner, services.owners.next_request(), 30_000)
+        acquire = lock.attempt_call(owner, services.owners.next_request(), 30_000)
         assert (await services.calls.run(*acquire))[1] == 1  # the resend lands
-        await seam.settlement.void(owner, [acquire[2][2]])
-        release = seam.release_call(owner, services.owners.next_request(), None)
+        await lock.settlement.void(owner, [acquire[2][2]])
+        release = lock.release_call(owner, services.owners.next_request(), None)
         assert await services.calls.run(*release) == 0
         reply = await services.calls.run(*acquire)  # the first copy, late
-        assert seam.grant_of(reply, 30_000) is None  # refused, not granted
-        assert await redis.hget(seam.keys.lock, f"r:{owner}") is None
-    assert not await redis.exists(seam.keys.lock)
+        assert lock.grant_of(reply, 30_000) is None  # refused, not granted
+        assert await redis.hget(lock.keys.lock, f"r:{owner}") is None
+    assert not await redis.exists(lock.keys.lock)
 
 
 @pytest.mark.parametrize("kind", LATE_KINDS)
@@ -348,19 +341,18 @@ async def test_a_late_copy_of_an_undone_acquire_stays_refused_after_other_undos(
     was undone too.  The first one's late copy, arriving now with the lock gone, must still
     grant nothing: the second marker must not replace the first."""
     lock = _lock(aiolock_client, kind, "undone-twice")
-    seam = Seam(lock)
-    owner, _ = seam.owner()
+    owner, _ = lock.current_owner()
     services = services_of(aiolock_client)
     late = services.owners.next_request()
-    acquire = seam.attempt_call(owner, late, 30_000)
-    undo = seam.release_call(owner, services.owners.next_request(), late)
+    acquire = lock.attempt_call(owner, late, 30_000)
+    undo = lock.release_call(owner, services.owners.next_request(), late)
     assert await services.calls.run(*undo) is None  # nothing held: nothing undone
 
     async def another_owner_undoes() -> None:
         other = _lock(aiolock_client, kind, "undone-twice")
-        other_owner, _ = Seam(other).owner()
+        other_owner, _ = other.current_owner()
         request = services.owners.next_request()
-        call = Seam(other).release_call(other_owner, services.owners.next_request(), request)
+        call = other.release_call(other_owner, services.owners.next_request(), request)
         assert await services.calls.run(*call) is None
 
     await asyncio.create_task(another_owner_undoes())
@@ -376,17 +368,16 @@ async def test_a_voided_fair_try_does_not_queue_its_owner_again_after_it_left(
     hold up the queue behind it."""
     lock = aiolock_client.fair_lock("voided-queue")
     async with held_by_another_task(aiolock_client.fair_lock("voided-queue")):
-        seam = Seam(lock)
-        owner, _ = seam.owner()
+        owner, _ = lock.current_owner()
         services = services_of(aiolock_client)
-        keys = seam.keys
+        keys = lock.keys
         assert isinstance(keys, FairKeys), keys
         queue = keys.queue
-        try_call = seam.attempt_call(owner, services.owners.next_request(), 30_000)
+        try_call = lock.attempt_call(owner, services.owners.next_request(), 30_000)
         assert not isinstance(await services.calls.run(*try_call), list)  # queued
         assert await _queued(redis, queue, owner)
-        await seam.settlement.void(owner, [try_call[2][2]])
-        withdraw = seam.withdraw_call(owner)
+        await lock.settlement.void(owner, [try_call[2][2]])
+        withdraw = lock.withdraw_call(owner)
         assert withdraw is not None  # a fair lock keeps its waiters on the server
         assert await services.calls.run(*withdraw) == 1  # it gave up
         assert not isinstance(await services.calls.run(*try_call), list)  # the late copy
@@ -406,13 +397,12 @@ async def test_marks_past_their_time_are_pruned_when_a_void_mark_is_added(
     alive), so the per-request marks it gathers under faults are pruned once past their time,
     where new ones are added."""
     lock = aiolock_client.lock("pruned")
-    seam = Seam(lock)
-    owner, _ = seam.owner()
-    meta = seam.keys.meta
+    owner, _ = lock.current_owner()
+    meta = lock.keys.meta
     await redis.hset(meta, mapping={f"{owner}/{n}": 1 for n in range(40)})  # long past
     await redis.hset(meta, "released", f"{owner}/99")
     await redis.pexpire(meta, 60_000)
-    await seam.settlement.void(owner, [1000])
+    await lock.settlement.void(owner, [1000])
     assert sorted(await redis.hkeys(meta)) == sorted(["released", f"{owner}/1000"])
     assert 0 < await redis.pttl(meta) <= 60_000
 
@@ -436,7 +426,7 @@ async def test_a_late_copy_of_a_permit_acquire_grants_nothing(
     again by the client; undone before it arrived; resent and refused (no permit was free),
     its take given up."""
     semaphore = aiolock_client.semaphore("late-permits", 1)
-    permits = seam_of(semaphore)  # the permits lock's
+    permits = permits_of(semaphore)  # the permits lock's
     services = services_of(aiolock_client)
     permit = "late-permit"  # a permit id: one acquisition's own owner
     late = services.owners.next_request()
@@ -474,9 +464,9 @@ async def test_permit_marks_past_their_time_are_dropped(
     kept in the permits set, with negative scores, are dropped past their time and are never
     counted as permits."""
     semaphore = aiolock_client.semaphore("old-marks", 2)
-    seam = seam_of(semaphore)
+    permits_lock = permits_of(semaphore)
     services = services_of(aiolock_client)
-    permits, marks = seam.keys.lock, f"{seam.keys.lock}:marks"
+    permits, marks = permits_lock.keys.lock, f"{permits_lock.keys.lock}:marks"
     seconds, micros = await redis.time()
     now = seconds * 1000 + micros // 1000
     await redis.zadd(permits, {"gone/1": -(now - 1), "kept/2": -(now + 60_000)})
@@ -489,7 +479,9 @@ async def test_permit_marks_past_their_time_are_dropped(
     await redis.pexpire(marks, 60_000)
     async with semaphore.acquire(wait=1, lease=600) as permit:
         assert await semaphore.available() == 1  # marks are no permits
-        await services.calls.run(*seam.void_call(permit.id, [services.owners.next_request()]))
+        await services.calls.run(
+            *permits_lock.void_call(permit.id, [services.owners.next_request()])
+        )
     assert not await redis.exists(permits)  # its last permit gone: no ten-minute key
     [(mark, until)] = cast(
         list[tuple[str, float]], await redis.zrange(marks, 0, -1, withscores=True)
@@ -513,32 +505,31 @@ async def test_a_resent_acquire_voids_itself(
     name = f"resent-{outcome}"
     services = services_of(aiolock_client)
     semaphore = aiolock_client.semaphore(name, 1)
-    lock: Any = None  # a lock kind's object; a semaphore is asked through its permits' seam
+    lock: Any = None  # a lock kind's object; a semaphore is asked through its permits lock
     if kind == "semaphore":
-        seam = seam_of(semaphore)
+        lock = permits_of(semaphore)
         owner = "resent-permit"
         blocker: Any = aiolock_client.semaphore(name, 1)
     else:
         lock = _lock(aiolock_client, kind, name)
-        seam = Seam(lock)
-        owner, _ = seam.owner()
+        owner, _ = lock.current_owner()
         blocker = _lock(aiolock_client, "write" if kind == "read" else kind, name)
-    script, keys, args = seam.attempt_call(owner, services.owners.next_request(), 30_000)
+    script, keys, args = lock.attempt_call(owner, services.owners.next_request(), 30_000)
     if outcome == "refused":
         async with held_by_another_task(blocker):
             resend = await services.calls.run(script, keys, (*args, services.resend_window_ms))
-            assert seam.grant_of(resend, 30_000) is None
+            assert lock.grant_of(resend, 30_000) is None
     else:
         resend = await services.calls.run(script, keys, (*args, services.resend_window_ms))
-        assert seam.grant_of(resend, 30_000) is not None
-        release = seam.release_call(owner, services.owners.next_request(), None)
+        assert lock.grant_of(resend, 30_000) is not None
+        release = lock.release_call(owner, services.owners.next_request(), None)
         assert await services.calls.run(*release) == 0  # no void call of the client's
         async with held_by_another_task(blocker):  # another owner's release comes after
             pass
         if kind == "semaphore":
             await _cycle_permits(semaphore, 40)
     late = await services.calls.run(script, keys, args)  # the first copy, arriving now
-    assert seam.grant_of(late, 30_000) is None  # voided
+    assert lock.grant_of(late, 30_000) is None  # voided
     if kind == "semaphore":
         assert await semaphore.available() == 1
     else:
@@ -570,16 +561,15 @@ async def _resent_release(lock: Any, owner: str, left: int) -> Any:
     """Release one of the owner's holds as a resent release does: its first copy went out on
     a connection that failed, and the resend lands (the client keeps the id of a release it
     resent once it is answered).  Returns the release call, for its late first copy."""
-    seam = Seam(lock)
-    services = seam.services
+    services = lock.services
     request = services.owners.next_request()
-    release = seam.release_call(owner, request, None)
+    release = lock.release_call(owner, request, None)
     copies = Copies()  # what Calls.run's on_send tells the release: a copy, then a resend
     copies.sending(False)
     copies.sending(True)
     assert await services.calls.run(*release) == left  # the resend lands
-    seam.settlement.released_copies(owner, request, copies)  # as the client does then
-    services.holds.released(seam.registry_key, owner, left)
+    lock.settlement.released_copies(owner, request, copies)  # as the client does then
+    services.holds.released(lock.registry_key, owner, left)
     return release
 
 
@@ -592,14 +582,13 @@ async def test_a_late_copy_of_a_resent_last_release_leaves_the_next_hold_alone(
     path, arrives now: it must not release that newer hold, which its owner believes it has
     (another owner could be granted the lock alongside)."""
     lock = _lock(aiolock_client, kind, "late-release")
-    seam = Seam(lock)
-    owner, _ = seam.owner()
+    owner, _ = lock.current_owner()
     services = services_of(aiolock_client)
     await lock.lock()
     release = await _resent_release(lock, owner, 0)
-    assert not await redis.exists(seam.keys.lock)
+    assert not await redis.exists(lock.keys.lock)
     await lock.lock()  # the owner's next acquire: it carries the resent release's id
-    hold = seam.hold(owner)
+    hold = lock.hold(owner)
     assert hold is not None
     token = hold.token
     assert await services.calls.run(*release) == 1  # the late copy: changes nothing
@@ -608,7 +597,7 @@ async def test_a_late_copy_of_a_resent_last_release_leaves_the_next_hold_alone(
     assert await _server_token(redis, lock, owner) == token
     await lock.unlock()  # the owner releases it as usual
     assert not await lock.is_locked()
-    assert not await redis.exists(seam.keys.lock)  # the late ids went with the lock
+    assert not await redis.exists(lock.keys.lock)  # the late ids went with the lock
 
 
 @pytest.mark.parametrize("kind", RELEASE_KINDS)
@@ -618,14 +607,13 @@ async def test_a_late_copy_of_a_resent_nested_release_leaves_the_next_hold_alone
     """The same for a nested hold: a release of 2 holds to 1 was resent and landed; the owner
     re-entered (1 to 2).  The first copy, arriving now, must not take the count back to 1."""
     lock = _lock(aiolock_client, kind, "late-nested-release")
-    seam = Seam(lock)
-    owner, _ = seam.owner()
+    owner, _ = lock.current_owner()
     services = services_of(aiolock_client)
     await lock.lock()
     await lock.lock()
     release = await _resent_release(lock, owner, 1)
     await lock.lock()  # re-entered: two holds again
-    hold = seam.hold(owner)
+    hold = lock.hold(owner)
     assert hold is not None
     token = hold.token
     assert await services.calls.run(*release) == 2  # the late copy: changes nothing
@@ -654,16 +642,15 @@ async def test_a_release_and_a_reentry_of_one_explicit_owner_may_arrive_in_eithe
         lock = aiolock_client.rw_lock(name).write_lock(owner="job")
     else:
         lock = getattr(aiolock_client, kind)(name, owner="job")
-    seam = Seam(lock)
-    owner, _ = seam.owner()
+    owner, _ = lock.current_owner()
     services = services_of(aiolock_client)
     await lock.lock()
     if after_fault:
         await lock.lock()
         await _resent_release(lock, owner, 1)
-        assert services.holds.late_releases(seam.keys.lock, owner)
-    release = seam.release_call(owner, services.owners.next_request(), None)
-    reentry = seam.attempt_call(owner, services.owners.next_request(), 30_000)
+        assert services.holds.late_releases(lock.keys.lock, owner)
+    release = lock.release_call(owner, services.owners.next_request(), None)
+    reentry = lock.attempt_call(owner, services.owners.next_request(), 30_000)
     assert (await services.calls.run(*reentry))[1] == 2  # the re-entry arrives first
     assert await services.calls.run(*release) == 1  # then the release: it applies
     assert await lock.hold_count() == 1
@@ -682,20 +669,19 @@ async def test_the_client_keeps_the_id_of_a_resent_release_for_the_resend_window
     lock = client.rw_lock("resent-release").write_lock()
     try:
         await lock.lock()
-        seam = Seam(lock)
-        owner, _ = seam.owner()
+        owner, _ = lock.current_owner()
         services = services_of(client)
-        assert services.holds.late_releases(seam.keys.lock, owner) == []  # no fault, no id
+        assert services.holds.late_releases(lock.keys.lock, owner) == []  # no fault, no id
         started = asyncio.Event()
         stall = asyncio.create_task(stall_server(aiolock_server.url, 0.3, started))
         await started.wait()
         await lock.unlock()  # resent by redis-py
         await stall
-        late = services.holds.late_releases(seam.keys.lock, owner)
+        late = services.holds.late_releases(lock.keys.lock, owner)
         assert len(late) == 1
-        assert f"late:{late[0]}" in seam.attempt_call(owner, 1, 1000)[2]
+        assert f"late:{late[0]}" in lock.attempt_call(owner, 1, 1000)[2]
         await lock.lock()
-        copy = seam.release_call(owner, late[0], None)
+        copy = lock.release_call(owner, late[0], None)
         assert await services.calls.run(*copy) == 1  # a late copy: the hold is intact
         assert await lock.hold_count() == 1
         await lock.unlock()
@@ -723,8 +709,7 @@ async def test_a_late_copy_of_a_resent_plain_release_leaves_the_next_hold_alone(
     lock = getattr(client, kind)("resent-hdel")
     try:
         await lock.lock()
-        seam = Seam(lock)
-        owner, _ = seam.owner()
+        owner, _ = lock.current_owner()
         before = await hdel_calls(redis)
         started = asyncio.Event()
         stall = asyncio.create_task(stall_server(aiolock_server.url, 0.3, started))
@@ -732,13 +717,13 @@ async def test_a_late_copy_of_a_resent_plain_release_leaves_the_next_hold_alone(
         await lock.unlock()  # HDEL, resent by redis-py
         await stall
         assert await hdel_calls(redis) - before >= 2
-        alias, _ = seam.owner()
+        alias, _ = lock.current_owner()
         assert alias != owner  # the owner's next hold goes by another id
         assert alias.partition(":")[0] == owner.partition(":")[0]  # of the same client
         await lock.lock()
         # The late copy names none of it.
         if kind == "fair_lock":
-            keys = seam.keys
+            keys = lock.keys
             assert isinstance(keys, FairKeys)
             copy = (owner, "-")
             assert (
@@ -746,10 +731,10 @@ async def test_a_late_copy_of_a_resent_plain_release_leaves_the_next_hold_alone(
                 == 0
             )
         else:
-            hdel = ("HDEL", seam.keys.lock, owner, f"f:{owner}", f"r:{owner}", ":w")
+            hdel = ("HDEL", lock.keys.lock, owner, f"f:{owner}", f"r:{owner}", ":w")
             assert await redis.execute_command(*hdel) == 0  # type: ignore[no-untyped-call]
         assert await lock.hold_count() == 1
-        assert await redis.hget(seam.keys.lock, alias) == "1"
+        assert await redis.hget(lock.keys.lock, alias) == "1"
         await lock.unlock()
         assert not await lock.is_locked()
     finally:
@@ -764,21 +749,20 @@ async def test_an_owner_goes_by_its_own_id_again_after_the_window(
     (a plain release's outcome left unknown is what starts it)."""
     services = services_of(aiolock_client)
     lock = aiolock_client.lock("realiased")
-    seam = Seam(lock)
-    owner, _ = seam.owner()
+    owner, _ = lock.current_owner()
     client, _, rest = owner.partition(":")
-    services.holds.realias(seam.registry_key, owner, 7, 0.05)
-    alias, _ = seam.owner()
+    services.holds.realias(lock.registry_key, owner, 7, 0.05)
+    alias, _ = lock.current_owner()
     assert alias == f"{client}:a7:{rest}"
     async with lock.acquire(wait=5):
         await asyncio.sleep(0.1)  # past the window, but a hold under the alias lasts
-        assert seam.owner()[0] == alias
+        assert lock.current_owner()[0] == alias
         assert await lock.hold_count() == 1
-    assert seam.owner()[0] == owner
-    services.holds.realias(seam.registry_key, owner, 8, 5)
-    alias = seam.owner()[0]
-    services.holds.realias(seam.registry_key, alias, 9, 5)  # of an alias: of the owner
-    assert seam.owner()[0] == f"{client}:a9:{rest}"
+    assert lock.current_owner()[0] == owner
+    services.holds.realias(lock.registry_key, owner, 8, 5)
+    alias = lock.current_owner()[0]
+    services.holds.realias(lock.registry_key, alias, 9, 5)  # of an alias: of the owner
+    assert lock.current_owner()[0] == f"{client}:a9:{rest}"
 
 
 @pytest.mark.parametrize("kind", RELEASE_KINDS)
@@ -795,23 +779,22 @@ async def test_an_acquire_sent_while_a_release_is_resent_does_not_refuse_that_re
         lock: Any = rw.read_lock(owner="job") if kind == "read" else rw.write_lock(owner="job")
     else:
         lock = getattr(aiolock_client, kind)(name, owner="job")
-    seam = Seam(lock)
-    owner, _ = seam.owner()
+    owner, _ = lock.current_owner()
     services = services_of(aiolock_client)
-    settlement = seam.settlement
+    settlement = lock.settlement
     await lock.lock()
     await lock.lock()
     request = services.owners.next_request()
-    release = seam.release_call(owner, request, None)
+    release = lock.release_call(owner, request, None)
     copies = Copies()
     copies.sending(False)  # the first copy, on a connection that then fails
     copies.sending(True)  # the resend, not answered yet
-    reentry = seam.attempt_call(owner, services.owners.next_request(), 30_000)
+    reentry = lock.attempt_call(owner, services.owners.next_request(), 30_000)
     assert not any(str(arg).startswith("late:") for arg in reentry[2])
     assert (await services.calls.run(*reentry))[1] == 3  # the re-entry lands first
     assert await services.calls.run(*release) == 2  # then the resend: it applies
     settlement.released_copies(owner, request, copies)  # answered: kept from now on
-    assert services.holds.late_releases(seam.keys.lock, owner) == [request]
+    assert services.holds.late_releases(lock.keys.lock, owner) == [request]
     assert await services.calls.run(*release) == 2  # a late copy now: nothing changes
     assert await lock.hold_count() == 2
     await lock.unlock()

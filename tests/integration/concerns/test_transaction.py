@@ -25,7 +25,6 @@ from redis.exceptions import ResponseError
 
 import aiolock
 from aiolock import _scripts
-from aiolock._core.base import Seam
 from aiolock._core.transaction import Transaction
 from aiolock._redis import calls
 from aiolock.testing.pytest_plugin import ServerInfo
@@ -229,7 +228,7 @@ async def test_the_owners_hold_with_another_token_refuses_the_guards_write(
     with pytest.raises(aiolock.LockLostError):
         async with lock.acquire(wait=5) as guard:
             fresh = guard.fencing_token + 1000
-            owner, _ = Seam(lock).owner()
+            owner, _ = lock.current_owner()
             await redis.hset(keys_of(lock).lock, f"f:{owner}", fresh)  # the owner's count stays
             with pytest.raises(aiolock.LockLostError, match="ran none"):
                 async with guard.transaction() as tx:
@@ -517,7 +516,7 @@ async def server_left(redis: Redis, kind: str, lock: Any, guard: Any) -> float:
     elif kind == "write":
         ms = await redis.eval(_LEFT, 1, keys_of(lock).lock, "we")
     elif kind == "read":
-        ms = await redis.eval(_LEFT, 1, rw_keys_of(lock).readers, "z", Seam(lock).owner()[0])
+        ms = await redis.eval(_LEFT, 1, rw_keys_of(lock).readers, "z", lock.current_owner()[0])
     else:
         ms = await redis.eval(_LEFT, 1, keys_of(lock).lock, "z", guard.id)
     return int(ms) / 1000

@@ -27,9 +27,9 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
-from aiolock._core.base import HoldKind, LockKind, LockStatistics, Seam
 from aiolock._core.holds import Hold
-from aiolock.semaphore import seam_of
+from aiolock._core.kind import HoldKind, LockKind, LockStatistics
+from aiolock.semaphore import permits_of
 from tests.helpers import assert_clean, evalsha_calls, eventually, services_of
 
 pytestmark = pytest.mark.anyio
@@ -145,7 +145,7 @@ def singles(lock: Any) -> list[HoldKind]:
     if isinstance(lock, aiolock.RedLock):
         return list(lock.parts)
     if isinstance(lock, aiolock.AsyncSemaphore):
-        return [seam_of(lock).lock]  # its permits lock
+        return [permits_of(lock)]  # its permits lock
     assert isinstance(lock, LockKind)
     return [lock]
 
@@ -158,7 +158,7 @@ def part_statistics(lock: Any) -> Sequence[LockStatistics]:
 
 def granted(lock: Any) -> list[Hold]:
     """The calling owner's holds of every part of ``lock``, right after an acquire."""
-    return [Seam(part).held() for part in singles(lock)]
+    return [part.held() for part in singles(lock)]
 
 
 def token_of(lock: Any) -> object:
@@ -501,12 +501,11 @@ async def test_a_grant_the_client_never_saw_is_not_kept_behind_its_back(
     )
     lock = factory(aiolock_client, kind)("phantom")
     for part in singles(lock):  # a composite: a late copy lands for every part
-        seam = Seam(part)
-        owner, _ = seam.owner()
-        services = seam.services
-        late = seam.attempt_call(owner, services.owners.next_request(), 30_000)
+        owner, _ = part.current_owner()
+        services = part.services
+        late = part.attempt_call(owner, services.owners.next_request(), 30_000)
         reply = await services.calls.run(*late)  # the late copy lands: a hold nobody knows of
-        assert seam.grant_of(reply, 30_000) is not None
+        assert part.grant_of(reply, 30_000) is not None
     assert lock.statistics().held == 0
     assert await lock.try_lock()
     clients = [aiolock_client, *_SERVERS.get(aiolock_client, [])]

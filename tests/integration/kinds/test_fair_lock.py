@@ -19,7 +19,6 @@ from redis.asyncio import Redis
 
 import aiolock
 from aiolock import _scripts
-from aiolock._core.base import Seam
 from aiolock.fair.entry import NamedEntry
 from aiolock.fair.queue import FairKeys
 from aiolock.testing.pytest_plugin import ServerInfo
@@ -211,17 +210,17 @@ async def test_a_resent_try_keeps_one_place(
     await holder.lock()
     client = make_client()
     for order in ("first copy first", "resend first"):
-        seam = Seam(client.fair_lock("resent-try", owner=order.replace(" ", "-")))
-        owner = seam.owner()[0]
-        services = seam.services
-        script, keys, args = seam.attempt_call(owner, services.owners.next_request(), 30_000)
+        lock = client.fair_lock("resent-try", owner=order.replace(" ", "-"))
+        owner = lock.current_owner()[0]
+        services = lock.services
+        script, keys, args = lock.attempt_call(owner, services.owners.next_request(), 30_000)
         copy = (*args, "fresh", "first") if "first" not in args else args
         resend = (*copy, services.resend_window_ms)  # as Calls.run marks a resend
         calls = [copy, resend] if order == "first copy first" else [resend, copy]
         for call in calls:
             assert not isinstance(await services.calls.run(script, keys, call), list)
         assert await queue(redis, holder) == [owner]
-        withdraw = seam.withdraw_call(owner)
+        withdraw = lock.withdraw_call(owner)
         assert withdraw is not None
         assert await services.calls.run(*withdraw) == 1
         assert await queue(redis, holder) == []
@@ -611,12 +610,11 @@ async def test_a_try_after_a_withdraw_that_never_landed_keeps_one_place(
     await holder.lock()
     client = make_client()
     lock = client.fair_lock("left-behind", owner="again")
-    seam = Seam(lock)
-    owner, services = seam.owner()[0], seam.services
-    script, keys, args = seam.attempt_call(owner, services.owners.next_request(), 30_000)
+    owner, services = lock.current_owner()[0], lock.services
+    script, keys, args = lock.attempt_call(owner, services.owners.next_request(), 30_000)
     assert not isinstance(await services.calls.run(script, keys, args), list)
     assert await queue(redis, holder) == [owner]  # the place a lost withdraw left
-    seam.lock._withdraw_lost(owner)  # as the withdraw's giving up records it
+    lock._withdraw_lost(owner)  # as the withdraw's giving up records it
     assert not await lock.try_lock(wait=0.3)
     # Its withdraw, in the background, removes the one place (a second would stay).
     await eventually(lambda: no_queue_keys(redis, holder), what="the place withdrawn")
@@ -797,7 +795,7 @@ async def test_a_waiter_whose_place_was_lost_takes_one_again(
 
 
 def token_of(lock: aiolock.AsyncFairLock, owner: str) -> int:
-    hold = Seam(lock).hold(owner)
+    hold = lock.hold(owner)
     assert hold is not None
     return hold.token
 
@@ -814,7 +812,7 @@ async def test_a_release_grants_the_next_waiter_with_no_call_of_its_own(
     a nested re-entry then counts a second hold (it does not adopt its own grant)."""
     holder = aiolock_client.fair_lock("handed", owner="holder")
     await holder.lock()
-    previous = token_of(holder, Seam(holder).owner()[0])
+    previous = token_of(holder, holder.current_owner()[0])
     client = make_client()
     lock = client.fair_lock("handed")
     holding, done = asyncio.Event(), asyncio.Event()
@@ -838,7 +836,7 @@ async def test_a_release_grants_the_next_waiter_with_no_call_of_its_own(
     await asyncio.wait_for(holding.wait(), 5)
     assert await evalsha_calls(redis) - calls == 1  # the release, and no try of the waiter's
     assert token_of(lock, owner) > previous
-    hold = Seam(lock).hold(owner)
+    hold = lock.hold(owner)
     assert hold is not None
     assert hold.count == 1
     loop = asyncio.get_running_loop()
@@ -923,8 +921,8 @@ async def test_a_grant_to_a_vanished_waiter_blocks_the_lock_at_most_the_wait_tim
     holder = make_client(fair_wait_timeout=fair_wait_timeout).fair_lock("ghost", owner="holder")
     await holder.lock()
     ghost_client = make_client(fair_wait_timeout=fair_wait_timeout)
-    ghost = Seam(ghost_client.fair_lock("ghost", owner="ghost"))
-    ghost_owner = ghost.owner()[0]
+    ghost = ghost_client.fair_lock("ghost", owner="ghost")
+    ghost_owner = ghost.current_owner()[0]
     services = ghost.services
     try_call = ghost.attempt_call(ghost_owner, services.owners.next_request(), 30_000)
     assert not isinstance(await services.calls.run(*try_call), list)  # queued
@@ -954,11 +952,11 @@ async def test_a_try_or_look_in_the_last_millisecond_of_a_lease_is_due_again_rig
     is due again at once, not a whole wait timeout later.  Tries and looks go back to back
     across the lease's end, well under a millisecond apart, so that some land in it."""
     client = make_client(fair_wait_timeout=5.0)
-    waiter = Seam(client.fair_lock("edge", owner="waiter"))
+    waiter = client.fair_lock("edge", owner="waiter")
     services = waiter.services
     keys = waiter.keys
     assert isinstance(keys, FairKeys)
-    owner = waiter.owner()[0]
+    owner = waiter.current_owner()[0]
     keep_keys = (keys.alive, keys.fence, keys.lock, keys.queue, keys.wake_prefix)
     keep_args = (5000, services.owners.client_id, "0", "-", -1)
     loop = asyncio.get_running_loop()
@@ -992,10 +990,9 @@ async def test_a_lost_grant_is_adopted_by_the_next_try_as_one_hold(
     await holder.lock()
     client = make_client()
     lock = client.fair_lock("unheard", owner="late")
-    seam = Seam(lock)
-    owner = seam.owner()[0]
-    services = seam.services
-    try_call = seam.attempt_call(owner, services.owners.next_request(), 30_000)
+    owner = lock.current_owner()[0]
+    services = lock.services
+    try_call = lock.attempt_call(owner, services.owners.next_request(), 30_000)
     assert not isinstance(await services.calls.run(*try_call), list)  # queued, not subscribed
     await holder.unlock()
     keys = fair_keys(lock)
@@ -1038,7 +1035,7 @@ async def test_a_force_unlock_wakes_the_next_waiter_of_its_own_client_without_a_
         assert await holder.force_unlock()
         await asyncio.wait_for(granted.wait(), 5)
         owner = await owner_of(redis, lock)
-        hold = Seam(lock).hold(owner)
+        hold = lock.hold(owner)
         assert hold is not None
         assert not hold.lost
         checked.set()

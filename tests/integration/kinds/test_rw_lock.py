@@ -9,7 +9,6 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
-from aiolock._core.base import Seam
 from tests.helpers import assert_clean, eventually, services_of
 
 pytestmark = pytest.mark.anyio
@@ -264,11 +263,11 @@ async def test_read_holds_the_client_does_not_know_of_do_not_refuse_the_tasks_wr
     ahead instead of being refused as an upgrade."""
     rw = aiolock_client.rw_lock("unknown-reads")
     reader, writer = rw.read_lock(), rw.write_lock()
-    owner, _ = Seam(reader).owner()
+    owner, _ = reader.current_owner()
     services = services_of(aiolock_client)
     for _ in range(2):  # two read holds, as late copies of two read acquires would leave
         reply = await services.calls.run(
-            *Seam(reader).attempt_call(owner, services.owners.next_request(), 30_000)
+            *reader.attempt_call(owner, services.owners.next_request(), 30_000)
         )
         assert isinstance(reply, list)
     assert await reader.hold_count() == 2
@@ -287,10 +286,10 @@ async def test_an_explicit_owners_unknown_read_holds_still_refuse_its_write(
     does not track may be one being granted to another of them, so it is not released."""
     rw = aiolock_client.rw_lock("unknown-reads-explicit")
     reader, writer = rw.read_lock(owner="job"), rw.write_lock(owner="job")
-    owner, _ = Seam(reader).owner()
+    owner, _ = reader.current_owner()
     services = services_of(aiolock_client)
     reply = await services.calls.run(
-        *Seam(reader).attempt_call(owner, services.owners.next_request(), 30_000)
+        *reader.attempt_call(owner, services.owners.next_request(), 30_000)
     )
     assert isinstance(reply, list)
     with pytest.raises(aiolock.LockError, match="deadlock"):

@@ -1,0 +1,321 @@
+"""The wait loop and one attempt: the engine's :class:`Acquiring` part.
+
+**The wait loop** (:meth:`Acquiring.wait_for_grant`), as in Redisson's ``RedissonLock.tryLock``:
+try; on failure park until a wake-up or the pause the try returned (the lock's remaining
+lease, say) runs out; repeat until the deadline.  How a waiter parks is the kind's
+:class:`~aiolock._core.waiting.Waiting`.
+
+**One attempt** (:meth:`Acquiring._attempt_once`): send the kind's acquire call, read its
+reply (:meth:`~KindHooks.grant_of`, :meth:`~KindHooks._busy`), reconcile a grant with what
+the client knows (:meth:`Settlement.reconcile`), record it.  A grant whose reply the caller
+never saw is undone by :mod:`aiolock._core.settlement`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine
+from typing import Any
+
+from redis.exceptions import RedisError, ResponseError
+
+from .holds import Hold
+from .release import Releasing
+from .settlement import Attempt, until_it_lands
+from .waiting import Waiting
+
+__all__ = ["Acquiring", "Who"]
+
+logger = logging.getLogger("aiolock.lock")
+
+Who = tuple[str, "asyncio.Task[Any] | None"]
+"""An owner id and the task whose end stops the watchdog renewing its holds."""
+
+
+class Acquiring(Releasing):
+    """The wait loop and one attempt (see the module docstring)."""
+
+    __slots__ = ()
+
+    def current_owner(self) -> Who:
+        """The calling owner: the lock's explicit owner, or the current task's."""
+        services = self._services.check_open()
+        owner, task = services.owners.current(self._explicit_owner)
+        return services.holds.alias(self._hold_key, owner), task
+
+    def held(self) -> Hold:
+        """The calling owner's hold, right after an acquire returned (no await in between)."""
+        owner, _ = self.current_owner()
+        hold = self._services.holds.get(self._hold_key, owner)
+        if hold is None:  # the grant registers it: never, short of a bug
+            raise RuntimeError(f"lock {self.name!r} was granted but is not registered")
+        return hold
+
+    # -- acquiring within a wait -------------------------------------------------------------
+
+    def try_until(
+        self, wait: float, lease: float | None, who: Who | None = None
+    ) -> Coroutine[Any, Any, bool]:
+        """Acquire within ``wait`` seconds: ``True`` once held, ``False`` when it ran out.
+
+        ``wait=0`` is one attempt, however long that call takes.  Any other ``wait`` bounds the
+        whole acquire, calls in flight included (a stalled server or a frozen connection cannot
+        hold the caller past it): a grant that arrives after the deadline is undone in the
+        background, as for a cancelled caller.  ``who``: an owner the caller names (a
+        semaphore's permit), instead of the calling owner.
+
+        Not a coroutine function: a waiting task carries no frame of it.
+        """
+        if wait == 0:
+            return self._try_once(lease, who)
+        deadline = asyncio.get_running_loop().time() + wait
+        return self._wait_for_grant_until(lease, deadline, who)
+
+    async def _try_once(self, lease: float | None, who: Who | None = None) -> bool:
+        owner, task = self.current_owner() if who is None else who
+        if isinstance(await self.acquire_as(owner, task, lease), Hold):
+            return True
+        self._timed_out()
+        return False
+
+    async def _wait_for_grant_until(
+        self, lease: float | None, deadline: float, who: Who | None = None
+    ) -> bool:
+        try:
+            async with asyncio.timeout_at(deadline) as timeout:
+                await self.wait_for_grant(lease, who)
+                return True
+        except TimeoutError:
+            if timeout.expired():
+                self._timed_out()
+                return False
+            raise
+
+    def _timed_out(self) -> None:
+        """An acquire's ``wait`` ran out (the one place timeouts are counted)."""
+        metrics = self._services.metrics
+        if metrics is not None:
+            metrics.timed_out(self.kind)
+
+    # -- the wait loop -----------------------------------------------------------------------
+
+    async def wait_for_grant(self, lease: float | None, who: Who | None = None) -> None:
+        """The wait loop (see the module docstring); a caller with a deadline bounds it.
+
+        The owner is the task that runs it, not the one that made the coroutine
+        (``asyncio.create_task(lock.lock())`` acquires for the new task), unless ``who`` names
+        one.
+        """
+        owner, task = self.current_owner() if who is None else who
+        started = asyncio.get_running_loop().time()
+        await self._services.holds.settle(self._keys.lock, owner)
+        waiting = self._waiting(owner)
+        explicit = who is None and self._explicit_owner is not None
+        if explicit:
+            self._state.join(owner, waiting)
+        granted = False
+        try:
+            pause = waiting.first_pause()
+            while True:
+                if pause is None:
+                    # The strategy may bound the tries in flight: a call waiting for its turn
+                    # costs a future here, no frames of a call (thousands arrive at once).
+                    turn = waiting.turn()
+                    if turn is not None:
+                        try:
+                            await turn
+                        except asyncio.CancelledError:
+                            if turn.done() and not turn.cancelled():
+                                waiting.tried()  # given the turn as it was cancelled: pass it on
+                            raise
+                        # Let go of the spent future: this frame lives for the whole wait.
+                        del turn
+                    try:
+                        outcome = await self._try_acquire(owner, task, lease, started)
+                    finally:
+                        waiting.tried()
+                    if isinstance(outcome, Hold):
+                        granted = True
+                        waiting.held(outcome.expires_at)
+                        return
+                    pause = outcome
+                waiter = waiting.park(pause)
+                pause = None
+                try:
+                    await waiter
+                except asyncio.CancelledError:
+                    # A grant a message brought meanwhile is left untaken: the withdraw that
+                    # leaving without the lock sends takes it back (see _gave_up).
+                    waiting.unpark(waiter)
+                    raise
+                grant = waiting.woken()
+                if grant is not None:
+                    granted = self._accept(owner, task, lease, started, grant) is not None
+                    if granted:
+                        return
+        finally:
+            self._left(owner, waiting, granted=granted, explicit=explicit)
+
+    def _left(self, owner: str, waiting: Waiting, *, granted: bool, explicit: bool) -> None:
+        """A call of ``owner`` leaves the wait loop (``explicit``: its owner is explicit, and
+        may have other calls waiting)."""
+        try:
+            # First: its withdraw may need the waiting's record.  The owner's place on the
+            # server is also its other waiting calls' (one owner): they keep it.
+            if not granted and not (explicit and self._state.others_wait(owner)):
+                self._gave_up(owner)
+        finally:
+            waiting.leave(granted)
+            if explicit:
+                self._state.leave(owner, waiting, granted=granted)
+
+    def _gave_up(self, owner: str) -> None:
+        """A waiting call left without the lock (timeout, cancellation, error).
+
+        A kind that keeps its waiters on the server (a queue) has them withdraw at once.  That
+        is idempotent, so it is sent for every call that leaves without the lock, also one
+        cancelled while its try (which may have queued it) was in flight: settled after that
+        try, like the rest of the owner's pending work.
+        """
+        call = self.withdraw_call(owner)
+        if call is None:
+            return
+        services = self._services
+
+        async def withdraw() -> None:
+            # Sent until it lands, the waiter's entry surely ended (fair_wait_timeout after
+            # its last try), or the client closed: until then the entry holds others back.
+            # Sent also while the client closes: closing waits for it (see Client.aclose).
+            give_up = asyncio.get_running_loop().time() + services.fair_wait_timeout
+            try:
+                await until_it_lands(lambda: services.calls.run(*call), give_up, services)
+            except (RedisError, OSError) as exc:
+                logger.warning("could not withdraw a waiter of %r: %r", self.name, exc)
+                self._withdraw_lost(owner)
+
+        services.holds.defer(self._keys.lock, owner, withdraw())
+
+    # -- one attempt: send, reconcile, record ------------------------------------------------
+
+    async def acquire_as(
+        self, owner: str, task: asyncio.Task[Any] | None, lease: float | None
+    ) -> Hold | float:
+        """One attempt for ``owner``, resolved by the caller (composites run parts at once, in
+        tasks of their own, on behalf of the calling task): the hold, or the seconds to wait
+        before the next."""
+        with self._single_try(owner):
+            started = asyncio.get_running_loop().time()
+            await self._services.holds.settle(self._keys.lock, owner)
+            granted = False
+            try:
+                outcome = await self._try_acquire(owner, task, lease, started)
+                granted = isinstance(outcome, Hold)
+                return outcome
+            finally:
+                if not granted:
+                    self._gave_up(owner)
+
+    async def _try_acquire(
+        self, owner: str, task: asyncio.Task[Any] | None, lease: float | None, started: float
+    ) -> Hold | float:
+        """One attempt: the hold, or seconds to wait before the next (``inf``: no bound).
+
+        ``started``: when the acquire call began (loop time), for the wait a fresh hold took.
+        """
+        while True:
+            try:
+                outcome = await self._attempt_once(owner, task, lease, started)
+            except ResponseError as error:
+                if await self._after_error(owner, task, error):
+                    continue
+                raise
+            if outcome is not None:
+                return outcome
+
+    async def _attempt_once(
+        self, owner: str, task: asyncio.Task[Any] | None, lease: float | None, started: float
+    ) -> Hold | float | None:
+        """:meth:`_try_acquire`'s one call: send it, reconcile a grant with what the client
+        knows, record it.  ``None``: it re-entered a stale hold, try again."""
+        services = self._services
+        loop = asyncio.get_running_loop()
+        lease_s = services.watchdog_timeout if lease is None else lease
+        attempt = Attempt(owner, services.owners.next_request(), lease_s, loop.time())
+        reply, synced = await self._send(attempt)
+        grant = self.grant_of(reply, attempt.lease_ms)
+        if grant is None:
+            # A resend that was refused voided its request itself: its first copy may still
+            # arrive, and must not grant once the lock is free.
+            counters = self._counters
+            counters.refused_sent_at = max(counters.refused_sent_at, attempt.sent_at)
+            return self._busy(attempt, reply)
+        reconciled = await self.settlement.reconcile(attempt, grant, synced)
+        if reconciled is None:
+            return None
+        hold = self._record(attempt, reconciled, task, started, watchdog=lease is None)
+        if hold.count == 1 and hold.expires_at <= loop.time():
+            # Granted past its lease by this client's clock (the request waited on a frozen
+            # path): the caller gets it lost, and the server, which may hold it for a whole
+            # lease from when it ran the call, gets it back now.
+            self.settlement.give_back(attempt)
+        return hold
+
+    async def _send(self, attempt: Attempt) -> tuple[Any, int]:
+        """Send one acquire call: its reply, and how many replicas confirmed it (with
+        ``sync_replicas``).  A grant its caller never sees is undone in the background."""
+        services = self._services
+        call = self.attempt_call(attempt.owner, attempt.request, attempt.lease_ms)
+        return await services.calls.run_synced(
+            *call,
+            sync=services.sync,
+            orphan=lambda work: self.settlement.acquire_unknown(attempt, work),
+            on_send=attempt.sending,
+            mark_resends=services.resend_window_ms,
+        )
+
+    def _late_args(self, owner: str) -> tuple[str, ...]:
+        """The optional ARGV of an acquire of a kind whose hold counts per owner (every lock
+        kind): the owner's releases of this lock that its client resent lately, whose late
+        copies the hold must refuse (``late:<ids>``, see ``common/_requests.lua``); none on
+        the fault-free path.  A semaphore's permit id is an owner of one acquisition, which
+        no later acquire re-enters: its attempts carry none."""
+        late = self._services.holds.late_releases(self._keys.lock, owner)
+        return (f"late:{','.join(map(str, late))}",) if late else ()
+
+    def _record(
+        self,
+        attempt: Attempt,
+        reply: list[Any],
+        task: asyncio.Task[Any] | None,
+        started: float,
+        *,
+        watchdog: bool,
+    ) -> Hold:
+        """Register a grant with the client (and its watchdog, for a ``lease=None`` hold)."""
+        services = self._services
+        hold = services.holds.record_grant(
+            name=self.name,
+            kind=self.kind,
+            key=self._hold_key,
+            owner=attempt.owner,
+            reply=reply,
+            sent_at=attempt.sent_at,
+            started=started,
+            watchdog=watchdog,
+            counters=self._counters,
+            task=task,
+            renew=self._renew,
+            renew_keys=self._renew_keys(),
+            channels=self._channels(),
+        )
+        if attempt.resent:
+            if not hold.resent:
+                hold.listeners.append(lambda: self.settlement.void_lost(hold))
+            # Its first copy may still arrive, after the release.
+            hold.resent.append(attempt.request)
+        if hold.watchdog:
+            services.watchdog.start()
+        if task is not None and self._ends_with_task and hold.count == 1:
+            services.holds.tie(hold, self._release_ended)
+        return hold

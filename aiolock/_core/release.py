@@ -1,0 +1,262 @@
+"""One release, and the wake-ups it owes: the engine's :class:`Releasing` part.
+
+A release of one hold goes one of three ways, chosen before it is sent:
+
+- the kind's release script (:meth:`~KindHooks.release_call`), which publishes its own
+  wake-up: any hold, and every one a fault touched;
+- the owner's last hold, fault-free, ended by one plain command
+  (:meth:`~KindHooks._last_release_command`, an ``HDEL`` of the owner's fields): the client
+  publishes the wake-up the command cannot;
+- the owner's last hold, fault-free, ended by a kind's own script that hands the lock over in
+  the same call (:meth:`~KindHooks._last_release_script`, the fair lock's).
+
+The last two answer alike (the number of fields removed) and are read alike.  Calls whose
+reply the caller never saw are settled by :mod:`aiolock._core.settlement`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from .._redis.calls import Orphan, not_sent
+from .._redis.info import uptime
+from .._scripts import Call
+from .holds import Hold
+from .hooks import KindHooks
+from .keys import LockKeys
+from .services import Services
+from .settlement import Copies, Settlement, holds_left
+
+__all__ = ["Releasing"]
+
+logger = logging.getLogger("aiolock.lock")
+
+
+class Releasing(KindHooks):
+    """Release and wake-ups (see the module docstring)."""
+
+    __slots__ = ()
+
+    # -- what the settlement, the composites and the command line read ----------------------
+
+    @property
+    def keys(self) -> LockKeys:
+        """The lock's Redis keys."""
+        return self._keys
+
+    @property
+    def services(self) -> Services:
+        """The services of the lock's client."""
+        return self._services
+
+    @property
+    def registry_key(self) -> str:
+        """What the client's registries know the lock's holds by (distinct per mode)."""
+        return self._hold_key
+
+    @property
+    def settlement(self) -> Settlement:
+        """The settlement of this lock's calls whose outcome is unknown (made when needed: it
+        is two small objects, and most calls have nothing to settle)."""
+        return Settlement(self)
+
+    # -- one release -------------------------------------------------------------------------
+
+    async def release_one(self, owner: str) -> int | None:
+        """Release one hold of ``owner``: the holds left, or ``None`` if it held none.
+
+        The release completes even if the caller is cancelled or the reply is lost.
+        """
+        services = self._services
+        key = self._hold_key
+        request = services.owners.next_request()
+        settlement = self.settlement
+        copies = Copies()  # on_send of the call: whether it was resent
+
+        def unknown(work: asyncio.Future[Any]) -> None:
+            settlement.release_unknown(owner, request, work, copies)
+
+        try:
+            await services.holds.settle(self._keys.lock, owner)
+            hold = services.holds.get(key, owner)
+            believed = None if hold is None else hold.count - 1
+            command, script = self._last_release(hold, owner)
+            if hold is not None and believed == 0 and hold.resent:
+                # In the background, like a settlement: a cancellation of this call must not
+                # lose it (the release is then settled after it).
+                voided, hold.resent = hold.resent, []
+                services.holds.defer(self._keys.lock, owner, settlement.void(owner, voided))
+                await services.holds.settle(self._keys.lock, owner)
+        except asyncio.CancelledError:
+            unknown(not_sent())
+            raise
+        # While it is in flight, a renewal of this hold may be answered "not held" because of
+        # it: the watchdog leaves the verdict to this reply (Holds.in_release).
+        sent = asyncio.get_running_loop().time()
+        with services.holds.releasing(key, owner):
+            if command is not None:
+                reply = await self._release_by_command(command, owner, request, copies)
+            elif script is not None:
+                reply = await self._release_by_script(script, owner, request, copies)
+            else:
+                reply = await services.calls.run(
+                    *self.release_call(owner, request, None), orphan=unknown, on_send=copies.sending
+                )
+        settlement.released_copies(owner, request, copies)
+        remaining = holds_left(reply)
+        # No marker outlives the lock, so a resend of the release that deleted it finds it
+        # gone.  The owner's critical section ended before it sent the release, and its lease
+        # had not run out as the client counts: only a force_unlock (which reports itself to
+        # its own caller) or a server that lost the hold in between would have made it a loss.
+        # The resend usually follows a restart: the server is asked, after the hold is no
+        # longer tracked (a renewal or a new hold of the owner must not meet it meanwhile).
+        doubted = (
+            remaining is None
+            and copies.resent
+            and believed == 0
+            and hold is not None
+            and sent < hold.expires_at
+        )
+        services.holds.released(key, owner, 0 if doubted else remaining)
+        settlement.check_count(owner, believed, remaining)
+        if doubted and hold is not None:
+            kept = False
+            try:
+                kept = await self._server_kept(hold)
+            finally:  # a cancellation of that question leaves it a loss, recorded all the same
+                if not kept:
+                    services.holds.lose(hold, "the server restarted or changed since it held it")
+            remaining = 0 if kept else None
+        return remaining
+
+    def _last_release(
+        self, hold: Hold | None, owner: str
+    ) -> tuple[tuple[Any, ...] | None, Call | None]:
+        """How the owner's last hold, fault-free, ends: by a plain command or by the kind's
+        own script (see the module docstring); neither for any other release."""
+        if hold is None or hold.count != 1 or hold.resent:
+            return None, None
+        if self._services.holds.late_releases(self._keys.lock, owner):
+            return None, None
+        command = self._last_release_command(hold)
+        return command, None if command is not None else self._last_release_script(hold)
+
+    async def _server_kept(self, hold: Hold) -> bool:
+        """Whether the server that answers for the lock now has been up since ``hold`` was
+        last confirmed on it (so it may not have lost it since); ``False`` when it cannot tell.
+
+        Asked only after a resend.  The server counts its uptime between two whole-second
+        clock readings: it started before now less ``uptime - 1`` seconds.
+        """
+        seconds = await uptime(self._services.calls, self._keys.lock)
+        if seconds is None:
+            return False
+        return asyncio.get_running_loop().time() - (seconds - 1) < hold.confirmed_at
+
+    # -- the owner's last hold, fault-free ---------------------------------------------------
+
+    def _release_by_command(
+        self, command: tuple[Any, ...], owner: str, request: int, copies: Copies
+    ) -> Awaitable[int | None]:
+        """End the owner's last hold with a plain ``command`` (see the module docstring)."""
+        sent = self._services.calls.command(
+            self._keys.lock,
+            command,
+            orphan=self._last_unknown(owner, request, copies),
+            on_send=copies.sending,
+        )
+        return self._last_released(sent, owner, request, copies)
+
+    def _release_by_script(
+        self, call: Call, owner: str, request: int, copies: Copies
+    ) -> Awaitable[int | None]:
+        """End the owner's last hold with the kind's own script (see the module docstring)."""
+        sent = self._services.calls.run(
+            *call, orphan=self._last_unknown(owner, request, copies), on_send=copies.sending
+        )
+        return self._last_released(sent, owner, request, copies)
+
+    async def _last_released(
+        self, sent: Awaitable[Any], owner: str, request: int, copies: Copies
+    ) -> int | None:
+        """Read the reply of a last release: 0 when it ended the hold, ``None`` when the owner
+        held nothing (a release script's reply).
+
+        It removes the owner's fields and ``:w``, so it answers 3 or more when the hold was
+        there, 1 or 0 when it was not (one other owner's ``:w``, at most: no other field is
+        named by this owner then).  An answer other than 0 or 3 may mean a waiter was refused
+        (``:w``): the client publishes the wake-up the script would have.  A copy of it that
+        may arrive late (it was resent, or its outcome is unknown) would end the owner's next
+        hold, which goes by another id for the resend window (:meth:`Holds.alias`).
+        """
+        removed = int(await sent)
+        if copies.resent:
+            window = self._services.resend_window_ms / 1000
+            self._services.holds.realias(self._hold_key, owner, request, window)
+        return self._read_removed(removed, owner)
+
+    def _read_removed(self, removed: int, owner: str) -> int | None:
+        if removed not in (0, 3):
+            # In the background: the owner's next call on the lock waits for it.
+            self._services.holds.defer(self._keys.lock, owner, self.wake_others())
+        return 0 if removed >= 3 else None
+
+    def _last_unknown(self, owner: str, request: int, copies: Copies) -> Orphan:
+        """The ``orphan`` of a last release: its outcome, once known, read as a release
+        script's reply (and the wake-up it owes sent) for the settlement."""
+        services = self._services
+        settlement = self.settlement
+        window = services.resend_window_ms / 1000
+
+        def unknown(work: asyncio.Future[Any]) -> None:
+            services.holds.realias(self._hold_key, owner, request, window)
+            outcome: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+            def done(work: asyncio.Future[Any]) -> None:
+                if work.cancelled():
+                    outcome.cancel()
+                elif (error := work.exception()) is not None:
+                    outcome.set_exception(error)
+                else:
+                    outcome.set_result(self._read_removed(int(work.result()), owner))
+
+            work.add_done_callback(done)
+            settlement.release_unknown(owner, request, outcome, copies)
+
+        return unknown
+
+    # -- wake-ups ----------------------------------------------------------------------------
+
+    async def wake_others(self) -> None:
+        """Publish a release on the lock's channels, for the waiters of every client (one
+        a plain command could not publish)."""
+        for channel in self._channels():
+            try:
+                await self._services.calls.publish(channel, "released")
+            except RedisError as exc:  # the waiters' own pause bounds their wait
+                logger.warning("could not publish a release of %r: %r", self.name, exc)
+
+    # -- releases made for the owner ---------------------------------------------------------
+
+    async def drop_all(self, owner: str) -> bool:
+        """Release every hold of ``owner`` on the server; ``True`` once none is left."""
+        return await self.settlement.drop_all(owner)
+
+    async def _release_ended(self, hold: Hold) -> None:
+        """Release every hold of ``hold``'s owner, whose task ended holding it (see
+        :meth:`Holds.tie`); if that fails the lease ends it."""
+        try:
+            while await self.release_one(hold.owner):
+                pass
+        except (RedisError, OSError) as exc:
+            self._services.holds.forget(hold)
+            logger.warning(
+                "could not release %r, held by a task that ended; its lease ends it: %r",
+                self.name,
+                exc,
+            )
