@@ -181,13 +181,18 @@ class AsyncRLock(ReentrantKind):
     def _waiting(self, owner: str) -> Waiting:
         services = self._services
         reentering = services.holds.get(self._hold_key, owner) is not None
-
-        def hand_on() -> None:
-            services.holds.defer(self._keys.lock, owner, self._hand_on(self._client))
-
         return ClientWait(
-            services, self._keys.channel, self._counters, reentering=reentering, hand_on=hand_on
+            services,
+            self._keys.channel,
+            self._counters,
+            reentering=reentering,
+            lock=self,
+            owner=owner,
         )
+
+    def hand_on(self, owner: str) -> None:
+        """The last waiting call of this client left without the lock (see ``ClientWait``)."""
+        self._services.holds.defer(self._keys.lock, owner, self._hand_on(self._client))
 
     async def wake_others(self) -> None:
         """Name the next client to wake, as the release script would have (a plain release

@@ -110,7 +110,12 @@ class AiolockImpl(Impl):
         self._client = aiolock.Client(self._redis, key_prefix=KEY_PREFIX)
 
     def handle(self, key: str) -> Handle:
-        return _AiolockHandle(getattr(self._client, self.factory)(key))
+        return _AiolockHandle(self.lock_object(key))
+
+    def lock_object(self, key: str) -> Any:
+        """The lock object a user makes: ``client.lock(key)`` (fan-in counts its waiters as a
+        user writes them, ``await lock.try_lock(wait=None)`` in a task of their own)."""
+        return getattr(self._client, self.factory)(key)
 
     async def aclose(self) -> None:
         await self._client.aclose()

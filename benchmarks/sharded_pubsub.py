@@ -42,6 +42,7 @@ from redis import Redis
 
 import aiolock
 from aiolock._redis import cluster as _cluster
+from aiolock._redis.cluster import ClusterCalls
 from aiolock.testing.embedded import EmbeddedCluster
 
 _HOLD = 0.001
@@ -87,7 +88,8 @@ async def _run_mode(cluster: EmbeddedCluster, *, sharded: bool, args: Any) -> di
         await asyncio.gather(*tasks)
         elapsed = time.perf_counter() - started
         after = [_node_figures(node.port) for node in cluster.primaries]
-        assert all(client._services.calls.sharded == sharded for client in clients)  # type: ignore[union-attr]
+        calls = [client._services.calls for client in clients]
+        assert all(isinstance(c, ClusterCalls) and c.sharded == sharded for c in calls)
     finally:
         for client in clients:
             await client.aclose()

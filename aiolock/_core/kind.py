@@ -37,6 +37,16 @@ __all__ = ["HoldKind", "LockKind", "LockStatistics", "NameState"]
 _T = TypeVar("_T")
 
 
+def _held(result: bool) -> bool:
+    """Whether a ``try_lock`` call holds the lock: its result (for the span)."""
+    return result
+
+
+def _always(_: object) -> bool:
+    """An acquire call that returns holds the lock (for the span)."""
+    return True
+
+
 @dataclass(frozen=True, slots=True)
 class LockStatistics:
     """A snapshot of one lock name, as seen by this client (no I/O).
@@ -127,13 +137,19 @@ class HoldKind(Acquiring, Guarding, Guarded[int]):
     # -- acquiring ---------------------------------------------------------------------------
 
     @teaching
-    async def try_lock(self, wait: float | None = 0, lease: float | None = None) -> bool:
-        """Acquire the lock, waiting at most ``wait`` seconds (``None``: forever).
+    def try_lock(
+        self, wait: float | None = 0, lease: float | None = None
+    ) -> Coroutine[Any, Any, bool]:
+        """Acquire the lock, waiting at most ``wait`` seconds (``None``: forever):
+        ``await lock.try_lock(wait=5)``.
 
         :returns: ``True`` once held, ``False`` if ``wait`` ran out.
+
+        The arguments are checked at the call; the coroutine it returns does the waiting (a
+        plain function, so a waiting task carries no frame of it).
         """
         wait_s, lease_s = check_wait(wait), check_lease(lease)
-        return await self._traced(self._try_lock(wait_s, lease_s), lambda held: held)
+        return self._traced(self._try_lock(wait_s, lease_s), _held)
 
     async def _try_lock(self, wait: float | None, lease: float | None) -> bool:
         if wait is None:
@@ -147,10 +163,10 @@ class HoldKind(Acquiring, Guarding, Guarded[int]):
 
         The arguments are checked at the call; the coroutine it returns does the waiting.
         """
-        return self._traced(self.wait_for_grant(check_lease(lease)), lambda _: True)
+        return self._traced(self.wait_for_grant(check_lease(lease)), _always)
 
     async def _enter(self, wait: float | None, lease: float | None) -> Holding[int]:
-        return await self._traced(self._enter_untraced(wait, lease), lambda _: True)
+        return await self._traced(self._enter_untraced(wait, lease), _always)
 
     async def _enter_untraced(self, wait: float | None, lease: float | None) -> Hold:
         if wait is None:

@@ -16,6 +16,7 @@ parked task carries no extra coroutine frame.
 from __future__ import annotations
 
 import asyncio
+import functools
 import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
@@ -26,7 +27,15 @@ from .holds import NameCounters
 if TYPE_CHECKING:
     from .services import Services
 
-__all__ = ["Backoff", "ChannelWait", "ClientEntry", "ClientWait", "MessageGrant", "Waiting"]
+__all__ = [
+    "Backoff",
+    "ChannelWait",
+    "ClientEntry",
+    "ClientWait",
+    "HandsOn",
+    "MessageGrant",
+    "Waiting",
+]
 
 
 class MessageGrant(Protocol):
@@ -218,12 +227,26 @@ class ClientEntry(Entry):
             self.wake_one()
 
 
+class HandsOn(Protocol):
+    """What a :class:`ClientWait` asks of its lock when the client's last call leaves."""
+
+    def hand_on(self, owner: str) -> None:
+        """Take this client out of the lock's waiting set, or hand on the wake-up a release
+        may have sent it meanwhile (in the background; ``owner``'s next call waits for it)."""
+        ...
+
+
+@functools.cache
+def _client_entries(client: bytes) -> Callable[[bytes, Contention | None], Entry]:
+    """The entry factory of a client's plain locks: one per client, not one per waiter."""
+    return functools.partial(ClientEntry, client=client)
+
+
 class ClientWait(ChannelWait):
     """:class:`ChannelWait` on a :class:`ClientEntry`: the last call of this client to leave
-    the wait without the lock runs ``hand_on``, which takes the client out of the lock's
-    waiting set, or hands on the wake-up a release may have sent it meanwhile."""
+    the wait without the lock has its lock hand on (:meth:`HandsOn.hand_on`)."""
 
-    __slots__ = ("_hand_on",)
+    __slots__ = ("_lock", "_owner")
 
     def __init__(
         self,
@@ -232,17 +255,18 @@ class ClientWait(ChannelWait):
         counters: NameCounters,
         *,
         reentering: bool,
-        hand_on: Callable[[], None],
+        lock: HandsOn,
+        owner: str,
     ) -> None:
-        client = services.owners.client_id.encode()
         super().__init__(
             services,
             channel,
             counters,
             reentering=reentering,
-            entry_type=lambda key, contention: ClientEntry(key, contention, client),
+            entry_type=_client_entries(services.owners.client_id.encode()),
         )
-        self._hand_on = hand_on
+        self._lock = lock
+        self._owner = owner
 
     def leave(self, granted: bool) -> None:
         # Parked at least once: a refusal may have entered its client in the set.  (A first
@@ -251,7 +275,7 @@ class ClientWait(ChannelWait):
         joined = self._entry is not None
         super().leave(granted)
         if joined and not granted and self._counters.contenders == 0:
-            self._hand_on()
+            self._lock.hand_on(self._owner)
 
 
 class Backoff:

@@ -20,7 +20,7 @@ import time
 import uuid
 from typing import Any
 
-from ..impls import POOL_SIZE, make
+from ..impls import POOL_SIZE, AiolockImpl, make
 from ..stats import ServerProbe, median_of_runs, rss_bytes
 from ..workers import WorkerPool
 from . import rotated
@@ -57,6 +57,17 @@ async def fan_in(
             await handle.release()
         except Exception as exc:  # a peer's lease ran out under load: count it, go on
             failures.append(f"{type(exc).__name__}: {exc}"[:200])
+
+    if isinstance(lock_impl, AiolockImpl):
+        # As a user writes a waiter: the lock object and one call, no handle around them.
+        async def waiter(key: str, log: list[int]) -> None:
+            lock = lock_impl.lock_object(key)
+            await lock.try_lock(wait=None)
+            log.append(time.perf_counter_ns())
+            try:
+                await lock.unlock()
+            except Exception as exc:  # a lease ran out under load: count it, go on
+                failures.append(f"{type(exc).__name__}: {exc}"[:200])
 
     try:
         # Fill the connection pool first: its size is the process's, not the waiters'.
