@@ -505,7 +505,10 @@ class Holds:
         def done(finished: asyncio.Task[None]) -> None:
             if self._pending.get((key, owner)) is finished:
                 del self._pending[(key, owner)]
-            if not finished.cancelled() and finished.exception() is not None:
+            if finished.cancelled():
+                # Cancelled before it ran (its loop closed): work never started.
+                work.close()
+            elif finished.exception() is not None:
                 logger.warning("background release of %s failed: %r", key, finished.exception())
 
         task.add_done_callback(done)

@@ -246,7 +246,7 @@ class ClientWait(ChannelWait):
     """:class:`ChannelWait` on a :class:`ClientEntry`: the last call of this client to leave
     the wait without the lock has its lock hand on (:meth:`HandsOn.hand_on`)."""
 
-    __slots__ = ("_lock", "_owner")
+    __slots__ = ("_in_flight", "_lock", "_owner")
 
     def __init__(
         self,
@@ -267,14 +267,22 @@ class ClientWait(ChannelWait):
         )
         self._lock = lock
         self._owner = owner
+        self._in_flight = False  # a try went out and was not answered yet
+
+    def turn(self) -> asyncio.Future[None] | None:
+        self._in_flight = True
+        return None
+
+    def park(self, pause: float) -> asyncio.Future[Any]:
+        self._in_flight = False  # refused (or parked before its first try)
+        return super().park(pause)
 
     def leave(self, granted: bool) -> None:
-        # Parked at least once: a refusal may have entered its client in the set.  (A first
-        # try cancelled in flight may have too; a release that names the client then wakes
-        # nobody, and the others try when the lease they parked under ends.)
-        joined = self._entry is not None
+        # A refusal entered its client in the set: the call parked since, or left with a try
+        # unanswered (its deadline ran out, it was cancelled, the connection failed).
+        entered = self._entry is not None or self._in_flight
         super().leave(granted)
-        if joined and not granted and self._counters.contenders == 0:
+        if entered and not granted and self._counters.contenders == 0:
             self._lock.hand_on(self._owner)
 
 

@@ -15,7 +15,17 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
-from tests.helpers import assert_clean, counted, eventually, keys_of, services_of, settled
+from aiolock.testing.pytest_plugin import ServerInfo
+from tests.helpers import (
+    assert_clean,
+    counted,
+    eventually,
+    keys_of,
+    server_calls_of,
+    services_of,
+    settled,
+    stall_server,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -168,6 +178,40 @@ async def test_a_waiter_that_gives_up_takes_its_client_out_of_the_set(
     assert await staying.task
     for client in (aiolock_client, leaving.client, staying.client):
         await assert_clean(redis, client)
+
+
+async def test_a_first_try_cancelled_in_flight_leaves_no_name_behind(
+    aiolock_server: ServerInfo,
+    aiolock_client: aiolock.Client,
+    make_client: Callable[..., aiolock.Client],
+    redis: Redis,
+) -> None:
+    # The try's refusal enters its client in the set on the server after its caller left:
+    # the client takes itself out once that try is settled.
+    lock = aiolock_client.lock("first-try")
+    await lock.lock()
+    leaving = make_client()
+    warm_up = leaving.lock("warm-up")
+    assert await warm_up.try_lock()  # scripts loaded, a connection open
+    await warm_up.unlock()
+    started = asyncio.Event()
+    stall = asyncio.create_task(stall_server(aiolock_server.url, 0.3, started))
+    await started.wait()
+    waiter = asyncio.create_task(leaving.lock("first-try").try_lock(wait=10))
+    await eventually(lambda: not server_calls_of(leaving).idle, what="the first try in flight")
+    waiter.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    await stall
+
+    async def left() -> bool:
+        return await waiting_clients(redis, lock) == []
+
+    await eventually(left, what="the client out of the waiting set")
+    await eventually(lambda: leaving.statistics().pending == 0, what="settled")
+    await lock.unlock()
+    await assert_clean(redis, aiolock_client)
+    await assert_clean(redis, leaving)
 
 
 async def test_a_named_client_that_died_strands_nobody_past_the_lease(
