@@ -1,8 +1,10 @@
 """The targets aiolock's benchmarks are held to, in one table, and their checks.
 
-Two generations: the first targets, and issue 14's ("perf 2"), which added figures (hand-off
+Three generations: the first targets; issue 14's ("perf 2"), which added figures (hand-off
 gap against PING, server commands and CPU, names, the fair lock) and tightened two of the first
-(the uncontended p50, 2.3 then 2.0 x PING; RSS per waiter, for the fair lock too).  Both are
+(the uncontended p50, 2.3 then 2.0 x PING; RSS per waiter, for the fair lock too); and issue
+46's ("wake 1"): the plain lock's cost flat as the processes grow, its hand-off beside the fair
+lock's.  Both are
 checked and reported, each row saying which it is, so a run reads against either.  A target
 needs its scenario: the checks of a scenario that did not run are left out.
 """
@@ -52,6 +54,10 @@ TARGETS: tuple[Target, ...] = (
     Target("perf2_names_keys", 10, "perf 2", "names: keys left for good, 10,000 names"),
     Target("perf2_rss_kb", 2.0, "perf 2", "fan-in: RSS KB per waiter, plain and fair"),
     Target("perf2_uncontended_p50_x_ping", 2.0, "perf 2", "uncontended: cycle p50 / PING p50"),
+    Target("wake_plain_commands", 12.0, "wake 1", "sweep: plain commands/acquisition, every point"),
+    Target("wake_plain_flat", 1.15, "wake 1", "sweep: plain commands/acq at 16 / at 4 processes"),
+    Target("wake_plain_gap_x_fair", 1.0, "wake 1", "contended: plain gap p50 / the fair lock's"),
+    Target("wake_plain_rate_x_fair", 1.0, "wake 1", "contended: plain acq/s / the fair lock's"),
 )
 # The semaphore's peak holders are checked against the run's own permits, and the fan-in's
 # channels against its own number of locks: limits of the run, not of this table.
@@ -220,6 +226,7 @@ def _perf2(results: dict[str, Any]) -> list[Check]:
                     all(v <= LIMIT["perf2_rss_kb"] for v in rss.values()),
                 )
             )
+    checks += _wake(scenarios)
     if "uncontended" in scenarios:
         ratio = medians(scenarios["uncontended"]).get("aiolock", {}).get("p50_over_ping")
         if ratio is not None:
@@ -229,6 +236,64 @@ def _perf2(results: dict[str, Any]) -> list[Check]:
                     f"{LIMIT['perf2_uncontended_p50_x_ping']:g} x PING p50",
                     f"{ratio:.2f} x",
                     ratio <= LIMIT["perf2_uncontended_p50_x_ping"],
+                )
+            )
+    return checks
+
+
+def _wake(scenarios: dict[str, Any]) -> list[Check]:
+    """Issue 46's: the plain lock's commands per acquisition at every sweep point, flat from 4 to
+    16 processes; its hand-off gap and rate against the fair lock's at the contended main
+    level (4 processes x 16 tasks in a full run)."""
+    checks: list[Check] = []
+    if "sweep" in scenarios:
+        points = scenarios["sweep"]["points"]
+        plain = {
+            n: medians(p).get("aiolock", {}).get("commands_per_acquisition")
+            for n, p in points.items()
+        }
+        costs = {n: c for n, c in plain.items() if c is not None}
+        if costs:
+            most = LIMIT["wake_plain_commands"]
+            checks.append(
+                (
+                    f"wake 1: sweep: plain lock commands/acquisition <= {most:g} at every point "
+                    f"({', '.join(costs)})",
+                    " / ".join(f"{c:.1f}" for c in costs.values()),
+                    max(costs.values()) <= most,
+                )
+            )
+        if "4" in costs and "16" in costs:
+            spread = costs["16"] / costs["4"]
+            checks.append(
+                (
+                    "wake 1: sweep: plain lock commands/acquisition at 16 processes <= "
+                    f"{LIMIT['wake_plain_flat']:g} x at 4",
+                    f"x{spread:.2f}",
+                    spread <= LIMIT["wake_plain_flat"],
+                )
+            )
+    if "contended" in scenarios:
+        section = scenarios["contended"]
+        level = main_level(section)
+        found = medians(section["levels"][level])
+        plain, fair = found.get("aiolock", {}), found.get("aiolock-fair", {})
+        if "gap_p50_us" in plain and "gap_p50_us" in fair:
+            checks.append(
+                (
+                    f"wake 1: contended ({level} waiters): plain hand-off gap p50 "
+                    "<= the fair lock's",
+                    f"{plain['gap_p50_us']:,.0f} µs vs {fair['gap_p50_us']:,.0f} µs",
+                    plain["gap_p50_us"] <= LIMIT["wake_plain_gap_x_fair"] * fair["gap_p50_us"],
+                )
+            )
+        if "acquisitions_per_s" in plain and "acquisitions_per_s" in fair:
+            checks.append(
+                (
+                    f"wake 1: contended ({level} waiters): plain acquisitions/s >= the fair lock's",
+                    f"{plain['acquisitions_per_s']:,.0f} vs {fair['acquisitions_per_s']:,.0f}",
+                    plain["acquisitions_per_s"]
+                    >= LIMIT["wake_plain_rate_x_fair"] * fair["acquisitions_per_s"],
                 )
             )
     return checks
