@@ -194,20 +194,18 @@ class AsyncRLock(ReentrantKind):
         """The last waiting call of this client left without the lock (see ``ClientWait``)."""
         self._services.holds.defer(self._keys.lock, owner, self._hand_on(self._client))
 
-    async def wake_others(self) -> None:
-        """Name the next client to wake, as the release script would have (a plain release
-        removed ``:w``)."""
-        await self._hand_on(None)
+    def _wake_call(self) -> Call:
+        # Name the next client to wake, as the release script would have.
+        keys = self._keys
+        return _scripts.LOCK_WAKE, (keys.lock, keys.waiting, keys.channel), ()
 
-    async def _hand_on(self, client: str | None) -> None:
+    async def _hand_on(self, client: str) -> None:
         """Take ``client`` (the last of its calls left the wait) out of the waiting set, or
         hand on the wake-up a release sent it (``lock/wake.lua``)."""
         keys = self._keys
         try:
             await self._services.calls.run(
-                _scripts.LOCK_WAKE,
-                (keys.lock, keys.waiting, keys.channel),
-                () if client is None else (client,),
+                _scripts.LOCK_WAKE, (keys.lock, keys.waiting, keys.channel), (client,)
             )
         except RedisError as exc:  # the waiters' own pause bounds their wait
-            logger.warning("could not wake the next waiter of %r: %r", self.name, exc)
+            logger.warning("could not hand on a wake-up of %r: %r", self.name, exc)

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -299,3 +300,11 @@ def needs_sharded_pubsub(url: str) -> None:
     that aiolock uses there instead is tested in versions/test_server_versions.py)."""
     if redis_version(url) < (7, 0):
         pytest.skip("no sharded pub/sub before Redis 7.0 (classic pub/sub is used instead)")
+
+
+def documented_acl_commands() -> str:
+    """The plain lock's commands as ``docs/deployment.md``'s ACL row lists them (``+evalsha
+    ...``): the tests run as exactly that user, so the docs cannot drift from what works."""
+    text = (Path(__file__).parent.parent / "docs" / "deployment.md").read_text()
+    block = text[text.index("ACL SETUSER aiolock") :].split("```")[0]
+    return " ".join(word for word in block.split() if word.startswith("+"))

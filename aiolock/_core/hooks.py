@@ -168,6 +168,11 @@ class KindHooks(Protocol):
         over in the same call, with the reply :meth:`_last_release_command` gives."""
         return None
 
+    def _wake_call(self) -> Call | None:
+        """The script that wakes what a plain release could not (it removed the mark of a
+        refused waiter); ``None``: publish ``released`` on each of the kind's channels."""
+        return None
+
 
 def release_args(owner: str, request: int, undo: int | None) -> tuple[Any, ...]:
     """ARGV of every kind's release script: owner, request, and the acquire to undo, if any."""

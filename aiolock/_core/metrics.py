@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, TypeVar
 
@@ -277,7 +278,11 @@ def traced(
     cost.  Every kind's acquire calls, a composite's included, go through here."""
     if tracing is None or not tracing.recording():
         return work
-    return tracing.acquire(work, kind, name, holds_of)
+    span = tracing.acquire(work, kind, name, holds_of)
+    # A span that never starts (its task cancelled first) never awaits work: close it then,
+    # or Python warns that it was never awaited.
+    weakref.finalize(span, work.close)
+    return span
 
 
 @functools.cache

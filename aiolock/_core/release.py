@@ -233,13 +233,17 @@ class Releasing(KindHooks):
     # -- wake-ups ----------------------------------------------------------------------------
 
     async def wake_others(self) -> None:
-        """Publish a release on the lock's channels, for the waiters of every client (one
-        a plain command could not publish)."""
-        for channel in self._channels():
-            try:
+        """Wake what a plain command could not: the kind's wake script (:meth:`_wake_call`),
+        or a release published on the lock's channels, for the waiters of every client."""
+        call = self._wake_call()
+        try:
+            if call is not None:
+                await self._services.calls.run(*call)
+                return
+            for channel in self._channels():
                 await self._services.calls.publish(channel, "released")
-            except RedisError as exc:  # the waiters' own pause bounds their wait
-                logger.warning("could not publish a release of %r: %r", self.name, exc)
+        except RedisError as exc:  # the waiters' own pause bounds their wait
+            logger.warning("could not wake the waiters of %r: %r", self.name, exc)
 
     # -- releases made for the owner ---------------------------------------------------------
 

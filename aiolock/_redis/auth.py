@@ -13,7 +13,7 @@ from typing import Final, TypeVar
 
 from redis.asyncio import RedisCluster
 from redis.asyncio.connection import AbstractConnection
-from redis.exceptions import AuthenticationError, RedisClusterException
+from redis.exceptions import AuthenticationError, RedisClusterException, ResponseError
 
 __all__ = ["asked_for_password", "cluster_asked_for_password"]
 
@@ -21,23 +21,33 @@ _E = TypeVar("_E", bound=Exception)
 
 # The connection settings that authenticate.
 _CREDENTIALS: Final = ("password", "username", "credential_provider")
-# What the servers answer a client that has not authenticated (Redis 6-7, Valkey 7-8).
-_UNAUTHENTICATED: Final = ("NOAUTH", "Authentication required", "HELLO must be called with")
+# What the servers answer a client that has not authenticated (Redis 6-7, Valkey 7-8); a
+# call of more than 10 words or a long argument gets a protocol error instead.
+_UNAUTHENTICATED: Final = (
+    "NOAUTH",
+    "Authentication required",
+    "HELLO must be called with",
+    "unauthenticated multibulk length",
+    "unauthenticated bulk length",
+)
 
 
 def asked_for_password(
     error: BaseException, conn: AbstractConnection
 ) -> AuthenticationError | None:
     """``error`` told as "the server asks for a password", if it is one that ``conn``, a
-    connection without credentials, got; ``None`` for any other error (a wrong password)."""
+    connection without credentials, got; ``None`` for any other error (a wrong password).
+
+    The server's protocol error for a long call before authentication (a ``ResponseError``)
+    is told as the ``AuthenticationError`` it stands for, as redis-py tells ``NOAUTH``."""
     given = (conn.password, conn.username, conn.credential_provider)
-    if not isinstance(error, AuthenticationError) or any(given):
+    if not isinstance(error, AuthenticationError | ResponseError) or any(given):
         return None
     path = getattr(conn, "path", None)
     where = (
         f"unix://{path}" if path else f"{getattr(conn, 'host', '?')}:{getattr(conn, 'port', '?')}"
     )
-    return _told(type(error), error, f"the server at {where}")
+    return _told(AuthenticationError, error, f"the server at {where}")
 
 
 def cluster_asked_for_password(

@@ -331,14 +331,25 @@ class Calls(Runner):
                     RedisConnectionError("cancelled between attempts") if sent else NotSent(),
                 )
             raise
-        except ResponseError:
-            self._give_back(conn)  # the reply was read whole: the connection is clean
+        except ResponseError as exc:
+            self._answered_error(conn, exc)
             raise
         except BaseException as exc:
             self._failed(conn, exc, orphan if sent else None)
             raise
         self._give_back(conn)
         return reply
+
+    def _answered_error(self, conn: AbstractConnection, exc: ResponseError) -> None:
+        """The server answered a call with an error: the reply was read whole, and the
+        connection is clean, unless the server asks for a password (it closes the connection
+        after a long call before authentication), which is raised in plain words."""
+        told = asked_for_password(exc, conn)
+        if told is None:
+            self._give_back(conn)
+            return
+        self._spawn(self._discard(conn), None)
+        raise told from exc
 
     def _failed(self, conn: AbstractConnection, exc: BaseException, orphan: Orphan | None) -> None:
         """A call failed on ``conn`` with ``exc``: drop the connection, hand the error to

@@ -165,7 +165,7 @@ def test_argument_checks_keep_their_own_messages(clients: list[aiolock.Client]) 
 def test_a_taught_call_keeps_its_signature_and_name(clients: list[aiolock.Client]) -> None:
     lock = clients[0].lock("x")
     assert str(inspect.signature(lock.try_lock)) == (
-        "(wait: 'float | None' = 0, lease: 'float | None' = None) -> 'bool'"
+        "(wait: 'float | None' = 0, lease: 'float | None' = None) -> 'Coroutine[Any, Any, bool]'"
     )
     assert str(inspect.signature(aiolock.Client.lock)) == (
         "(self, name: 'str', *, owner: 'str | None' = None) -> 'AsyncRLock'"

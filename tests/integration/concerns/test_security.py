@@ -23,7 +23,7 @@ from redis.exceptions import AuthenticationError, NoPermissionError, RedisError
 
 import aiolock
 from aiolock.testing.embedded import EmbeddedServer, free_port, redis_server_binary
-from tests.helpers import eventually, keys_of, settled
+from tests.helpers import documented_acl_commands, eventually, keys_of, settled
 
 pytestmark = pytest.mark.anyio
 
@@ -31,11 +31,7 @@ PASSWORD = "s3cret-Pa55word-" + uuid.uuid4().hex  # never to be seen in a repr, 
 PREFIX = "secure"
 # The commands aiolock runs: its scripts' own calls (ACL checks commands run by scripts too),
 # EVALSHA with the EVAL fallback, the inspection calls, and the subscriber connection's.
-AIOLOCK_COMMANDS = (
-    "+evalsha +eval +hexists +hget +hmget +hset +hdel +hlen +incr +exists +del +pexpire +pttl "
-    "+publish "
-    "+subscribe +unsubscribe +ping +info"
-)
+AIOLOCK_COMMANDS = documented_acl_commands()
 ACL = f"""\
 user default on nopass -@all +ping
 user aiolock on >{PASSWORD} resetkeys ~{PREFIX}:* resetchannels &{PREFIX}:* -@all {AIOLOCK_COMMANDS}

@@ -19,7 +19,14 @@ import aiolock
 from aiolock.testing.embedded import EmbeddedServer
 from aiolock.testing.pytest_plugin import ServerInfo
 from tests.conftest import SERVERS
-from tests.helpers import cluster_calls_of, cluster_clients, entries_of, eventually, redis_version
+from tests.helpers import (
+    cluster_calls_of,
+    cluster_clients,
+    documented_acl_commands,
+    entries_of,
+    eventually,
+    redis_version,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -27,10 +34,7 @@ PREFIX = "acl"
 PASSWORD = "s3cret-acl"
 # The plain lock's commands, as docs/deployment.md lists them (no TLS here: the Redis 6.2
 # binary is built without it, and test_security.py runs this user over TLS on Redis 7).
-PLAIN_LOCK_COMMANDS = (
-    "+evalsha +eval +hexists +hget +hmget +hset +hdel +hlen +incr +exists +del +pexpire +pttl "
-    "+publish +subscribe +unsubscribe +ping +info"
-)
+PLAIN_LOCK_COMMANDS = documented_acl_commands()
 
 
 def subscriptions(url: str, channel: str) -> dict[str, int]:
