@@ -180,7 +180,7 @@ class AsyncRLock(ReentrantKind):
 
     def _waiting(self, owner: str) -> Waiting:
         services = self._services
-        reentering = services.holds.get(self._hold_key, owner) is not None
+        reentering = services.holds.get(self._registry_key, owner) is not None
         return ClientWait(
             services,
             self._keys.channel,

@@ -42,12 +42,12 @@ class Acquiring(Releasing):
         """The calling owner: the lock's explicit owner, or the current task's."""
         services = self._services.check_open()
         owner, task = services.owners.current(self._explicit_owner)
-        return services.holds.alias(self._hold_key, owner), task
+        return services.holds.alias(self._keys.lock, owner), task
 
     def held(self) -> Hold:
         """The calling owner's hold, right after an acquire returned (no await in between)."""
         owner, _ = self.current_owner()
-        hold = self._services.holds.get(self._hold_key, owner)
+        hold = self._services.holds.get(self._registry_key, owner)
         if hold is None:  # the grant registers it: never, short of a bug
             raise RuntimeError(f"lock {self.name!r} was granted but is not registered")
         return hold
@@ -297,7 +297,8 @@ class Acquiring(Releasing):
         hold = services.holds.record_grant(
             name=self.name,
             kind=self.kind,
-            key=self._hold_key,
+            registry_key=self._registry_key,
+            lock_key=self._keys.lock,
             owner=attempt.owner,
             reply=reply,
             sent_at=attempt.sent_at,

@@ -13,10 +13,11 @@ The engine's classes subclass it, which gives every kind the defaults written he
 from __future__ import annotations
 
 import asyncio
+import logging
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisError, ResponseError
 
 from .. import _scripts
 from .._scripts import Call, Script
@@ -30,6 +31,8 @@ if TYPE_CHECKING:
     from .settlement import Attempt
 
 __all__ = ["Call", "KindHooks", "release_args"]
+
+logger = logging.getLogger("aiolock.lock")
 
 
 class KindHooks(Protocol):
@@ -50,7 +53,7 @@ class KindHooks(Protocol):
     _counters: NameCounters
     _state: NameState
     _explicit_owner: str | None
-    _hold_key: str
+    _registry_key: str
 
     # -- data --------------------------------------------------------------------------------
 
@@ -123,6 +126,17 @@ class KindHooks(Protocol):
         """An attempt's script raised ``error``: ``True`` to try again (the kind removed the
         cause), ``False`` to raise it to the caller."""
         return False
+
+    async def wake_others(self) -> None:
+        """Wake the waiters a release that could not do so itself owes (a command removed the
+        owner's fields, or a resend found nothing to say so): by default a message on the
+        lock's channels, for the waiters of every client; the plain lock names the next
+        client of its waiting set instead."""
+        for channel in self._channels():
+            try:
+                await self._services.calls.publish(channel, "released")
+            except RedisError as exc:  # the waiters' own pause bounds their wait
+                logger.warning("could not publish a release of %r: %r", self.name, exc)
 
     def withdraw_call(self, owner: str) -> Call | None:
         """What a waiter of ``owner`` that gives up sends, if the kind keeps waiters on the

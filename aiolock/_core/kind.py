@@ -111,8 +111,8 @@ class HoldKind(Acquiring, Guarding, Guarded[int]):
     __slots__ = (
         "_counters",
         "_explicit_owner",
-        "_hold_key",
         "_keys",
+        "_registry_key",
         "_services",
         "_state",
         "name",
@@ -131,7 +131,7 @@ class HoldKind(Acquiring, Guarding, Guarded[int]):
         self._keys = state.keys
         self._counters = state.counters
         # What the client's registries know a hold by (its Redis key, for most kinds).
-        self._hold_key = state.keys.lock + self._registry_suffix
+        self._registry_key = state.keys.lock + self._registry_suffix
         self._guards = None
 
     # -- acquiring ---------------------------------------------------------------------------
@@ -185,7 +185,7 @@ class HoldKind(Acquiring, Guarding, Guarded[int]):
         def holds_of(result: _T) -> tuple[Hold, ...]:
             if not granted(result):
                 return ()
-            hold = self._services.holds.get(self._hold_key, self.current_owner()[0])
+            hold = self._services.holds.get(self._registry_key, self.current_owner()[0])
             return () if hold is None else (hold,)
 
         return traced(self._services.tracing, work, self.kind, self.name, holds_of)
@@ -231,7 +231,7 @@ class HoldKind(Acquiring, Guarding, Guarded[int]):
         releases a lock another task of the client took."""
         if self._explicit_owner is not None:
             return False
-        return any(hold.owner != owner for hold in self._services.holds.by_key(self._hold_key))
+        return any(hold.owner != owner for hold in self._services.holds.by_key(self._registry_key))
 
     # -- inspecting --------------------------------------------------------------------------
 
@@ -263,7 +263,7 @@ class HoldKind(Acquiring, Guarding, Guarded[int]):
 
     def statistics(self) -> LockStatistics:
         """A snapshot of this lock name from this client's view (no I/O)."""
-        holds = self._services.holds.by_key(self._hold_key)
+        holds = self._services.holds.by_key(self._registry_key)
         counters = self._counters
         return LockStatistics(
             name=self.name,
@@ -302,7 +302,7 @@ class HoldKind(Acquiring, Guarding, Guarded[int]):
 
     def hold(self, owner: str) -> Hold | None:
         """The client's record of ``owner``'s hold on the lock, if it believes in one."""
-        return self._services.holds.get(self._hold_key, owner)
+        return self._services.holds.get(self._registry_key, owner)
 
 
 class LockKind(HoldKind):
@@ -321,5 +321,5 @@ class LockKind(HoldKind):
         services = self._services.check_open()
         deleted = await services.calls.run(*self._force_call())
         if deleted:
-            services.holds.lose_all(self._hold_key, "it was force-unlocked")
+            services.holds.lose_all(self._registry_key, "it was force-unlocked")
         return bool(deleted)

@@ -57,7 +57,7 @@ class Releasing(KindHooks):
     @property
     def registry_key(self) -> str:
         """What the client's registries know the lock's holds by (distinct per mode)."""
-        return self._hold_key
+        return self._registry_key
 
     @property
     def settlement(self) -> Settlement:
@@ -73,7 +73,7 @@ class Releasing(KindHooks):
         The release completes even if the caller is cancelled or the reply is lost.
         """
         services = self._services
-        key = self._hold_key
+        registry_key = self._registry_key
         request = services.owners.next_request()
         settlement = self.settlement
         copies = Copies()  # on_send of the call: whether it was resent
@@ -83,7 +83,7 @@ class Releasing(KindHooks):
 
         try:
             await services.holds.settle(self._keys.lock, owner)
-            hold = services.holds.get(key, owner)
+            hold = services.holds.get(registry_key, owner)
             believed = None if hold is None else hold.count - 1
             command, script = self._last_release(hold, owner)
             if hold is not None and believed == 0 and hold.resent:
@@ -98,7 +98,7 @@ class Releasing(KindHooks):
         # While it is in flight, a renewal of this hold may be answered "not held" because of
         # it: the watchdog leaves the verdict to this reply (Holds.in_release).
         sent = asyncio.get_running_loop().time()
-        with services.holds.releasing(key, owner):
+        with services.holds.releasing(registry_key, owner):
             if command is not None:
                 reply = await self._release_by_command(command, owner, request, copies)
             elif script is not None:
@@ -122,7 +122,7 @@ class Releasing(KindHooks):
             and hold is not None
             and sent < hold.expires_at
         )
-        services.holds.released(key, owner, 0 if doubted else remaining)
+        services.holds.released(registry_key, owner, 0 if doubted else remaining)
         settlement.check_count(owner, believed, remaining)
         if doubted and hold is not None:
             kept = False
@@ -197,7 +197,7 @@ class Releasing(KindHooks):
         removed = int(await sent)
         if copies.resent:
             window = self._services.resend_window_ms / 1000
-            self._services.holds.realias(self._hold_key, owner, request, window)
+            self._services.holds.realias(self._keys.lock, owner, request, window)
         return self._read_removed(removed, owner)
 
     def _read_removed(self, removed: int, owner: str) -> int | None:
@@ -214,7 +214,7 @@ class Releasing(KindHooks):
         window = services.resend_window_ms / 1000
 
         def unknown(work: asyncio.Future[Any]) -> None:
-            services.holds.realias(self._hold_key, owner, request, window)
+            services.holds.realias(self._keys.lock, owner, request, window)
             outcome: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
 
             def done(work: asyncio.Future[Any]) -> None:
@@ -229,17 +229,6 @@ class Releasing(KindHooks):
             settlement.release_unknown(owner, request, outcome, copies)
 
         return unknown
-
-    # -- wake-ups ----------------------------------------------------------------------------
-
-    async def wake_others(self) -> None:
-        """Publish a release on the lock's channels, for the waiters of every client (one
-        a plain command could not publish)."""
-        for channel in self._channels():
-            try:
-                await self._services.calls.publish(channel, "released")
-            except RedisError as exc:  # the waiters' own pause bounds their wait
-                logger.warning("could not publish a release of %r: %r", self.name, exc)
 
     # -- releases made for the owner ---------------------------------------------------------
 

@@ -138,7 +138,7 @@ class AsyncFairLock(LockKind):
     def _fresh(self, owner: str) -> tuple[str, ...]:
         """``fresh`` when the client knows no hold of ``owner`` on this lock: the server may
         then count a grant from the queue it marked as this call's (see the module doc)."""
-        return ("fresh",) if self._services.holds.get(self._hold_key, owner) is None else ()
+        return ("fresh",) if self._services.holds.get(self._registry_key, owner) is None else ()
 
     @contextmanager
     def _single_try(self, owner: str) -> Iterator[None]:
@@ -190,7 +190,7 @@ class AsyncFairLock(LockKind):
         bound of the moment the server made it; ``None`` when it cannot be counted on (the
         wait loop then tries, which adopts it: see the module docstring)."""
         services = self._services
-        if services.holds.get(self._hold_key, owner) is not None:
+        if services.holds.get(self._registry_key, owner) is not None:
             return None  # an explicit owner another task holds with: a try re-enters
         now = asyncio.get_running_loop().time()
         granted_at = self._keeper().clock.lower_bound(grant.server_ms, now)
@@ -254,14 +254,10 @@ class AsyncFairLock(LockKind):
         return _scripts.FAIR_WITHDRAW, self._script_keys(), (owner, *self._fresh(owner), *known)
 
     def _withdraw_lost(self, owner: str) -> None:
-        keys = self._keys
-        assert isinstance(keys, FairKeys)
-        self._services.holds.abandoned(keys.queue, owner)
+        self._services.holds.abandoned(self._keys.lock, owner, "withdraw")
 
     def _left_behind(self, owner: str) -> bool:
         """Whether a withdraw of ``owner`` gave up lately, so that its place may still be in
         the queue: the next try looks for it instead of pushing a second one (the record is
         used up)."""
-        keys = self._keys
-        assert isinstance(keys, FairKeys)
-        return self._services.holds.was_abandoned(keys.queue, owner)
+        return self._services.holds.was_abandoned(self._keys.lock, owner, "withdraw")

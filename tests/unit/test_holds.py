@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from aiolock._core import holds as _holds
+from aiolock._core import pending as _pending
 from aiolock._core.holds import Holds
 
 pytestmark = pytest.mark.anyio
@@ -21,13 +21,22 @@ async def test_a_give_up_is_remembered_once_per_lock_and_owner() -> None:
     assert not holds.was_abandoned("lock:a", "owner-1")  # used up
 
 
+async def test_a_withdraw_given_up_is_not_a_release_given_up() -> None:
+    """The fair lock's withdraws and every kind's releases keep their records apart, on the
+    same lock key."""
+    holds = Holds()
+    holds.abandoned("lock:a", "owner-1", "withdraw")
+    assert not holds.was_abandoned("lock:a", "owner-1")
+    assert holds.was_abandoned("lock:a", "owner-1", "withdraw")
+
+
 async def test_old_give_ups_are_forgotten(monkeypatch: pytest.MonkeyPatch) -> None:
     holds = Holds()
     for owner in range(100):  # owners that never come back
         holds.abandoned("lock", f"owner-{owner}")
     # Later than ABANDONED_FOR: the next record drops every older one, and none explains a
     # hold met now.
-    monkeypatch.setattr(_holds, "ABANDONED_FOR", -1.0)
+    monkeypatch.setattr(_pending, "ABANDONED_FOR", -1.0)
     holds.abandoned("lock", "last")
     assert len(holds._abandoned) == 1
     assert not holds.was_abandoned("lock", "last")
