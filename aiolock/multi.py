@@ -216,4 +216,4 @@ class MultiLock(Guarded[tuple[int, ...]]):
 def _still_held(part: LockKind) -> bool:
     """The calling owner still holds the lock as far as its client knows (no I/O)."""
     hold = part.hold(part.current_owner()[0])
-    return hold is not None and not hold.lost
+    return hold is not None and not hold.check_lost()

@@ -253,7 +253,7 @@ class Permit:
 
     @property
     def lost(self) -> bool:
-        return self._hold.lost
+        return self._hold.check_lost()
 
     def valid_for(self) -> float:
         """Seconds for which the permit is surely still held, by this client's conservative
@@ -285,7 +285,7 @@ class Permit:
             raise LockNotOwnedError(f"permit {self.id!r} of {self.semaphore.name!r} is not held")
 
     def __repr__(self) -> str:
-        state = "lost" if self._hold.marked_lost else "held"
+        state = "lost" if self._hold.lost else "held"
         return f"<Permit {self.id!r} of {self.semaphore.name!r} [{state}]>"
 
 

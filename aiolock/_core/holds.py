@@ -75,8 +75,8 @@ class Hold:
 
     ``expires_at`` is a lower bound of the server-side expiry in event-loop time: the send time
     of the call that last set the lease, plus the lease.  ``watchdog`` holds are renewed, which
-    moves it on; every hold has a timer at ``expires_at`` that marks it lost, and reading
-    :attr:`lost` once that moment has passed runs the timer's work at once.
+    moves it on; every hold has a timer at ``expires_at`` that marks it lost, and
+    :meth:`check_lost` once that moment has passed runs the timer's work at once.
     """
 
     name: str
@@ -94,9 +94,9 @@ class Hold:
     renew_keys: tuple[str, ...]  # the KEYS that script takes for this hold
     channels: tuple[str, ...]  # where this client's waiters for the lock park, if on channels
     # The registry's expiry (its rule: lost unless a release began in time), which the timer
-    # runs and a read of ``lost`` past the deadline runs early.
+    # runs and check_lost() past the deadline runs early.
     on_expiry: Callable[[Hold], None]
-    marked_lost: bool = False  # by the registry (Holds.lose): read ``lost``
+    lost: bool = False  # marked so by the registry (Holds.lose): no expiry run early
     lost_reason: str | None = None
     # No longer tracked (released, lost, its release's outcome unknown): nothing vouches for it.
     ended: bool = False
@@ -119,16 +119,16 @@ class Hold:
     # Released by the client if its task ends holding it (Holds.tie).
     tied: bool = False
 
-    @property
-    def lost(self) -> bool:
-        """Whether the hold was lost: marked so, or its lease ran out by this client's clock.
+    def check_lost(self) -> bool:
+        """Whether the hold was lost: marked so, or its lease ran out by this client's clock
+        (then marked so now, by the registry's expiry, which may fire its listeners).
 
         A loop that is busy past ``expires_at`` runs the timer only after the callbacks it has
         queued already, such as the holder's own code that resumed meanwhile: a read after that
         moment runs the timer's work itself, so the answer never depends on callback order.
         """
         timer = self.timer
-        if timer is not None and not self.marked_lost:
+        if timer is not None and not self.lost:
             try:
                 now = asyncio.get_running_loop().time()
             except RuntimeError:  # no running loop: the deadline cannot be checked
@@ -137,7 +137,7 @@ class Hold:
                 timer.cancel()
                 self.timer = None
                 self.on_expiry(self)
-        return self.marked_lost
+        return self.lost
 
     def valid_for(self) -> float:
         """Seconds the hold surely lasts by this client's clock (no I/O); 0.0 once it ended.
@@ -145,12 +145,12 @@ class Hold:
         ``expires_at`` counts from when the call that last set the lease was *sent*, and the
         server counts from when it ran it, later: so this never exceeds the server's PTTL.
         """
-        if self.lost or self.ended:
+        if self.check_lost() or self.ended:
             return 0.0
         return max(0.0, self.expires_at - asyncio.get_running_loop().time())
 
     def __repr__(self) -> str:
-        state = f"lost: {self.lost_reason}" if self.marked_lost else f"held x{self.count}"
+        state = f"lost: {self.lost_reason}" if self.lost else f"held x{self.count}"
         return f"<Hold {self.name!r} token={self.token} [{state}]>"
 
 
@@ -415,10 +415,10 @@ class Holds(PendingWork):
 
     def lose(self, hold: Hold, reason: str) -> None:
         """Mark ``hold`` lost, once: log it, forget it, and tell its listeners."""
-        if hold.marked_lost:
+        if hold.lost:
             return
         self._record((hold.registry_key, hold.owner)).lost_token = hold.token
-        hold.marked_lost = True
+        hold.lost = True
         hold.lost_reason = reason
         hold.counters.losses += 1
         hold.counters.last_lost = True

@@ -201,7 +201,7 @@ class HoldKind(Acquiring, Guarding, Guarded[int]):
         assert isinstance(holding, Hold)
         # After a loss the release is not sent at all: it must not touch a lock somebody else
         # now holds (an explicit owner may have been granted the lock again).
-        if not holding.lost:
+        if not holding.check_lost():
             await self.release_one(holding.owner)
 
     # -- releasing ---------------------------------------------------------------------------

@@ -269,7 +269,7 @@ class TransactionContext:
         if exc is not None:
             return  # the block failed: nothing is sent
         hold = self._hold
-        if hold.lost:
+        if hold.check_lost():
             raise self._lost()
         if hold.ended:  # released (or its release's outcome unknown): not the client's to use
             raise RuntimeError(
