@@ -23,7 +23,7 @@ from ._core.keys import LockKeys
 from ._core.kind import LockKind, LockStatistics
 from ._core.services import Services
 from ._core.settlement import Attempt
-from ._core.waiting import ClientWait, Waiting
+from ._core.waiting import ClientWait, WaitStrategy
 
 __all__ = ["AsyncRLock", "LockGuard", "LockStatistics", "ReentrantKind"]
 
@@ -110,8 +110,8 @@ class ReentrantKind(LockKind):
             return [reply, 1, lease_ms]
         return reply if len(reply) == 3 else None
 
-    def _busy(self, attempt: Attempt, reply: Any) -> float:
-        return super()._busy(attempt, reply[0])
+    def _refusal_pause(self, attempt: Attempt, reply: Any) -> float:
+        return super()._refusal_pause(attempt, reply[0])
 
     def release_call(self, owner: str, request: int, undo: int | None) -> Call:
         keys = self._keys
@@ -178,7 +178,7 @@ class AsyncRLock(ReentrantKind):
     def _channels(self) -> tuple[str, ...]:
         return (self._keys.channel,)
 
-    def _waiting(self, owner: str) -> Waiting:
+    def _wait_strategy(self, owner: str) -> WaitStrategy:
         services = self._services
         reentering = services.holds.get(self._registry_key, owner) is not None
         return ClientWait(

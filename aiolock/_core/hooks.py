@@ -24,7 +24,7 @@ from .._scripts import Call, Script
 from .holds import Hold, NameCounters
 from .keys import LockKeys
 from .services import Services
-from .waiting import MessageGrant, Waiting
+from .waiting import MessageGrant, WaitStrategy
 
 if TYPE_CHECKING:
     from .kind import NameState
@@ -38,7 +38,7 @@ logger = logging.getLogger("aiolock.lock")
 class KindHooks(Protocol):
     """The override points of a kind, each with its default where it has one.
 
-    Every kind supplies :meth:`attempt_call`, :meth:`release_call` and :meth:`_waiting` (and
+    Every kind supplies :meth:`attempt_call`, :meth:`release_call` and :meth:`_wait_strategy` (and
     a lock kind :meth:`~aiolock._core.kind.LockKind._force_call`).  The rest have defaults that
     fit the reentrant lock hash, which the plain, spin and fair locks share.
     """
@@ -87,7 +87,7 @@ class KindHooks(Protocol):
 
     def attempt_call(self, owner: str, request: int, lease_ms: int) -> Call:
         """One try of ``owner`` as request ``request``: its script answers a grant (see
-        :meth:`grant_of`) or what :meth:`_busy` reads."""
+        :meth:`grant_of`) or what :meth:`_refusal_pause` reads."""
         ...
 
     def grant_of(self, reply: Any, lease_ms: int) -> list[Any] | None:
@@ -95,12 +95,12 @@ class KindHooks(Protocol):
         the lease the call asked); ``None``: it was refused."""
         return reply if isinstance(reply, list) else None
 
-    def _busy(self, attempt: Attempt, reply: Any) -> float:
+    def _refusal_pause(self, attempt: Attempt, reply: Any) -> float:
         """The seconds a refused ``attempt`` waits before the next (``inf``: no bound)."""
         pttl = int(reply)
         return float("inf") if pttl < 0 else pttl / 1000
 
-    def _waiting(self, owner: str) -> Waiting:
+    def _wait_strategy(self, owner: str) -> WaitStrategy:
         """How one waiting call of ``owner`` parks and is woken (:mod:`aiolock._core.waiting`)."""
         ...
 

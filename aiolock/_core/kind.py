@@ -30,7 +30,7 @@ from .keys import LockKeys, hash_tag
 from .metrics import traced
 from .services import Services
 from .validate import check_lease, check_wait
-from .waiting import Waiting
+from .waiting import WaitStrategy
 
 __all__ = ["HoldKind", "LockKind", "LockStatistics", "NameState"]
 
@@ -78,9 +78,9 @@ class NameState:
     counters: NameCounters
     # owner -> its calls in the wait loop, for the explicit owners that have some: two tasks
     # may share an owner, and a grant to one of its calls is a reentrant grant for the others.
-    waiting: dict[str, list[Waiting]] | None = None
+    waiting: dict[str, list[WaitStrategy]] | None = None
 
-    def join(self, owner: str, waiting: Waiting) -> None:
+    def join(self, owner: str, waiting: WaitStrategy) -> None:
         calls = self.waiting
         if calls is None:
             calls = self.waiting = {}
@@ -90,7 +90,7 @@ class NameState:
         """Whether ``owner`` has more than one call in the wait loop."""
         return self.waiting is not None and len(self.waiting.get(owner, ())) > 1
 
-    def leave(self, owner: str, waiting: Waiting, *, granted: bool) -> None:
+    def leave(self, owner: str, waiting: WaitStrategy, *, granted: bool) -> None:
         """``waiting`` left the wait loop; if it got the lock, the owner's other calls try
         again at once (they would otherwise wait for a release that this grant put off)."""
         calls = self.waiting
@@ -173,7 +173,7 @@ class HoldKind(Acquiring, Guarding, Guarded[int]):
             await self.wait_for_grant(lease)
         elif not await self.try_until(wait, lease):
             raise LockTimeoutError(f"could not acquire lock {self.name!r} within {wait}s")
-        return self.held()
+        return self.caller_hold()
 
     def _traced(
         self, work: Coroutine[Any, Any, _T], granted: Callable[[_T], bool]

@@ -36,7 +36,7 @@ ABANDONED_FOR = 600.0
 
 # The (lock key, owner)s whose deferred work the running task is (or was started from): work
 # deferred for a (lock key, owner) must never wait for its own settlement.
-_SETTLING: contextvars.ContextVar[frozenset[At]] = contextvars.ContextVar(
+_RUNNING_PENDING: contextvars.ContextVar[frozenset[At]] = contextvars.ContextVar(
     "aiolock_settling", default=frozenset()
 )
 
@@ -79,7 +79,7 @@ class PendingWork:
     def defer(self, lock_key: str, owner: str, work: Coroutine[Any, Any, None]) -> None:
         """Run ``work`` in the background; the owner's next call on the lock waits for it.
 
-        The rule that keeps this free of deadlock: ``work`` never waits for (:meth:`settle`)
+        The rule that keeps this free of deadlock: ``work`` never waits for (:meth:`wait_pending`)
         the same ``(lock_key, owner)``, directly or through an acquire or release of that
         owner on that lock, since it would wait for itself.  It may defer more work there
         (which runs after it).  The rule is checked: such a ``settle`` raises ``RuntimeError``.
@@ -89,7 +89,7 @@ class PendingWork:
 
         async def chained() -> None:
             # In this task's own context (and those of the tasks it starts): see settle.
-            _SETTLING.set(_SETTLING.get() | {at})
+            _RUNNING_PENDING.set(_RUNNING_PENDING.get() | {at})
             if previous is not None:
                 await asyncio.gather(previous, return_exceptions=True)
             await work
@@ -110,7 +110,7 @@ class PendingWork:
 
         task.add_done_callback(done)
 
-    async def settle(self, lock_key: str, owner: str) -> None:
+    async def wait_pending(self, lock_key: str, owner: str) -> None:
         """Wait for the owner's pending work on the lock (its failures never reach the
         caller); for an id :meth:`alias` gave, the work of the owner's earlier ids first.
 
@@ -129,7 +129,7 @@ class PendingWork:
             ]
             ats = [at for at in earlier if at != (lock_key, owner)] + ats
         for at in ats:
-            if at in _SETTLING.get():
+            if at in _RUNNING_PENDING.get():
                 raise RuntimeError(
                     f"deferred work of owner {at[1]!r} on {lock_key!r} waits for its own "
                     "settlement (it acquires or releases that lock as that owner): it would "

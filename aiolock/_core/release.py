@@ -30,7 +30,7 @@ from .holds import Hold
 from .hooks import KindHooks
 from .keys import LockKeys
 from .services import Services
-from .settlement import Copies, Settlement, holds_left
+from .settlement import ReleaseCopies, Settlement, holds_left
 
 __all__ = ["Releasing"]
 
@@ -76,22 +76,22 @@ class Releasing(KindHooks):
         registry_key = self._registry_key
         request = services.owners.next_request()
         settlement = self.settlement
-        copies = Copies()  # on_send of the call: whether it was resent
+        copies = ReleaseCopies()  # on_send of the call: whether it was resent
 
         def unknown(work: asyncio.Future[Any]) -> None:
             settlement.release_unknown(owner, request, work, copies)
 
         try:
-            await services.holds.settle(self._keys.lock, owner)
+            await services.holds.wait_pending(self._keys.lock, owner)
             hold = services.holds.get(registry_key, owner)
-            believed = None if hold is None else hold.count - 1
+            expected_left = None if hold is None else hold.count - 1
             command, script = self._last_release(hold, owner)
-            if hold is not None and believed == 0 and hold.resent:
+            if hold is not None and expected_left == 0 and hold.resent:
                 # In the background, like a settlement: a cancellation of this call must not
                 # lose it (the release is then settled after it).
                 voided, hold.resent = hold.resent, []
                 services.holds.defer(self._keys.lock, owner, settlement.void(owner, voided))
-                await services.holds.settle(self._keys.lock, owner)
+                await services.holds.wait_pending(self._keys.lock, owner)
         except asyncio.CancelledError:
             unknown(not_sent())
             raise
@@ -115,16 +115,16 @@ class Releasing(KindHooks):
         # its own caller) or a server that lost the hold in between would have made it a loss.
         # The resend usually follows a restart: the server is asked, after the hold is no
         # longer tracked (a renewal or a new hold of the owner must not meet it meanwhile).
-        doubted = (
+        maybe_ended_earlier = (
             remaining is None
             and copies.resent
-            and believed == 0
+            and expected_left == 0
             and hold is not None
             and sent < hold.expires_at
         )
-        services.holds.released(registry_key, owner, 0 if doubted else remaining)
-        settlement.check_count(owner, believed, remaining)
-        if doubted and hold is not None:
+        services.holds.released(registry_key, owner, 0 if maybe_ended_earlier else remaining)
+        settlement.check_count(owner, expected_left, remaining)
+        if maybe_ended_earlier and hold is not None:
             kept = False
             try:
                 kept = await self._server_kept(hold)
@@ -161,7 +161,7 @@ class Releasing(KindHooks):
     # -- the owner's last hold, fault-free ---------------------------------------------------
 
     def _release_by_command(
-        self, command: tuple[Any, ...], owner: str, request: int, copies: Copies
+        self, command: tuple[Any, ...], owner: str, request: int, copies: ReleaseCopies
     ) -> Awaitable[int | None]:
         """End the owner's last hold with a plain ``command`` (see the module docstring)."""
         sent = self._services.calls.command(
@@ -173,7 +173,7 @@ class Releasing(KindHooks):
         return self._last_released(sent, owner, request, copies)
 
     def _release_by_script(
-        self, call: Call, owner: str, request: int, copies: Copies
+        self, call: Call, owner: str, request: int, copies: ReleaseCopies
     ) -> Awaitable[int | None]:
         """End the owner's last hold with the kind's own script (see the module docstring)."""
         sent = self._services.calls.run(
@@ -182,7 +182,7 @@ class Releasing(KindHooks):
         return self._last_released(sent, owner, request, copies)
 
     async def _last_released(
-        self, sent: Awaitable[Any], owner: str, request: int, copies: Copies
+        self, sent: Awaitable[Any], owner: str, request: int, copies: ReleaseCopies
     ) -> int | None:
         """Read the reply of a last release: 0 when it ended the hold, ``None`` when the owner
         held nothing (a release script's reply).
@@ -206,7 +206,7 @@ class Releasing(KindHooks):
             self._services.holds.defer(self._keys.lock, owner, self.wake_others())
         return 0 if removed >= 3 else None
 
-    def _last_unknown(self, owner: str, request: int, copies: Copies) -> Orphan:
+    def _last_unknown(self, owner: str, request: int, copies: ReleaseCopies) -> Orphan:
         """The ``orphan`` of a last release: its outcome, once known, read as a release
         script's reply (and the wake-up it owes sent) for the settlement."""
         services = self._services

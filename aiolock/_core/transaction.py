@@ -283,7 +283,7 @@ class TransactionContext:
         argv: list[Any] = [*head, len(sent)]
         for command, _ in sent:
             argv += (len(command), *command)
-        reply = await self._calls.run(script, (*lock_keys, *keys), tuple(argv), once=True)
+        reply = await self._calls.run(script, (*lock_keys, *keys), tuple(argv), no_resend=True)
         if int(reply[0]) != 1:
             if not hold.ended:  # else released meanwhile (an explicit owner's other task)
                 self._holds.lose(hold, "a transaction found it gone (expired, forced or taken)")

@@ -191,7 +191,7 @@ async def test_c_the_next_fresh_grant_gets_a_larger_token(
         handed.append(guard.fencing_token)
     if nested:
         await lock.lock()
-        handed.append(lock.held().token)
+        handed.append(lock.caller_hold().token)
     reply = proxy.cut_next_request(ACQUIRE)
     with pytest.raises(RedisConnectionError):
         await lock.try_lock(wait=0)

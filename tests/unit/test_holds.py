@@ -71,13 +71,13 @@ async def test_deferred_work_that_settles_its_own_lock_and_owner_fails_loudly(
 
     async def settles_itself() -> None:
         try:
-            await holds.settle("lock", "owner")
+            await holds.wait_pending("lock", "owner")
         except RuntimeError as exc:
             raised.append(exc)
             raise
 
     holds.defer("lock", "owner", settles_itself())
-    await asyncio.wait_for(holds.settle("lock", "owner"), timeout=5)
+    await asyncio.wait_for(holds.wait_pending("lock", "owner"), timeout=5)
     assert len(raised) == 1
     assert "waits for its own settlement" in str(raised[0])
     assert "'owner'" in str(raised[0])
@@ -92,12 +92,12 @@ async def test_a_task_started_by_deferred_work_keeps_the_rule() -> None:
 
     async def through_a_task() -> None:
         try:
-            await asyncio.create_task(holds.settle("lock", "owner"))
+            await asyncio.create_task(holds.wait_pending("lock", "owner"))
         except RuntimeError as exc:
             raised.append(exc)
 
     holds.defer("lock", "owner", through_a_task())
-    await asyncio.wait_for(holds.settle("lock", "owner"), timeout=5)
+    await asyncio.wait_for(holds.wait_pending("lock", "owner"), timeout=5)
     assert len(raised) == 1
 
 
@@ -113,13 +113,13 @@ async def test_deferred_work_may_settle_other_locks_and_owners_and_defer_more() 
 
     async def work() -> None:
         holds.defer("lock", "other-owner", other())
-        await holds.settle("lock", "other-owner")  # another owner's: no cycle
-        await holds.settle("other-lock", "owner")  # nothing pending: returns at once
+        await holds.wait_pending("lock", "other-owner")  # another owner's: no cycle
+        await holds.wait_pending("other-lock", "owner")  # nothing pending: returns at once
         holds.defer("lock", "owner", more())  # runs after this work
         done.append("work")
 
     holds.defer("lock", "owner", work())
-    await asyncio.wait_for(holds.settle("lock", "owner"), timeout=5)
+    await asyncio.wait_for(holds.wait_pending("lock", "owner"), timeout=5)
     assert done == ["other", "work", "more"]
     assert holds.pending() == []
 
@@ -142,7 +142,7 @@ async def test_an_alias_waits_for_the_owners_earlier_ids_and_keeps_the_rule() ->
     assert alias == "c:a5:x:me"
 
     async def next_acquire() -> None:
-        await holds.settle("lock", alias)
+        await holds.wait_pending("lock", alias)
         order.append("acquire")
 
     waiting = asyncio.create_task(next_acquire())
@@ -156,11 +156,11 @@ async def test_an_alias_waits_for_the_owners_earlier_ids_and_keeps_the_rule() ->
 
     async def settles_its_alias() -> None:
         try:
-            await holds.settle("lock", alias)
+            await holds.wait_pending("lock", alias)
         except RuntimeError as exc:
             raised.append(exc)
 
     holds.defer("lock", "c:x:me", settles_its_alias())
-    await asyncio.wait_for(holds.settle("lock", "c:x:me"), 5)
+    await asyncio.wait_for(holds.wait_pending("lock", "c:x:me"), 5)
     assert len(raised) == 1
     holds.clear()

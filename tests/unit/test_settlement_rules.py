@@ -78,7 +78,7 @@ def now() -> float:
 async def settled(lock: AsyncRLock, owner: str = ID) -> None:
     """Wait for the owner's settlements on the lock (what its next acquire waits for)."""
 
-    await lock.services.holds.settle(lock.keys.lock, owner)
+    await lock.services.holds.wait_pending(lock.keys.lock, owner)
 
 
 def held_count(lock: AsyncRLock) -> int:
@@ -322,7 +322,7 @@ async def test_a_permit_acquire_cancelled_in_flight_is_undone_under_its_permit_i
     reply.answer([0, 1, round(LEASE * 1000)])
     [acquire] = runner.named("semaphore/acquire")
     permit = acquire.args[1]
-    await services.holds.settle(permits_of(semaphore).keys.lock, permit)
+    await services.holds.wait_pending(permits_of(semaphore).keys.lock, permit)
     [undo] = runner.named("semaphore/release")
     assert undo.args[0] == permit
     assert undo_of(undo) == request_of(acquire)
