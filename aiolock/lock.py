@@ -30,10 +30,10 @@ __all__ = ["AsyncRLock", "LockGuard", "LockStatistics", "ReentrantKind"]
 logger = logging.getLogger("aiolock.lock")
 
 
-def plain_release_fields(owner: str) -> tuple[str, ...]:
-    """The fields of the lock hash the plain release removes: ``owner``'s hold (its count,
-    ``f:``, ``r:``, and ``x:`` and ``:late:`` if a fault left them) and ``:w``; the same list
-    as ``fair/last.lua``'s (``scripts/common/_hold.lua`` says which fields a hold has)."""
+def command_release_fields(owner: str) -> tuple[str, ...]:
+    """The fields of the lock hash the release by a bare ``HDEL`` removes: ``owner``'s hold
+    (its count, ``f:``, ``r:``, and ``x:`` and ``:late:`` if a fault left them) and ``:w``; the
+    same list as ``fair/last.lua``'s (``scripts/common/_hold.lua`` says which fields a hold has)."""
     return (owner, f"f:{owner}", f"r:{owner}", ":w", f"x:{owner}", f":late:{owner}")
 
 
@@ -130,13 +130,13 @@ class ReentrantKind(LockKind):
     def _last_release_command(self, hold: Hold) -> tuple[Any, ...] | None:
         """``HDEL`` of the owner's fields (its count, ``f:``, ``r:``, and ``x:`` and ``:late:``
         if a fault left them) and ``:w``: every field of a hold is named by its owner
-        (``scripts/common/_hold.lua``), so it ends that hold and no other owner's, in one plain
+        (``scripts/common/_hold.lua``), so it ends that hold and no other owner's, in one bare
         command instead of a script.  Not for a hold whose acquire was refused on the way (the
         lock is contended: the release script publishes in the same call, where this would
         publish after its reply), nor while tasks of this client wait for the lock."""
         if self._published() and (hold.contended or self._counters.contenders):
             return None
-        return ("HDEL", self._keys.lock, *plain_release_fields(hold.owner))
+        return ("HDEL", self._keys.lock, *command_release_fields(hold.owner))
 
 
 class AsyncRLock(ReentrantKind):
@@ -195,8 +195,8 @@ class AsyncRLock(ReentrantKind):
         self._services.holds.defer(self._keys.lock, owner, self._hand_on(self._client))
 
     async def wake_others(self) -> None:
-        """Name the next client to wake, as the release script would have (a plain release
-        removed ``:w``)."""
+        """Name the next client to wake, as the release script would have (a release by a bare
+        command removed ``:w``)."""
         await self._hand_on(None)
 
     async def _hand_on(self, client: str | None) -> None:

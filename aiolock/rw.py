@@ -231,8 +231,8 @@ class AsyncWriteLock(_Mode):
     _renew = _scripts.RW_RENEW_WRITE
 
     def attempt_call(self, owner: str, request: int, lease_ms: int) -> Call:
-        wait_ms = round(self._services.fair_wait_timeout * 1000)
-        args = (lease_ms, owner, request, wait_ms, *self._late_args(owner))
+        wait_timeout_ms = round(self._services.fair_wait_timeout * 1000)
+        args = (lease_ms, owner, request, wait_timeout_ms, *self._late_args(owner))
         return _scripts.RW_WRITE, self._rw_keys.script_keys(), args
 
     def _transact_call(self, hold: Hold) -> Call:

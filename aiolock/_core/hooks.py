@@ -172,9 +172,9 @@ class KindHooks(Protocol):
         ...
 
     def _last_release_command(self, hold: Hold) -> tuple[Any, ...] | None:
-        """A plain command that ends ``hold``, its owner's last and fault-free, when every
-        field of the kind's holds is named by its owner; it answers the number of fields it
-        removed, 3 or more when the hold was there (see :mod:`aiolock._core.release`)."""
+        """A bare command (not a script) that ends ``hold``, its owner's last and fault-free,
+        when every field of the kind's holds is named by its owner; it answers the number of
+        fields it removed, 3 or more when the hold was there (see :mod:`aiolock._core.release`)."""
         return None
 
     def _last_release_script(self, hold: Hold) -> Call | None:

@@ -307,7 +307,7 @@ class HoldKind(Acquiring, Guarding, Guarded[int]):
 
 class LockKind(HoldKind):
     """A kind whose holds can be ended whoever holds them: every lock kind (a semaphore has
-    no ``force_unlock``, so its permits are a plain :class:`HoldKind`)."""
+    no ``force_unlock``, so its permits are a :class:`HoldKind` only)."""
 
     __slots__ = ()
 

@@ -4,7 +4,7 @@ A release of one hold goes one of three ways, chosen before it is sent:
 
 - the kind's release script (:meth:`~KindHooks.release_call`), which publishes its own
   wake-up: any hold, and every one a fault touched;
-- the owner's last hold, fault-free, ended by one plain command
+- the owner's last hold, fault-free, ended by one bare command
   (:meth:`~KindHooks._last_release_command`, an ``HDEL`` of the owner's fields): the client
   publishes the wake-up the command cannot;
 - the owner's last hold, fault-free, ended by a kind's own script that hands the lock over in
@@ -137,7 +137,7 @@ class Releasing(KindHooks):
     def _last_release(
         self, hold: Hold | None, owner: str
     ) -> tuple[tuple[Any, ...] | None, Call | None]:
-        """How the owner's last hold, fault-free, ends: by a plain command or by the kind's
+        """How the owner's last hold, fault-free, ends: by a bare command or by the kind's
         own script (see the module docstring); neither for any other release."""
         if hold is None or hold.count != 1 or hold.resent:
             return None, None
@@ -163,7 +163,7 @@ class Releasing(KindHooks):
     def _release_by_command(
         self, command: tuple[Any, ...], owner: str, request: int, copies: ReleaseCopies
     ) -> Awaitable[int | None]:
-        """End the owner's last hold with a plain ``command`` (see the module docstring)."""
+        """End the owner's last hold with a bare ``command`` (see the module docstring)."""
         sent = self._services.calls.command(
             self._keys.lock,
             command,

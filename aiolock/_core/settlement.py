@@ -315,8 +315,8 @@ class Settlement:
             return
         await self.retry_release(owner, request, None, until, copies)
         # The first copy may have deleted the lock, and with it the mark of a waiter refused
-        # meanwhile, whose wake-up it owed (a plain release publishes only once it reads its
-        # reply): the resend finds nothing to say so.  A spare wake-up costs a try.
+        # meanwhile, whose wake-up it owed (a release by a bare command publishes only once it
+        # reads its reply): the resend finds nothing to say so.  A spare wake-up costs a try.
         await self.lock.wake_others()
 
     def released_copies(self, owner: str, request: int, copies: ReleaseCopies) -> None:

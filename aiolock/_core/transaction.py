@@ -52,7 +52,7 @@ FORBIDDEN: Final = frozenset(
         "MULTI", "EXEC", "DISCARD", "WATCH", "UNWATCH", "WAIT", "WAITAOF",
         # Scripts and functions do not nest.
         "EVAL", "EVALSHA", "EVAL_RO", "EVALSHA_RO", "FCALL", "FCALL_RO", "SCRIPT", "FUNCTION",
-        # A script never blocks: these would return at once, unlike their plain form.
+        # A script never blocks: these would return at once, unlike those commands sent alone.
         "BLPOP", "BRPOP", "BRPOPLPUSH", "BLMOVE", "BLMPOP", "BZPOPMIN", "BZPOPMAX", "BZMPOP",
         # Pub/sub sessions, connection state and server administration.
         "SUBSCRIBE", "UNSUBSCRIBE", "PSUBSCRIBE", "PUNSUBSCRIBE", "SSUBSCRIBE", "SUNSUBSCRIBE",

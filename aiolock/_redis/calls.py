@@ -1,4 +1,4 @@
-"""Script calls (and the few plain commands) on the client's own connections, made with its
+"""Script calls (and the few bare commands) on the client's own connections, made with its
 redis-py pool's settings.
 
 A lock operation is one small script call, and redis-py's ``execute_command`` costs more than
@@ -186,7 +186,7 @@ class Runner(abc.ABC):
         orphan: Orphan | None = None,
         on_send: Callable[[bool], object] | None = None,
     ) -> Any:
-        """Run one plain ``command`` about ``key`` (on a Cluster, on the node of its slot), as
+        """Run one bare ``command`` about ``key`` (on a Cluster, on the node of its slot), as
         :meth:`run` runs a script: resent as redis-py's ``Retry`` says (so only a command that
         is safe to apply twice), ``orphan`` and ``on_send`` likewise."""
 

@@ -287,7 +287,7 @@ class ClusterCalls(Runner):
 
 
 async def node_of(cluster: RedisCluster, key: str) -> Redis:
-    """A plain client (close it after use) on the primary that serves ``key``'s slot, made with
+    """A redis-py client (close it after use) on the primary that serves ``key``'s slot, made with
     the cluster client's connection settings: for a MULTI of reads on that one node."""
     await cluster.initialize()
     primary = cluster.get_node_from_key(key)

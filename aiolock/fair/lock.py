@@ -114,7 +114,7 @@ class AsyncFairLock(LockKind):
         return keys.script_keys()
 
     def attempt_call(self, owner: str, request: int, lease_ms: int) -> Call:
-        wait_ms = round(self._services.fair_wait_timeout * 1000)
+        wait_timeout_ms = round(self._services.fair_wait_timeout * 1000)
         watch = self._watch()
         late = self._late_args(owner)
         fresh = self._fresh(owner)
@@ -126,7 +126,7 @@ class AsyncFairLock(LockKind):
             fresh = ("fresh", "first")
         elif member:
             fresh = (*fresh, f"m:{member}")  # where its place is: no search
-        args: tuple[Any, ...] = (lease_ms, owner, request, wait_ms, *late, *fresh)
+        args: tuple[Any, ...] = (lease_ms, owner, request, wait_timeout_ms, *late, *fresh)
         if owner in watch.single_tries:
             args = (*args, "once")
         server_ms = watch.server_ms()
