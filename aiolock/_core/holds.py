@@ -5,16 +5,14 @@ kept in step with every script reply.  The watchdog renews the holds registered 
 leases get a timer at their deadline, and a loss is recorded once: the hold is marked ``lost``,
 logged, dropped from the registry, and its listeners (guards with ``cancel_on_loss``) are called.
 
-It also keeps the *pending* work of each (lock, owner): a release that has to finish in the
-background (its caller was cancelled, or the reply never came) and the compensating release of a
-grant whose caller was cancelled.  The owner's next operation on that lock waits for it first, so
-hold counts stay exact.
-
 Two key spaces, never mixed: a hold is known by its **registry key** (the lock key, plus a
-suffix for each mode of a read-write lock, whose owner may hold both) and everything about the
-hold itself (its record, its lost token, its releases in flight) is keyed by (registry key,
-owner); the pending work, resent releases, abandoned records and aliases of an owner concern
-the lock on the server and are keyed by (**lock key**, owner).
+suffix for each mode of a read-write lock, whose owner may hold both), and everything about the
+hold itself (the :class:`Hold`, and an :class:`OwnerRecord` of its lost token and its releases
+in flight) is keyed by (registry key, owner).  The *pending* work of an owner on a lock (a
+release that has to finish in the background, the undo of a grant whose caller left), its
+resent releases, aliases and abandoned calls concern the lock on the server and are keyed by
+(**lock key**, owner): :class:`~aiolock._core.pending.PendingWork`, which :class:`Holds`
+extends.
 """
 
 from __future__ import annotations
