@@ -145,8 +145,8 @@ class HoldKind(Acquiring, Guarding, Guarded[int]):
 
         :returns: ``True`` once held, ``False`` if ``wait`` ran out.
 
-        The arguments are checked at the call; the coroutine it returns does the waiting (a
-        plain function, so a waiting task carries no frame of it).
+        The arguments are checked at the call; the coroutine it returns does the waiting (not a
+        coroutine function, so a waiting task carries no frame of it).
         """
         wait_s, lease_s = check_wait(wait), check_lease(lease)
         return self._traced(self._try_lock(wait_s, lease_s), _held)

@@ -746,7 +746,7 @@ async def test_an_owner_goes_by_its_own_id_again_after_the_window(
     aiolock_client: aiolock.Client,
 ) -> None:
     """The other id lasts the resend window, and as long as a hold made under it: no longer
-    (a plain release's outcome left unknown is what starts it)."""
+    (a bare-command release's outcome left unknown is what starts it)."""
     services = services_of(aiolock_client)
     lock = aiolock_client.lock("realiased")
     owner, _ = lock.current_owner()
