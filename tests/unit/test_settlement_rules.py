@@ -157,6 +157,7 @@ async def test_an_acquire_past_its_wait_has_its_late_grant_undone(
     reply = Held()
     runner.script(ACQUIRE, reply)
     runner.answer(RELEASE, 0)
+    runner.answer(WAKE, 1)  # it left with a try unanswered: its client leaves the waiting set
     began = now()
     assert await lock.try_lock(wait=0.5, lease=LEASE) is False
     assert now() == pytest.approx(began + 0.5)
@@ -264,7 +265,7 @@ async def test_a_resent_call_carries_the_same_request_id_and_the_resend_mark(
     assert void.name == VOID
     assert void.args[0] == ID
     assert request_of(first) in void.args[2:]
-    assert release.name == RELEASE  # not the plain command: the hold had a fault
+    assert release.name == RELEASE  # not the bare command: the hold had a fault
     assert held_count(lock) == 0
 
 
@@ -429,7 +430,7 @@ async def test_a_grant_that_reentered_holds_the_client_never_saw_is_cut_back_to_
     await settled(lock)
     drops = runner.named(RELEASE)
     assert len(drops) == 2
-    assert all(undo_of(sent) is None for sent in drops)  # plain releases, not undos
+    assert all(undo_of(sent) is None for sent in drops)  # releases, not undos
     assert "had 2 hold(s) of this owner the client never saw" in caplog.text
 
 
