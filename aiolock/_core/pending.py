@@ -3,11 +3,11 @@
 
 A release that has to finish in the background (its caller was cancelled, or the reply never
 came), the compensating release of a grant whose caller was cancelled, a waiter's withdraw: the
-owner's next acquire or release of that lock waits for it first (:meth:`PendingWork.settle`), so
-hold counts stay exact.  After a fault, the releases whose late copies the owner's next hold
-must refuse (:meth:`PendingWork.resent_release`) and the id the owner goes by meanwhile
-(:meth:`PendingWork.alias`) are kept here too, and so is what a background call that gave up
-may have left (:meth:`PendingWork.abandoned`).
+owner's next acquire or release of that lock waits for it first
+(:meth:`PendingWork.wait_pending`), so hold counts stay exact.  After a fault, the releases
+whose late copies the owner's next hold must refuse (:meth:`PendingWork.resent_release`) and
+the id the owner goes by meanwhile (:meth:`PendingWork.alias`) are kept here too, and so is
+what a background call that gave up may have left (:meth:`PendingWork.abandoned`).
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ a waiter's entry (a fair lock's place in its queue)."""
 ABANDONED_FOR = 600.0
 
 # The (lock key, owner)s whose deferred work the running task is (or was started from): work
-# deferred for a (lock key, owner) must never wait for its own settlement.
+# deferred for a (lock key, owner) must never wait for itself.
 _RUNNING_PENDING: contextvars.ContextVar[frozenset[At]] = contextvars.ContextVar(
     "aiolock_settling", default=frozenset()
 )
@@ -79,16 +79,17 @@ class PendingWork:
     def defer(self, lock_key: str, owner: str, work: Coroutine[Any, Any, None]) -> None:
         """Run ``work`` in the background; the owner's next call on the lock waits for it.
 
-        The rule that keeps this free of deadlock: ``work`` never waits for (:meth:`wait_pending`)
-        the same ``(lock_key, owner)``, directly or through an acquire or release of that
-        owner on that lock, since it would wait for itself.  It may defer more work there
-        (which runs after it).  The rule is checked: such a ``settle`` raises ``RuntimeError``.
+        The rule that keeps this free of deadlock: ``work`` never waits for the pending work
+        (:meth:`wait_pending`) of the same ``(lock_key, owner)``, directly or through an acquire
+        or release of that owner on that lock, since it would wait for itself.  It may defer
+        more work there (which runs after it).  The rule is checked: such a wait raises
+        ``RuntimeError``.
         """
         at = (lock_key, owner)
         previous = self._pending.get(at)
 
         async def chained() -> None:
-            # In this task's own context (and those of the tasks it starts): see settle.
+            # In this task's own context (and those of the tasks it starts): see wait_pending.
             _RUNNING_PENDING.set(_RUNNING_PENDING.get() | {at})
             if previous is not None:
                 await asyncio.gather(previous, return_exceptions=True)
