@@ -23,17 +23,17 @@ from ._core.keys import LockKeys
 from ._core.kind import LockKind, LockStatistics
 from ._core.services import Services
 from ._core.settlement import Attempt
-from ._core.waiting import ClientWait, Waiting
+from ._core.waiting import ClientWait, WaitStrategy
 
 __all__ = ["AsyncRLock", "LockGuard", "LockStatistics", "ReentrantKind"]
 
 logger = logging.getLogger("aiolock.lock")
 
 
-def plain_release_fields(owner: str) -> tuple[str, ...]:
-    """The fields of the lock hash the plain release removes: ``owner``'s hold (its count,
-    ``f:``, ``r:``, and ``x:`` and ``:late:`` if a fault left them) and ``:w``; the same list
-    as ``fair/last.lua``'s (``scripts/common/_hold.lua`` says which fields a hold has)."""
+def command_release_fields(owner: str) -> tuple[str, ...]:
+    """The fields of the lock hash the release by a bare ``HDEL`` removes: ``owner``'s hold
+    (its count, ``f:``, ``r:``, and ``x:`` and ``:late:`` if a fault left them) and ``:w``; the
+    same list as ``fair/last.lua``'s (``scripts/common/_hold.lua`` says which fields a hold has)."""
     return (owner, f"f:{owner}", f"r:{owner}", ":w", f"x:{owner}", f":late:{owner}")
 
 
@@ -110,8 +110,8 @@ class ReentrantKind(LockKind):
             return [reply, 1, lease_ms]
         return reply if len(reply) == 3 else None
 
-    def _busy(self, attempt: Attempt, reply: Any) -> float:
-        return super()._busy(attempt, reply[0])
+    def _refusal_pause(self, attempt: Attempt, reply: Any) -> float:
+        return super()._refusal_pause(attempt, reply[0])
 
     def release_call(self, owner: str, request: int, undo: int | None) -> Call:
         keys = self._keys
@@ -130,13 +130,13 @@ class ReentrantKind(LockKind):
     def _last_release_command(self, hold: Hold) -> tuple[Any, ...] | None:
         """``HDEL`` of the owner's fields (its count, ``f:``, ``r:``, and ``x:`` and ``:late:``
         if a fault left them) and ``:w``: every field of a hold is named by its owner
-        (``scripts/common/_hold.lua``), so it ends that hold and no other owner's, in one plain
+        (``scripts/common/_hold.lua``), so it ends that hold and no other owner's, in one bare
         command instead of a script.  Not for a hold whose acquire was refused on the way (the
         lock is contended: the release script publishes in the same call, where this would
         publish after its reply), nor while tasks of this client wait for the lock."""
         if self._published() and (hold.contended or self._counters.contenders):
             return None
-        return ("HDEL", self._keys.lock, *plain_release_fields(hold.owner))
+        return ("HDEL", self._keys.lock, *command_release_fields(hold.owner))
 
 
 class AsyncRLock(ReentrantKind):
@@ -178,9 +178,9 @@ class AsyncRLock(ReentrantKind):
     def _channels(self) -> tuple[str, ...]:
         return (self._keys.channel,)
 
-    def _waiting(self, owner: str) -> Waiting:
+    def _wait_strategy(self, owner: str) -> WaitStrategy:
         services = self._services
-        reentering = services.holds.get(self._hold_key, owner) is not None
+        reentering = services.holds.get(self._registry_key, owner) is not None
         return ClientWait(
             services,
             self._keys.channel,
@@ -194,18 +194,21 @@ class AsyncRLock(ReentrantKind):
         """The last waiting call of this client left without the lock (see ``ClientWait``)."""
         self._services.holds.defer(self._keys.lock, owner, self._hand_on(self._client))
 
-    def _wake_call(self) -> Call:
-        # Name the next client to wake, as the release script would have.
-        keys = self._keys
-        return _scripts.LOCK_WAKE, (keys.lock, keys.waiting, keys.channel), ()
+    async def wake_others(self) -> None:
+        """Name the next client to wake, as the release script would have (a release by a bare
+        command removed ``:w``)."""
+        await self._hand_on(None)
 
-    async def _hand_on(self, client: str) -> None:
+    async def _hand_on(self, client: str | None) -> None:
         """Take ``client`` (the last of its calls left the wait) out of the waiting set, or
-        hand on the wake-up a release sent it (``lock/wake.lua``)."""
+        hand on the wake-up a release sent it; with no client, name the next one
+        (``lock/wake.lua``)."""
         keys = self._keys
         try:
             await self._services.calls.run(
-                _scripts.LOCK_WAKE, (keys.lock, keys.waiting, keys.channel), (client,)
+                _scripts.LOCK_WAKE,
+                (keys.lock, keys.waiting, keys.channel),
+                () if client is None else (client,),
             )
         except RedisError as exc:  # the waiters' own pause bounds their wait
-            logger.warning("could not hand on a wake-up of %r: %r", self.name, exc)
+            logger.warning("could not wake the next waiter of %r: %r", self.name, exc)

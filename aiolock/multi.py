@@ -91,7 +91,7 @@ class MultiLock(Guarded[tuple[int, ...]]):
     async def _enter(self, wait: float | None, lease: float | None) -> Holding[tuple[int, ...]]:
         if not await self._traced_take(wait, lease):
             raise LockTimeoutError(f"could not acquire {self.name!r} within {wait}s")
-        parts = [part.held() for part in self.locks]
+        parts = [part.caller_hold() for part in self.locks]
         token = tuple(part.token for part in parts)
         return CompositeHold(self.locks, parts, len(parts), token)
 
@@ -105,7 +105,7 @@ class MultiLock(Guarded[tuple[int, ...]]):
 
     def _holds_of(self, taken: bool) -> tuple[Hold, ...]:
         """The parts' holds, right after ``_take`` returned ``taken``."""
-        return tuple(part.held() for part in self.locks) if taken else ()
+        return tuple(part.caller_hold() for part in self.locks) if taken else ()
 
     async def _take(self, wait: float | None, lease: float | None) -> bool:
         loop = asyncio.get_running_loop()
@@ -216,4 +216,4 @@ class MultiLock(Guarded[tuple[int, ...]]):
 def _still_held(part: LockKind) -> bool:
     """The calling owner still holds the lock as far as its client knows (no I/O)."""
     hold = part.hold(part.current_owner()[0])
-    return hold is not None and not hold.lost
+    return hold is not None and not hold.check_lost()

@@ -180,7 +180,7 @@ class RedLock(Guarded[int]):
         _cancel_late(calls)
         holds = [(self.parts[i], _hold(call)) for i, call in enumerate(calls) if _granted(call)]
         releases = start_releases(
-            [part.release_one(hold.owner) for part, hold in holds if not hold.lost]
+            [part.release_one(hold.owner) for part, hold in holds if not hold.check_lost()]
         )
         now = asyncio.get_running_loop().time()
         await asyncio.wait([releases], timeout=None if deadline == math.inf else deadline - now)

@@ -48,7 +48,7 @@ from ._core.kind import LockKind
 from ._core.metrics import lock_extra
 from ._core.services import Services
 from ._core.validate import check_name
-from ._core.waiting import ChannelWait, Waiting
+from ._core.waiting import ChannelWait, WaitStrategy
 from ._redis.pubsub import BroadcastEntry
 from .errors import LockError
 
@@ -188,7 +188,7 @@ class AsyncReadLock(_Mode):
             release_args(owner, request, undo),
         )
 
-    def _waiting(self, owner: str) -> Waiting:
+    def _wait_strategy(self, owner: str) -> WaitStrategy:
         return ChannelWait(
             self._services,
             self._keys.channel,
@@ -231,8 +231,8 @@ class AsyncWriteLock(_Mode):
     _renew = _scripts.RW_RENEW_WRITE
 
     def attempt_call(self, owner: str, request: int, lease_ms: int) -> Call:
-        wait_ms = round(self._services.fair_wait_timeout * 1000)
-        args = (lease_ms, owner, request, wait_ms, *self._late_args(owner))
+        wait_timeout_ms = round(self._services.fair_wait_timeout * 1000)
+        args = (lease_ms, owner, request, wait_timeout_ms, *self._late_args(owner))
         return _scripts.RW_WRITE, self._rw_keys.script_keys(), args
 
     def _transact_call(self, hold: Hold) -> Call:
@@ -295,10 +295,10 @@ class AsyncWriteLock(_Mode):
             dropped.append(await reader.drop_all(owner))
 
         services.holds.defer(self._keys.lock, owner, drop())
-        await services.holds.settle(self._keys.lock, owner)
+        await services.holds.wait_pending(self._keys.lock, owner)
         return dropped == [True]
 
-    def _waiting(self, owner: str) -> Waiting:
+    def _wait_strategy(self, owner: str) -> WaitStrategy:
         return ChannelWait(
             self._services,
             self._keys.channel,

@@ -32,7 +32,7 @@ from ._core.metrics import traced
 from ._core.services import Services
 from ._core.settlement import Attempt
 from ._core.validate import check_lease, check_permits, check_wait
-from ._core.waiting import ChannelWait, Waiting
+from ._core.waiting import ChannelWait, WaitStrategy
 from .errors import LockLostError, LockNotOwnedError, LockTimeoutError
 
 if TYPE_CHECKING:
@@ -74,13 +74,13 @@ class _Permits(HoldKind):
         # the count kept differs from this caller's, and a number of ms when all are taken.
         return reply if isinstance(reply, list) and reply[0] == 0 else None
 
-    def _busy(self, attempt: Attempt, reply: Any) -> float:
+    def _refusal_pause(self, attempt: Attempt, reply: Any) -> float:
         if isinstance(reply, list):  # {-1, count}: nothing was granted
             raise ValueError(
                 f"semaphore {self.name!r} has {reply[1]} permits on the server; this caller "
                 f"asked for {self.limit} (use set_permits() to change it for everyone)"
             )
-        return super()._busy(attempt, reply)
+        return super()._refusal_pause(attempt, reply)
 
     def _transact_call(self, hold: Hold) -> Call:
         # The permit id is unique per acquisition: it tells this permit from any later one.
@@ -102,7 +102,7 @@ class _Permits(HoldKind):
     def _channels(self) -> tuple[str, ...]:
         return (self._keys.channel,)
 
-    def _waiting(self, owner: str) -> Waiting:
+    def _wait_strategy(self, owner: str) -> WaitStrategy:
         return ChannelWait(
             self._services, self._keys.channel, self._counters, reentering=False, shared=True
         )
@@ -253,7 +253,7 @@ class Permit:
 
     @property
     def lost(self) -> bool:
-        return self._hold.lost
+        return self._hold.check_lost()
 
     def valid_for(self) -> float:
         """Seconds for which the permit is surely still held, by this client's conservative
@@ -285,7 +285,7 @@ class Permit:
             raise LockNotOwnedError(f"permit {self.id!r} of {self.semaphore.name!r} is not held")
 
     def __repr__(self) -> str:
-        state = "lost" if self._hold.marked_lost else "held"
+        state = "lost" if self._hold.lost else "held"
         return f"<Permit {self.id!r} of {self.semaphore.name!r} [{state}]>"
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from ._core.services import Services
-from ._core.waiting import Backoff, Waiting
+from ._core.waiting import Backoff, WaitStrategy
 from .lock import ReentrantKind
 
 __all__ = ["AsyncSpinLock"]
@@ -48,7 +48,7 @@ class AsyncSpinLock(ReentrantKind):
     def _published(self) -> tuple[str, ...]:
         return ()  # nobody subscribes: a release publishes nothing
 
-    def _waiting(self, owner: str) -> Waiting:
+    def _wait_strategy(self, owner: str) -> WaitStrategy:
         return Backoff(
             self._services, self._counters, initial=self._initial_delay, maximum=self._max_delay
         )

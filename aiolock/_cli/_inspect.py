@@ -71,7 +71,7 @@ class Report:
         return bool(self.holders)
 
     def as_json(self) -> dict[str, Any]:
-        """The report as plain JSON-ready values (the ``--json`` output)."""
+        """The report as JSON-ready values (the ``--json`` output)."""
         data = asdict(self)
         return {"kind": data.pop("kind"), "name": data.pop("name"), "held": self.held, **data}
 

@@ -3,10 +3,10 @@
 **The wait loop** (:meth:`Acquiring.wait_for_grant`), as in Redisson's ``RedissonLock.tryLock``:
 try; on failure park until a wake-up or the pause the try returned (the lock's remaining
 lease, say) runs out; repeat until the deadline.  How a waiter parks is the kind's
-:class:`~aiolock._core.waiting.Waiting`.
+:class:`~aiolock._core.waiting.WaitStrategy`.
 
 **One attempt** (:meth:`Acquiring._attempt_once`): send the kind's acquire call, read its
-reply (:meth:`~KindHooks.grant_of`, :meth:`~KindHooks._busy`), reconcile a grant with what
+reply (:meth:`~KindHooks.grant_of`, :meth:`~KindHooks._refusal_pause`), reconcile a grant with what
 the client knows (:meth:`Settlement.reconcile`), record it.  A grant whose reply the caller
 never saw is undone by :mod:`aiolock._core.settlement`.
 """
@@ -23,13 +23,13 @@ from redis.exceptions import RedisError, ResponseError
 from .holds import Hold
 from .release import Releasing
 from .settlement import Attempt, until_it_lands
-from .waiting import Waiting
+from .waiting import WaitStrategy
 
-__all__ = ["Acquiring", "Who"]
+__all__ = ["Acquiring", "OwnerTask"]
 
 logger = logging.getLogger("aiolock.lock")
 
-Who = tuple[str, "asyncio.Task[Any] | None"]
+OwnerTask = tuple[str, "asyncio.Task[Any] | None"]
 """An owner id and the task whose end stops the watchdog renewing its holds."""
 
 
@@ -38,16 +38,16 @@ class Acquiring(Releasing):
 
     __slots__ = ()
 
-    def current_owner(self) -> Who:
+    def current_owner(self) -> OwnerTask:
         """The calling owner: the lock's explicit owner, or the current task's."""
         services = self._services.check_open()
         owner, task = services.owners.current(self._explicit_owner)
-        return services.holds.alias(self._hold_key, owner), task
+        return services.holds.alias(self._keys.lock, owner), task
 
-    def held(self) -> Hold:
+    def caller_hold(self) -> Hold:
         """The calling owner's hold, right after an acquire returned (no await in between)."""
         owner, _ = self.current_owner()
-        hold = self._services.holds.get(self._hold_key, owner)
+        hold = self._services.holds.get(self._registry_key, owner)
         if hold is None:  # the grant registers it: never, short of a bug
             raise RuntimeError(f"lock {self.name!r} was granted but is not registered")
         return hold
@@ -55,7 +55,7 @@ class Acquiring(Releasing):
     # -- acquiring within a wait -------------------------------------------------------------
 
     def try_until(
-        self, wait: float, lease: float | None, who: Who | None = None
+        self, wait: float, lease: float | None, who: OwnerTask | None = None
     ) -> Coroutine[Any, Any, bool]:
         """Acquire within ``wait`` seconds: ``True`` once held, ``False`` when it ran out.
 
@@ -72,7 +72,7 @@ class Acquiring(Releasing):
         deadline = asyncio.get_running_loop().time() + wait
         return self._wait_for_grant_until(lease, deadline, who)
 
-    async def _try_once(self, lease: float | None, who: Who | None = None) -> bool:
+    async def _try_once(self, lease: float | None, who: OwnerTask | None = None) -> bool:
         owner, task = self.current_owner() if who is None else who
         if isinstance(await self.acquire_as(owner, task, lease), Hold):
             return True
@@ -80,7 +80,7 @@ class Acquiring(Releasing):
         return False
 
     async def _wait_for_grant_until(
-        self, lease: float | None, deadline: float, who: Who | None = None
+        self, lease: float | None, deadline: float, who: OwnerTask | None = None
     ) -> bool:
         try:
             async with asyncio.timeout_at(deadline) as timeout:
@@ -100,7 +100,7 @@ class Acquiring(Releasing):
 
     # -- the wait loop -----------------------------------------------------------------------
 
-    async def wait_for_grant(self, lease: float | None, who: Who | None = None) -> None:
+    async def wait_for_grant(self, lease: float | None, who: OwnerTask | None = None) -> None:
         """The wait loop (see the module docstring); a caller with a deadline bounds it.
 
         The owner is the task that runs it, not the one that made the coroutine
@@ -109,8 +109,8 @@ class Acquiring(Releasing):
         """
         owner, task = self.current_owner() if who is None else who
         started = asyncio.get_running_loop().time()
-        await self._services.holds.settle(self._keys.lock, owner)
-        waiting = self._waiting(owner)
+        await self._services.holds.wait_pending(self._keys.lock, owner)
+        waiting = self._wait_strategy(owner)
         explicit = who is None and self._explicit_owner is not None
         if explicit:
             self._state.join(owner, waiting)
@@ -137,7 +137,7 @@ class Acquiring(Releasing):
                         waiting.tried()
                     if isinstance(outcome, Hold):
                         granted = True
-                        waiting.held(outcome.expires_at)
+                        waiting.granted(outcome.expires_at)
                         return
                     pause = outcome
                 waiter = waiting.park(pause)
@@ -157,7 +157,7 @@ class Acquiring(Releasing):
         finally:
             self._left(owner, waiting, granted=granted, explicit=explicit)
 
-    def _left(self, owner: str, waiting: Waiting, *, granted: bool, explicit: bool) -> None:
+    def _left(self, owner: str, waiting: WaitStrategy, *, granted: bool, explicit: bool) -> None:
         """A call of ``owner`` leaves the wait loop (``explicit``: its owner is explicit, and
         may have other calls waiting)."""
         try:
@@ -206,7 +206,7 @@ class Acquiring(Releasing):
         before the next."""
         with self._single_try(owner):
             started = asyncio.get_running_loop().time()
-            await self._services.holds.settle(self._keys.lock, owner)
+            await self._services.holds.wait_pending(self._keys.lock, owner)
             granted = False
             try:
                 outcome = await self._try_acquire(owner, task, lease, started)
@@ -249,7 +249,7 @@ class Acquiring(Releasing):
             # arrive, and must not grant once the lock is free.
             counters = self._counters
             counters.refused_sent_at = max(counters.refused_sent_at, attempt.sent_at)
-            return self._busy(attempt, reply)
+            return self._refusal_pause(attempt, reply)
         reconciled = await self.settlement.reconcile(attempt, grant, synced)
         if reconciled is None:
             return None
@@ -297,7 +297,8 @@ class Acquiring(Releasing):
         hold = services.holds.record_grant(
             name=self.name,
             kind=self.kind,
-            key=self._hold_key,
+            registry_key=self._registry_key,
+            lock_key=self._keys.lock,
             owner=attempt.owner,
             reply=reply,
             sent_at=attempt.sent_at,

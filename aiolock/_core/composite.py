@@ -59,26 +59,25 @@ class CompositeHold(Generic[TokenT]):
         for part in self.parts:
             part.listeners.append(self._part_lost)
 
+    def check_lost(self) -> bool:
+        return sum(not part.check_lost() for part in self.parts) < self.needed
+
     @property
     def lost(self) -> bool:
         return sum(not part.lost for part in self.parts) < self.needed
 
     @property
-    def marked_lost(self) -> bool:
-        return sum(not part.marked_lost for part in self.parts) < self.needed
-
-    @property
     def lost_reason(self) -> str | None:
-        reasons = [f"{part.name!r}: {part.lost_reason}" for part in self.parts if part.lost]
-        return "; ".join(reasons) if self.lost else None
+        reasons = [f"{part.name!r}: {part.lost_reason}" for part in self.parts if part.check_lost()]
+        return "; ".join(reasons) if self.check_lost() else None
 
     def valid_for(self) -> float:
         """Seconds for which at least ``needed`` parts surely stay held (no I/O)."""
         left = sorted((part.valid_for() for part in self.parts), reverse=True)
-        return left[self.needed - 1] if not self.lost else 0.0
+        return left[self.needed - 1] if not self.check_lost() else 0.0
 
     def _part_lost(self) -> None:
-        if self.lost and not self._notified:
+        if self.check_lost() and not self._notified:
             self._notified = True
             for listener in list(self.listeners):
                 listener()
@@ -95,7 +94,7 @@ class CompositeHold(Generic[TokenT]):
             [
                 lock.release_one(part.owner)
                 for lock, part in zip(self.locks, self.parts, strict=True)
-                if not part.lost
+                if not part.check_lost()
             ]
         )
         for outcome in outcomes:

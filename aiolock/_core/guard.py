@@ -35,11 +35,13 @@ class Holding(Protocol[TokenT_co]):
     def token(self) -> TokenT_co: ...
 
     @property
-    def lost(self) -> bool: ...
+    def lost(self) -> bool:
+        """Lost as recorded so far: no expiry run early (a read for a repr)."""
+        ...
 
-    @property
-    def marked_lost(self) -> bool:
-        """``lost`` as recorded so far: no expiry run early (a read for a repr)."""
+    def check_lost(self) -> bool:
+        """Lost, or its lease ran out by this client's clock (recorded now, which may fire
+        its listeners)."""
         ...
 
     @property
@@ -76,7 +78,7 @@ class LockGuard(Generic[TokenT_co]):
 
     @property
     def lost(self) -> bool:
-        return self._holding.lost
+        return self._holding.check_lost()
 
     def valid_for(self) -> float:
         """Seconds for which the hold is surely still valid, by this client's conservative
@@ -136,7 +138,7 @@ class LockGuard(Generic[TokenT_co]):
 
     def __repr__(self) -> str:
         holding = self._holding
-        state = "lost" if holding.marked_lost else "held"
+        state = "lost" if holding.lost else "held"
         return f"<LockGuard {self.lock.name!r} token={holding.token} [{state}]>"
 
 
@@ -277,7 +279,7 @@ class GuardContext(Generic[TokenT_co]):
             self._cancelling = task.cancelling()
             self._loss = None
             holding.listeners.append(self._lost)
-            if holding.lost:
+            if holding.check_lost():
                 self._due()
         return self._guard
 
@@ -320,7 +322,7 @@ class GuardContext(Generic[TokenT_co]):
             self._loss = None
         self._guard = None
         await self._lock._exit(holding)
-        if not holding.lost:
+        if not holding.check_lost():
             return False
         name = self._lock.name
         if exc is None or cancelled_by_loss:

@@ -42,7 +42,7 @@ class Guarding(Releasing):
                 f"{self.kind} {self.name!r} was acquired with lease=None: the watchdog renews "
                 "it, so it has no lease to extend (acquire it with lease=<seconds> to extend it)"
             )
-        if holding.lost or holding.ended:
+        if holding.check_lost() or holding.ended:
             raise LockLostError(
                 f"{self.kind} {self.name!r} (token {holding.token}) cannot be extended: it is no "
                 f"longer held ({holding.lost_reason or 'released'})"
@@ -56,11 +56,11 @@ class Guarding(Releasing):
         # hold the server extends must not be counted lost (and left there with no holder).
         with services.holds.answering(holding):
             reply = await services.calls.run(*self._extend_call(holding, round(lease * 1000)))
-        if int(reply) and holding.marked_lost:
+        if int(reply) and holding.lost:
             # Extended on the server, lost here all the same (forced by this client as the
             # call flew): nobody counts on it, so it goes back.
             services.holds.defer(self._keys.lock, holding.owner, self._give_back(holding.owner))
-        if not int(reply) or holding.marked_lost:
+        if not int(reply) or holding.lost:
             if not holding.ended:  # (a release that ran meanwhile ended it: no loss)
                 services.holds.lose(holding, "it was no longer held when extend() asked the server")
             raise LockLostError(

@@ -86,7 +86,7 @@ def teaching(method: Callable[P, R]) -> Callable[P, R]:
     The call itself is untouched: only when Python refuses to bind the arguments (the
     :class:`TypeError` comes from the call, not from inside ``method``) is the error rewritten,
     so the signature stays ``method``'s own for type checkers and IDEs, and a call that binds
-    costs one plain function call more.
+    costs one function call more.
     """
     variadic = (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
     parameters = inspect.signature(method).parameters
@@ -140,9 +140,10 @@ def redis_py_keyword(
 
 def _public_name(method: Callable[..., Any], args: tuple[Any, ...]) -> str:
     """``AsyncRLock.try_lock`` for a call of a method defined on an internal base, the class
-    alone for a constructor (``Client``); ``args``: the call's, empty for a plain function."""
+    alone for a constructor (``Client``); ``args``: the call's, empty for a function that is
+    no method."""
     if not args:
-        return method.__qualname__  # a plain function
+        return method.__qualname__  # a function, not a method
     bound = args[0]
     cls = bound if isinstance(bound, type) else type(bound)
     return cls.__name__ if method.__name__ == "__init__" else f"{cls.__name__}.{method.__name__}"

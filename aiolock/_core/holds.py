@@ -5,10 +5,14 @@ kept in step with every script reply.  The watchdog renews the holds registered 
 leases get a timer at their deadline, and a loss is recorded once: the hold is marked ``lost``,
 logged, dropped from the registry, and its listeners (guards with ``cancel_on_loss``) are called.
 
-It also keeps the *pending* work of each (lock, owner): a release that has to finish in the
-background (its caller was cancelled, or the reply never came) and the compensating release of a
-grant whose caller was cancelled.  The owner's next operation on that lock waits for it first, so
-hold counts stay exact.
+Two key spaces, never mixed: a hold is known by its **registry key** (the lock key, plus a
+suffix for each mode of a read-write lock, whose owner may hold both), and everything about the
+hold itself (the :class:`Hold`, and an :class:`OwnerRecord` of its lost token and its releases
+in flight) is keyed by (registry key, owner).  The *pending* work of an owner on a lock (a
+release that has to finish in the background, the undo of a grant whose caller left), its
+resent releases, aliases and abandoned calls concern the lock on the server and are keyed by
+(**lock key**, owner): :class:`~aiolock._core.pending.PendingWork`, which :class:`Holds`
+extends.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._redis.tasks import Background
 from .metrics import lock_extra
+from .pending import At, PendingWork
 
 if TYPE_CHECKING:
     from .._scripts import Script
@@ -37,16 +42,6 @@ __all__ = ["CLOCK_MARGIN", "Hold", "Holds", "NameCounters"]
 CLOCK_MARGIN = 0.002
 
 logger = logging.getLogger("aiolock.lock")
-
-# How long after a background release gave up a hold it left may still be met: leases in use
-# are seconds to minutes; past this, meeting one is a bug signal again.
-ABANDONED_FOR = 600.0
-
-# The (key, owner)s whose deferred work the running task is (or was started from): work
-# deferred for a (key, owner) must never wait for that (key, owner)'s settlement, its own.
-_SETTLING: contextvars.ContextVar[frozenset[tuple[str, str]]] = contextvars.ContextVar(
-    "aiolock_settling", default=frozenset()
-)
 
 
 @dataclass(eq=False)
@@ -78,13 +73,14 @@ class Hold:
 
     ``expires_at`` is a lower bound of the server-side expiry in event-loop time: the send time
     of the call that last set the lease, plus the lease.  ``watchdog`` holds are renewed, which
-    moves it on; every hold has a timer at ``expires_at`` that marks it lost, and reading
-    :attr:`lost` once that moment has passed runs the timer's work at once.
+    moves it on; every hold has a timer at ``expires_at`` that marks it lost, and
+    :meth:`check_lost` once that moment has passed runs the timer's work at once.
     """
 
     name: str
     kind: str
-    key: str
+    registry_key: str  # what the registry knows it by (see the module docstring)
+    lock_key: str
     owner: str
     token: int
     count: int
@@ -96,9 +92,9 @@ class Hold:
     renew_keys: tuple[str, ...]  # the KEYS that script takes for this hold
     channels: tuple[str, ...]  # where this client's waiters for the lock park, if on channels
     # The registry's expiry (its rule: lost unless a release began in time), which the timer
-    # runs and a read of ``lost`` past the deadline runs early.
+    # runs and check_lost() past the deadline runs early.
     on_expiry: Callable[[Hold], None]
-    marked_lost: bool = False  # by the registry (Holds.lose): read ``lost``
+    lost: bool = False  # marked so by the registry (Holds.lose): no expiry run early
     lost_reason: str | None = None
     # No longer tracked (released, lost, its release's outcome unknown): nothing vouches for it.
     ended: bool = False
@@ -121,16 +117,16 @@ class Hold:
     # Released by the client if its task ends holding it (Holds.tie).
     tied: bool = False
 
-    @property
-    def lost(self) -> bool:
-        """Whether the hold was lost: marked so, or its lease ran out by this client's clock.
+    def check_lost(self) -> bool:
+        """Whether the hold was lost: marked so, or its lease ran out by this client's clock
+        (then marked so now, by the registry's expiry, which may fire its listeners).
 
         A loop that is busy past ``expires_at`` runs the timer only after the callbacks it has
         queued already, such as the holder's own code that resumed meanwhile: a read after that
         moment runs the timer's work itself, so the answer never depends on callback order.
         """
         timer = self.timer
-        if timer is not None and not self.marked_lost:
+        if timer is not None and not self.lost:
             try:
                 now = asyncio.get_running_loop().time()
             except RuntimeError:  # no running loop: the deadline cannot be checked
@@ -139,7 +135,7 @@ class Hold:
                 timer.cancel()
                 self.timer = None
                 self.on_expiry(self)
-        return self.marked_lost
+        return self.lost
 
     def valid_for(self) -> float:
         """Seconds the hold surely lasts by this client's clock (no I/O); 0.0 once it ended.
@@ -147,12 +143,12 @@ class Hold:
         ``expires_at`` counts from when the call that last set the lease was *sent*, and the
         server counts from when it ran it, later: so this never exceeds the server's PTTL.
         """
-        if self.lost or self.ended:
+        if self.check_lost() or self.ended:
             return 0.0
         return max(0.0, self.expires_at - asyncio.get_running_loop().time())
 
     def __repr__(self) -> str:
-        state = f"lost: {self.lost_reason}" if self.marked_lost else f"held x{self.count}"
+        state = f"lost: {self.lost_reason}" if self.lost else f"held x{self.count}"
         return f"<Hold {self.name!r} token={self.token} [{state}]>"
 
 
@@ -173,8 +169,27 @@ def _bare(task: asyncio.Task[Any]) -> bool:
     return code is not None and code.co_filename.startswith(_PACKAGE)
 
 
-class Holds:
-    """The registry of one client's holds, keyed by (lock key, owner)."""
+@dataclass(eq=False, slots=True)
+class OwnerRecord:
+    """What the registry keeps of one owner on one registry key besides its hold."""
+
+    # The token of the owner's last hold lost, until its next grant: a grant that re-enters
+    # that very hold is stale (see Settlement.reconcile).
+    lost_token: int | None = None
+    # When each release in flight began (loop time): a renewal answered meanwhile may find
+    # the hold gone because of one of them, which is no loss (see in_release), nor is a lease
+    # that runs out after one began (see _lease_ran_out).
+    releases: list[float] = field(default_factory=list)
+    # The lease ran out while a release was in flight: decided when the last one has ended.
+    lapsed: bool = False
+
+    def unused(self) -> bool:
+        return self.lost_token is None and not self.releases and not self.lapsed
+
+
+class Holds(PendingWork):
+    """The registry of one client's holds, keyed by (registry key, owner); and the pending
+    work of each (lock key, owner) (see the module docstring)."""
 
     def __init__(
         self,
@@ -186,27 +201,10 @@ class Holds:
         # Every event below that a NameCounters counts is recorded here too, at the same line.
         self.metrics = metrics
         self.tracing = tracing
-        self._holds: dict[tuple[str, str], Hold] = {}
-        self._pending: dict[tuple[str, str], asyncio.Task[None]] = {}
-        # The token of each (key, owner)'s last hold lost, until its next grant: a grant that
-        # re-enters that very hold is stale (see Settlement.reconcile).
-        self._lost_tokens: dict[tuple[str, str], int] = {}
-        # When a background release of each (lock, owner) last gave up (loop time, oldest
-        # first): a hold it left may still be met for a while, and that is no bug.
-        self._abandoned: dict[tuple[str, str], float] = {}
-        # When each release in flight per (key, owner) began (loop time): a renewal answered
-        # meanwhile may find the hold gone because of one of them, which is no loss (see
-        # in_release), nor is a lease that runs out after one began (see _lease_ran_out).
-        self._releasing: dict[tuple[str, str], list[float]] = {}
-        # The (key, owner)s whose lease ran out while a release was in flight: decided when
-        # the last of those releases has ended (see releasing).
-        self._lapsed: set[tuple[str, str]] = set()
-        # The releases of each (key, owner) that were resent lately, and the timer that drops
-        # them at the end of the resend window (see resent_release): faults only.
-        self._late: dict[tuple[str, str], tuple[list[int], asyncio.TimerHandle]] = {}
-        # The id each (key, owner) goes by for a while (see alias), and whose alias each is.
-        self._aliases: dict[tuple[str, str], tuple[str, float]] = {}
-        self._bases: dict[tuple[str, str], str] = {}
+        # By (registry key, owner).
+        self._holds: dict[At, Hold] = {}
+        self._owners: dict[At, OwnerRecord] = {}
+        super().__init__(self._holds_as)  # the work of each (lock key, owner)
         self.changed = asyncio.Event()  # set when a watchdog hold is added
         # The task-owned holds of each task that has had one, with what releases each: when
         # the task ends still holding them, the client releases them (see tie).
@@ -223,18 +221,34 @@ class Holds:
         """Every hold the client believes it has (a snapshot: the registry may change)."""
         return iter(list(self._holds.values()))
 
-    def get(self, key: str, owner: str) -> Hold | None:
-        return self._holds.get((key, owner))
+    def get(self, registry_key: str, owner: str) -> Hold | None:
+        return self._holds.get((registry_key, owner))
 
     def watched(self) -> list[Hold]:
         return [hold for hold in self._holds.values() if hold.watchdog]
 
-    def lost_token(self, key: str, owner: str) -> int | None:
-        """The token of the owner's last hold on ``key`` that was lost (until its next grant)."""
-        return self._lost_tokens.get((key, owner))
+    def lost_token(self, registry_key: str, owner: str) -> int | None:
+        """The token of the owner's last hold that was lost (until its next grant)."""
+        record = self._owners.get((registry_key, owner))
+        return None if record is None else record.lost_token
 
-    def by_key(self, key: str) -> list[Hold]:
-        return [hold for (k, _), hold in self._holds.items() if k == key]
+    def by_key(self, registry_key: str) -> list[Hold]:
+        return [hold for (k, _), hold in self._holds.items() if k == registry_key]
+
+    def _holds_as(self, lock_key: str, owner: str) -> bool:
+        """Whether ``owner`` has a hold on the lock ``lock_key`` (in any mode)."""
+        return any(h.lock_key == lock_key and h.owner == owner for h in self._holds.values())
+
+    def _record(self, at: At) -> OwnerRecord:
+        record = self._owners.get(at)
+        if record is None:
+            record = self._owners[at] = OwnerRecord()
+        return record
+
+    def _tidy(self, at: At) -> None:
+        record = self._owners.get(at)
+        if record is not None and record.unused():
+            del self._owners[at]
 
     # -- script replies ---------------------------------------------------------------------
 
@@ -243,7 +257,8 @@ class Holds:
         *,
         name: str,
         kind: str,
-        key: str,
+        registry_key: str,
+        lock_key: str,
         owner: str,
         reply: list[int],
         sent_at: float,
@@ -262,8 +277,11 @@ class Holds:
         """
         token, count, pttl = (int(value) for value in reply)
         expires_at = sent_at + pttl / 1000 - CLOCK_MARGIN
-        self._lost_tokens.pop((key, owner), None)
-        hold = self._holds.get((key, owner))
+        at = (registry_key, owner)
+        if (record := self._owners.get(at)) is not None:
+            record.lost_token = None
+            self._tidy(at)
+        hold = self._holds.get(at)
         if hold is not None and hold.token != token:
             # Our previous hold vanished (expired or forced) and this is a fresh grant.
             self.lose(hold, "the lease ran out before the owner acquired the lock again")
@@ -272,7 +290,8 @@ class Holds:
             hold = Hold(
                 name,
                 kind,
-                key,
+                registry_key,
+                lock_key,
                 owner,
                 token,
                 count,
@@ -288,7 +307,7 @@ class Holds:
             hold.granted_at = asyncio.get_running_loop().time()
             hold.confirmed_at = sent_at
             hold.contended = counters.refused_sent_at >= started
-            self._holds[(key, owner)] = hold
+            self._holds[at] = hold
             counters.acquisitions += 1
             counters.last_lost = False
             if self.metrics is not None:
@@ -333,12 +352,12 @@ class Holds:
         hold.expires_at = sent_at + lease - CLOCK_MARGIN
         self._arm_timer(hold)
 
-    def released(self, key: str, owner: str, remaining: int | None) -> Hold | None:
+    def released(self, registry_key: str, owner: str, remaining: int | None) -> Hold | None:
         """Record a release reply: holds left, or ``None`` when the owner no longer held it.
 
         Returns the hold that was lost, if the release revealed a loss.
         """
-        hold = self._holds.get((key, owner))
+        hold = self._holds.get((registry_key, owner))
         if hold is None:
             return None
         if remaining is None:
@@ -383,8 +402,9 @@ class Holds:
         if hold.task is not None and (tied := self._tied.get(hold.task)) is not None:
             tied.pop(hold, None)
         hold.ended = True
-        if self._holds.get((hold.key, hold.owner)) is hold:
-            del self._holds[(hold.key, hold.owner)]
+        at = (hold.registry_key, hold.owner)
+        if self._holds.get(at) is hold:
+            del self._holds[at]
             if self.metrics is not None:
                 self.metrics.ended(hold.kind)
         if hold.timer is not None:
@@ -393,10 +413,10 @@ class Holds:
 
     def lose(self, hold: Hold, reason: str) -> None:
         """Mark ``hold`` lost, once: log it, forget it, and tell its listeners."""
-        if hold.marked_lost:
+        if hold.lost:
             return
-        self._lost_tokens[(hold.key, hold.owner)] = hold.token
-        hold.marked_lost = True
+        self._record((hold.registry_key, hold.owner)).lost_token = hold.token
+        hold.lost = True
         hold.lost_reason = reason
         hold.counters.losses += 1
         hold.counters.last_lost = True
@@ -418,8 +438,8 @@ class Holds:
         if self._on_loss is not None:
             self._on_loss(hold)
 
-    def lose_all(self, key: str, reason: str) -> None:
-        for hold in self.by_key(key):
+    def lose_all(self, registry_key: str, reason: str) -> None:
+        for hold in self.by_key(registry_key):
             self.lose(hold, reason)
 
     def _arm_timer(self, hold: Hold) -> None:
@@ -431,37 +451,36 @@ class Holds:
     def _lease_ran_out(self, hold: Hold) -> None:
         """The hold's lease ran out as the client counts it (its timer, or a check after a
         release): it is lost, unless its owner began releasing it before then."""
-        at = (hold.key, hold.owner)
-        starts = self._releasing.get(at)
-        if starts and min(starts) < hold.expires_at:
+        record = self._owners.get((hold.registry_key, hold.owner))
+        if record is not None and record.releases and min(record.releases) < hold.expires_at:
             # The critical section ended in time.  A loop that was blocked may run this timer
             # before it reads the release's reply: that reply decides (see releasing).
-            self._lapsed.add(at)
+            record.lapsed = True
             return
         self.lose(hold, "its lease ran out while it was held")
 
     @contextlib.contextmanager
-    def releasing(self, key: str, owner: str) -> Iterator[None]:
-        """Mark a release of the owner's hold on ``key`` as in flight while the block runs."""
-        at = (key, owner)
+    def releasing(self, registry_key: str, owner: str) -> Iterator[None]:
+        """Mark a release of the owner's hold as in flight while the block runs."""
+        at = (registry_key, owner)
         loop = asyncio.get_running_loop()
         began = loop.time()
-        self._releasing.setdefault(at, []).append(began)
+        record = self._record(at)
+        record.releases.append(began)
         try:
             yield
         finally:
-            starts = self._releasing[at]
-            starts.remove(began)
-            if not starts:
-                del self._releasing[at]
-                if at in self._lapsed:
-                    self._lapsed.discard(at)
+            record.releases.remove(began)
+            if not record.releases:
+                lapsed, record.lapsed = record.lapsed, False
+                self._tidy(at)
+                if lapsed:
                     # Once the caller has recorded the reply (no await in between): a hold
                     # still tracked then (an inner release of a reentrant hold, or a release
                     # that failed) outlived its lease.
                     loop.call_soon(self._check_lease, at)
 
-    def _check_lease(self, at: tuple[str, str]) -> None:
+    def _check_lease(self, at: At) -> None:
         hold = self._holds.get(at)
         if hold is not None and asyncio.get_running_loop().time() >= hold.expires_at:
             self._lease_ran_out(hold)
@@ -469,162 +488,19 @@ class Holds:
     def answering(self, hold: Hold) -> contextlib.AbstractContextManager[None]:
         """Mark a call that changes ``hold``'s lease (an extend) as in flight: as for a release,
         its reply decides whether the lease ran out meanwhile, not the timer."""
-        return self.releasing(hold.key, hold.owner)
+        return self.releasing(hold.registry_key, hold.owner)
 
     def in_release(self, hold: Hold) -> bool:
-        """Whether a release of ``hold``'s owner on its key is in flight.
+        """Whether a release of ``hold``'s owner is in flight.
 
         A renewal that the server applied after that release finds the lock gone, and its
         answer can be read before the release's: it says nothing about a loss.  The release's
         own reply does (``released``), one round trip later.
         """
-        return (hold.key, hold.owner) in self._releasing
+        record = self._owners.get((hold.registry_key, hold.owner))
+        return record is not None and bool(record.releases)
 
-    # -- pending background settlements ------------------------------------------------------
-
-    def defer(self, key: str, owner: str, work: Coroutine[Any, Any, None]) -> None:
-        """Run ``work`` in the background; the owner's next call on ``key`` waits for it.
-
-        The rule that keeps this free of deadlock: ``work`` never settles (:meth:`settle`)
-        the same ``(key, owner)``, directly or through an acquire or release of that owner
-        on that key, since it would wait for itself.  It may defer more work there (which
-        runs after it).  The rule is checked: such a ``settle`` raises ``RuntimeError``.
-        """
-        previous = self._pending.get((key, owner))
-
-        async def chained() -> None:
-            # In this task's own context (and those of the tasks it starts): see settle.
-            _SETTLING.set(_SETTLING.get() | {(key, owner)})
-            if previous is not None:
-                await asyncio.gather(previous, return_exceptions=True)
-            await work
-
-        task = asyncio.get_running_loop().create_task(chained())
-        self._pending[(key, owner)] = task
-
-        def done(finished: asyncio.Task[None]) -> None:
-            if self._pending.get((key, owner)) is finished:
-                del self._pending[(key, owner)]
-            if finished.cancelled():
-                # Cancelled before it ran (its loop closed): work never started.
-                work.close()
-            elif finished.exception() is not None:
-                logger.warning("background release of %s failed: %r", key, finished.exception())
-
-        task.add_done_callback(done)
-
-    async def settle(self, key: str, owner: str) -> None:
-        """Wait for the owner's pending work on ``key`` (its failures never reach the caller);
-        for an id :meth:`alias` gave, the work of the owner's earlier ids on ``key`` first.
-
-        :raises RuntimeError: called from that very work (see :meth:`defer`), which would
-            wait for itself forever.
-        """
-        ats = [(key, owner)]
-        base = self._bases.get((key, owner))
-        if base is not None:
-            # An id :meth:`alias` gave waits for the owner's earlier ids too: the release that
-            # made it is settled under the id it ended, which may hold the lock until then.
-            earlier = [
-                at for at in self._pending if at[0] == key and base in (at[1], self._bases.get(at))
-            ]
-            ats = [at for at in earlier if at != (key, owner)] + ats
-        for at in ats:
-            if at in _SETTLING.get():
-                raise RuntimeError(
-                    f"deferred work of owner {at[1]!r} on {key!r} waits for its own settlement "
-                    "(it acquires or releases that key as that owner): it would never end"
-                )
-        for at in ats:
-            while (task := self._pending.get(at)) is not None:
-                await asyncio.wait([task])
-                if self._pending.get(at) is task:
-                    del self._pending[at]
-
-    def abandoned(self, key: str, owner: str) -> None:
-        """A background release of the owner's hold on ``key`` gave up: the hold may linger."""
-        now = asyncio.get_running_loop().time()
-        abandoned = self._abandoned
-        while abandoned:  # forget the old ones, so that owners that never return cost nothing
-            first = next(iter(abandoned))
-            if abandoned[first] > now - ABANDONED_FOR:
-                break
-            del abandoned[first]
-        abandoned.pop((key, owner), None)
-        abandoned[(key, owner)] = now
-
-    def was_abandoned(self, key: str, owner: str) -> bool:
-        """Whether a background release of the owner's hold on ``key`` gave up lately (the
-        record is used up)."""
-        when = self._abandoned.pop((key, owner), None)
-        return when is not None and when > asyncio.get_running_loop().time() - ABANDONED_FOR
-
-    # -- resent releases ---------------------------------------------------------------------
-
-    def resent_release(self, key: str, owner: str, request: int, window: float) -> None:
-        """The owner's release ``request`` on ``key`` was resent (a copy went out on a
-        connection that failed) and is answered now (or given up on): that copy may still
-        arrive, after the owner acquired again, and must not release the newer hold.
-
-        Kept for ``window`` seconds (the client's resend window; from the last such release of
-        the owner): meanwhile the owner's acquires of the lock carry it (:meth:`late_releases`),
-        and the hold they make or re-enter refuses that copy (``release_one`` in
-        ``scripts/common/_hold.lua``).  Nothing is kept without a fault.
-        """
-        at = (key, owner)
-        entry = self._late.get(at)
-        requests: list[int] = []
-        if entry is not None:
-            requests = entry[0]
-            entry[1].cancel()
-        if request not in requests:
-            requests.append(request)
-        timer = asyncio.get_running_loop().call_later(window, self._late.pop, at, None)
-        self._late[at] = (requests, timer)
-
-    def alias(self, key: str, owner: str) -> str:
-        """The id ``owner`` goes by on ``key`` now: itself, but for the resend window after a
-        release of it that was a plain command (an HDEL of its fields) and may still have a
-        copy on its way (it was resent, or its outcome is unknown), and for as long as a hold
-        made under that other id lasts.  A plain command cannot refuse its own late copy, which
-        would end the owner's next hold: that hold goes by another id.  Faults only: without
-        one this is a test of an empty dict."""
-        if not self._aliases:
-            return owner
-        found = self._aliases.get((key, owner))
-        if found is None:
-            return owner
-        alias, until = found
-        at = (key, alias)
-        if asyncio.get_running_loop().time() < until or at in self._holds or at in self._pending:
-            return alias
-        del self._aliases[(key, owner)]
-        self._bases.pop(at, None)
-        return owner
-
-    def realias(self, key: str, owner: str, request: int, window: float) -> None:
-        """``owner`` (an id :meth:`alias` gave, or the owner's own) sent release ``request`` of
-        ``key`` as a plain command that may still arrive late: the owner's holds of ``key`` go
-        by a new id for ``window`` seconds (see :meth:`alias`)."""
-        base = self._bases.get((key, owner), owner)
-        # After the client's id, where no owner's own id has ``a<n>:`` (they have ``x:``, ``t``,
-        # ``h``, ``p``): no explicit owner's name makes another's alias, and the prefix that
-        # the fair lock's scripts read as the client stays.
-        client, _, rest = base.partition(":")
-        alias = f"{client}:a{request}:{rest}"
-        now = asyncio.get_running_loop().time()
-        for at, (old, until) in list(self._aliases.items()):  # few: one per recent fault
-            if until <= now and (at[0], old) not in self._holds:
-                del self._aliases[at]
-                self._bases.pop((at[0], old), None)
-        self._aliases[(key, base)] = (alias, now + window)
-        self._bases[(key, alias)] = base
-
-    def late_releases(self, key: str, owner: str) -> list[int]:
-        """The owner's releases on ``key`` resent within the resend window (see
-        :meth:`resent_release`); none, without a fault."""
-        entry = self._late.get((key, owner))
-        return [] if entry is None else entry[0]
+    # -- closing -----------------------------------------------------------------------------
 
     def pending(self) -> list[asyncio.Task[Any]]:
         """Background work the client waits for as it closes: settlements, and the releases
@@ -635,10 +511,5 @@ class Holds:
         self._tied.clear()
         for hold in list(self._holds.values()):
             self.forget(hold)
-        self._lost_tokens.clear()
-        self._abandoned.clear()
-        for _, timer in self._late.values():
-            timer.cancel()
-        self._late.clear()
-        self._aliases.clear()
-        self._bases.clear()
+        self._owners.clear()
+        self.clear_pending()

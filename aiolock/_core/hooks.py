@@ -13,17 +13,18 @@ The engine's classes subclass it, which gives every kind the defaults written he
 from __future__ import annotations
 
 import asyncio
+import logging
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisError, ResponseError
 
 from .. import _scripts
 from .._scripts import Call, Script
 from .holds import Hold, NameCounters
 from .keys import LockKeys
 from .services import Services
-from .waiting import MessageGrant, Waiting
+from .waiting import MessageGrant, WaitStrategy
 
 if TYPE_CHECKING:
     from .kind import NameState
@@ -31,11 +32,13 @@ if TYPE_CHECKING:
 
 __all__ = ["Call", "KindHooks", "release_args"]
 
+logger = logging.getLogger("aiolock.lock")
+
 
 class KindHooks(Protocol):
     """The override points of a kind, each with its default where it has one.
 
-    Every kind supplies :meth:`attempt_call`, :meth:`release_call` and :meth:`_waiting` (and
+    Every kind supplies :meth:`attempt_call`, :meth:`release_call` and :meth:`_wait_strategy` (and
     a lock kind :meth:`~aiolock._core.kind.LockKind._force_call`).  The rest have defaults that
     fit the reentrant lock hash, which the plain, spin and fair locks share.
     """
@@ -50,7 +53,7 @@ class KindHooks(Protocol):
     _counters: NameCounters
     _state: NameState
     _explicit_owner: str | None
-    _hold_key: str
+    _registry_key: str
 
     # -- data --------------------------------------------------------------------------------
 
@@ -84,7 +87,7 @@ class KindHooks(Protocol):
 
     def attempt_call(self, owner: str, request: int, lease_ms: int) -> Call:
         """One try of ``owner`` as request ``request``: its script answers a grant (see
-        :meth:`grant_of`) or what :meth:`_busy` reads."""
+        :meth:`grant_of`) or what :meth:`_refusal_pause` reads."""
         ...
 
     def grant_of(self, reply: Any, lease_ms: int) -> list[Any] | None:
@@ -92,12 +95,12 @@ class KindHooks(Protocol):
         the lease the call asked); ``None``: it was refused."""
         return reply if isinstance(reply, list) else None
 
-    def _busy(self, attempt: Attempt, reply: Any) -> float:
+    def _refusal_pause(self, attempt: Attempt, reply: Any) -> float:
         """The seconds a refused ``attempt`` waits before the next (``inf``: no bound)."""
         pttl = int(reply)
         return float("inf") if pttl < 0 else pttl / 1000
 
-    def _waiting(self, owner: str) -> Waiting:
+    def _wait_strategy(self, owner: str) -> WaitStrategy:
         """How one waiting call of ``owner`` parks and is woken (:mod:`aiolock._core.waiting`)."""
         ...
 
@@ -123,6 +126,17 @@ class KindHooks(Protocol):
         """An attempt's script raised ``error``: ``True`` to try again (the kind removed the
         cause), ``False`` to raise it to the caller."""
         return False
+
+    async def wake_others(self) -> None:
+        """Wake the waiters a release that could not do so itself owes (a command removed the
+        owner's fields, or a resend found nothing to say so): by default a message on the
+        lock's channels, for the waiters of every client; the plain lock names the next
+        client of its waiting set instead."""
+        for channel in self._channels():
+            try:
+                await self._services.calls.publish(channel, "released")
+            except RedisError as exc:  # the waiters' own pause bounds their wait
+                logger.warning("could not publish a release of %r: %r", self.name, exc)
 
     def withdraw_call(self, owner: str) -> Call | None:
         """What a waiter of ``owner`` that gives up sends, if the kind keeps waiters on the
@@ -158,19 +172,14 @@ class KindHooks(Protocol):
         ...
 
     def _last_release_command(self, hold: Hold) -> tuple[Any, ...] | None:
-        """A plain command that ends ``hold``, its owner's last and fault-free, when every
-        field of the kind's holds is named by its owner; it answers the number of fields it
-        removed, 3 or more when the hold was there (see :mod:`aiolock._core.release`)."""
+        """A bare command (not a script) that ends ``hold``, its owner's last and fault-free,
+        when every field of the kind's holds is named by its owner; it answers the number of
+        fields it removed, 3 or more when the hold was there (see :mod:`aiolock._core.release`)."""
         return None
 
     def _last_release_script(self, hold: Hold) -> Call | None:
         """A script that ends ``hold``, its owner's last and fault-free, and hands the lock
         over in the same call, with the reply :meth:`_last_release_command` gives."""
-        return None
-
-    def _wake_call(self) -> Call | None:
-        """The script that wakes what a plain release could not (it removed the mark of a
-        refused waiter); ``None``: publish ``released`` on each of the kind's channels."""
         return None
 
 

@@ -30,7 +30,7 @@ from .keys import LockKeys, hash_tag
 from .metrics import traced
 from .services import Services
 from .validate import check_lease, check_wait
-from .waiting import Waiting
+from .waiting import WaitStrategy
 
 __all__ = ["HoldKind", "LockKind", "LockStatistics", "NameState"]
 
@@ -78,9 +78,9 @@ class NameState:
     counters: NameCounters
     # owner -> its calls in the wait loop, for the explicit owners that have some: two tasks
     # may share an owner, and a grant to one of its calls is a reentrant grant for the others.
-    waiting: dict[str, list[Waiting]] | None = None
+    waiting: dict[str, list[WaitStrategy]] | None = None
 
-    def join(self, owner: str, waiting: Waiting) -> None:
+    def join(self, owner: str, waiting: WaitStrategy) -> None:
         calls = self.waiting
         if calls is None:
             calls = self.waiting = {}
@@ -90,7 +90,7 @@ class NameState:
         """Whether ``owner`` has more than one call in the wait loop."""
         return self.waiting is not None and len(self.waiting.get(owner, ())) > 1
 
-    def leave(self, owner: str, waiting: Waiting, *, granted: bool) -> None:
+    def leave(self, owner: str, waiting: WaitStrategy, *, granted: bool) -> None:
         """``waiting`` left the wait loop; if it got the lock, the owner's other calls try
         again at once (they would otherwise wait for a release that this grant put off)."""
         calls = self.waiting
@@ -111,8 +111,8 @@ class HoldKind(Acquiring, Guarding, Guarded[int]):
     __slots__ = (
         "_counters",
         "_explicit_owner",
-        "_hold_key",
         "_keys",
+        "_registry_key",
         "_services",
         "_state",
         "name",
@@ -131,7 +131,7 @@ class HoldKind(Acquiring, Guarding, Guarded[int]):
         self._keys = state.keys
         self._counters = state.counters
         # What the client's registries know a hold by (its Redis key, for most kinds).
-        self._hold_key = state.keys.lock + self._registry_suffix
+        self._registry_key = state.keys.lock + self._registry_suffix
         self._guards = None
 
     # -- acquiring ---------------------------------------------------------------------------
@@ -145,8 +145,8 @@ class HoldKind(Acquiring, Guarding, Guarded[int]):
 
         :returns: ``True`` once held, ``False`` if ``wait`` ran out.
 
-        The arguments are checked at the call; the coroutine it returns does the waiting (a
-        plain function, so a waiting task carries no frame of it).
+        The arguments are checked at the call; the coroutine it returns does the waiting (not a
+        coroutine function, so a waiting task carries no frame of it).
         """
         wait_s, lease_s = check_wait(wait), check_lease(lease)
         return self._traced(self._try_lock(wait_s, lease_s), _held)
@@ -173,7 +173,7 @@ class HoldKind(Acquiring, Guarding, Guarded[int]):
             await self.wait_for_grant(lease)
         elif not await self.try_until(wait, lease):
             raise LockTimeoutError(f"could not acquire lock {self.name!r} within {wait}s")
-        return self.held()
+        return self.caller_hold()
 
     def _traced(
         self, work: Coroutine[Any, Any, _T], granted: Callable[[_T], bool]
@@ -185,7 +185,7 @@ class HoldKind(Acquiring, Guarding, Guarded[int]):
         def holds_of(result: _T) -> tuple[Hold, ...]:
             if not granted(result):
                 return ()
-            hold = self._services.holds.get(self._hold_key, self.current_owner()[0])
+            hold = self._services.holds.get(self._registry_key, self.current_owner()[0])
             return () if hold is None else (hold,)
 
         return traced(self._services.tracing, work, self.kind, self.name, holds_of)
@@ -201,7 +201,7 @@ class HoldKind(Acquiring, Guarding, Guarded[int]):
         assert isinstance(holding, Hold)
         # After a loss the release is not sent at all: it must not touch a lock somebody else
         # now holds (an explicit owner may have been granted the lock again).
-        if not holding.lost:
+        if not holding.check_lost():
             await self.release_one(holding.owner)
 
     # -- releasing ---------------------------------------------------------------------------
@@ -231,7 +231,7 @@ class HoldKind(Acquiring, Guarding, Guarded[int]):
         releases a lock another task of the client took."""
         if self._explicit_owner is not None:
             return False
-        return any(hold.owner != owner for hold in self._services.holds.by_key(self._hold_key))
+        return any(hold.owner != owner for hold in self._services.holds.by_key(self._registry_key))
 
     # -- inspecting --------------------------------------------------------------------------
 
@@ -263,7 +263,7 @@ class HoldKind(Acquiring, Guarding, Guarded[int]):
 
     def statistics(self) -> LockStatistics:
         """A snapshot of this lock name from this client's view (no I/O)."""
-        holds = self._services.holds.by_key(self._hold_key)
+        holds = self._services.holds.by_key(self._registry_key)
         counters = self._counters
         return LockStatistics(
             name=self.name,
@@ -302,12 +302,12 @@ class HoldKind(Acquiring, Guarding, Guarded[int]):
 
     def hold(self, owner: str) -> Hold | None:
         """The client's record of ``owner``'s hold on the lock, if it believes in one."""
-        return self._services.holds.get(self._hold_key, owner)
+        return self._services.holds.get(self._registry_key, owner)
 
 
 class LockKind(HoldKind):
     """A kind whose holds can be ended whoever holds them: every lock kind (a semaphore has
-    no ``force_unlock``, so its permits are a plain :class:`HoldKind`)."""
+    no ``force_unlock``, so its permits are a :class:`HoldKind` only)."""
 
     __slots__ = ()
 
@@ -321,5 +321,5 @@ class LockKind(HoldKind):
         services = self._services.check_open()
         deleted = await services.calls.run(*self._force_call())
         if deleted:
-            services.holds.lose_all(self._hold_key, "it was force-unlocked")
+            services.holds.lose_all(self._registry_key, "it was force-unlocked")
         return bool(deleted)

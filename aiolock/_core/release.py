@@ -4,7 +4,7 @@ A release of one hold goes one of three ways, chosen before it is sent:
 
 - the kind's release script (:meth:`~KindHooks.release_call`), which publishes its own
   wake-up: any hold, and every one a fault touched;
-- the owner's last hold, fault-free, ended by one plain command
+- the owner's last hold, fault-free, ended by one bare command
   (:meth:`~KindHooks._last_release_command`, an ``HDEL`` of the owner's fields): the client
   publishes the wake-up the command cannot;
 - the owner's last hold, fault-free, ended by a kind's own script that hands the lock over in
@@ -30,7 +30,7 @@ from .holds import Hold
 from .hooks import KindHooks
 from .keys import LockKeys
 from .services import Services
-from .settlement import Copies, Settlement, holds_left
+from .settlement import ReleaseCopies, Settlement, holds_left
 
 __all__ = ["Releasing"]
 
@@ -57,7 +57,7 @@ class Releasing(KindHooks):
     @property
     def registry_key(self) -> str:
         """What the client's registries know the lock's holds by (distinct per mode)."""
-        return self._hold_key
+        return self._registry_key
 
     @property
     def settlement(self) -> Settlement:
@@ -73,32 +73,32 @@ class Releasing(KindHooks):
         The release completes even if the caller is cancelled or the reply is lost.
         """
         services = self._services
-        key = self._hold_key
+        registry_key = self._registry_key
         request = services.owners.next_request()
         settlement = self.settlement
-        copies = Copies()  # on_send of the call: whether it was resent
+        copies = ReleaseCopies()  # on_send of the call: whether it was resent
 
         def unknown(work: asyncio.Future[Any]) -> None:
             settlement.release_unknown(owner, request, work, copies)
 
         try:
-            await services.holds.settle(self._keys.lock, owner)
-            hold = services.holds.get(key, owner)
-            believed = None if hold is None else hold.count - 1
+            await services.holds.wait_pending(self._keys.lock, owner)
+            hold = services.holds.get(registry_key, owner)
+            expected_left = None if hold is None else hold.count - 1
             command, script = self._last_release(hold, owner)
-            if hold is not None and believed == 0 and hold.resent:
+            if hold is not None and expected_left == 0 and hold.resent:
                 # In the background, like a settlement: a cancellation of this call must not
                 # lose it (the release is then settled after it).
                 voided, hold.resent = hold.resent, []
                 services.holds.defer(self._keys.lock, owner, settlement.void(owner, voided))
-                await services.holds.settle(self._keys.lock, owner)
+                await services.holds.wait_pending(self._keys.lock, owner)
         except asyncio.CancelledError:
             unknown(not_sent())
             raise
         # While it is in flight, a renewal of this hold may be answered "not held" because of
         # it: the watchdog leaves the verdict to this reply (Holds.in_release).
         sent = asyncio.get_running_loop().time()
-        with services.holds.releasing(key, owner):
+        with services.holds.releasing(registry_key, owner):
             if command is not None:
                 reply = await self._release_by_command(command, owner, request, copies)
             elif script is not None:
@@ -115,16 +115,16 @@ class Releasing(KindHooks):
         # its own caller) or a server that lost the hold in between would have made it a loss.
         # The resend usually follows a restart: the server is asked, after the hold is no
         # longer tracked (a renewal or a new hold of the owner must not meet it meanwhile).
-        doubted = (
+        maybe_ended_earlier = (
             remaining is None
             and copies.resent
-            and believed == 0
+            and expected_left == 0
             and hold is not None
             and sent < hold.expires_at
         )
-        services.holds.released(key, owner, 0 if doubted else remaining)
-        settlement.check_count(owner, believed, remaining)
-        if doubted and hold is not None:
+        services.holds.released(registry_key, owner, 0 if maybe_ended_earlier else remaining)
+        settlement.check_count(owner, expected_left, remaining)
+        if maybe_ended_earlier and hold is not None:
             kept = False
             try:
                 kept = await self._server_kept(hold)
@@ -137,7 +137,7 @@ class Releasing(KindHooks):
     def _last_release(
         self, hold: Hold | None, owner: str
     ) -> tuple[tuple[Any, ...] | None, Call | None]:
-        """How the owner's last hold, fault-free, ends: by a plain command or by the kind's
+        """How the owner's last hold, fault-free, ends: by a bare command or by the kind's
         own script (see the module docstring); neither for any other release."""
         if hold is None or hold.count != 1 or hold.resent:
             return None, None
@@ -161,9 +161,9 @@ class Releasing(KindHooks):
     # -- the owner's last hold, fault-free ---------------------------------------------------
 
     def _release_by_command(
-        self, command: tuple[Any, ...], owner: str, request: int, copies: Copies
+        self, command: tuple[Any, ...], owner: str, request: int, copies: ReleaseCopies
     ) -> Awaitable[int | None]:
-        """End the owner's last hold with a plain ``command`` (see the module docstring)."""
+        """End the owner's last hold with a bare ``command`` (see the module docstring)."""
         sent = self._services.calls.command(
             self._keys.lock,
             command,
@@ -173,7 +173,7 @@ class Releasing(KindHooks):
         return self._last_released(sent, owner, request, copies)
 
     def _release_by_script(
-        self, call: Call, owner: str, request: int, copies: Copies
+        self, call: Call, owner: str, request: int, copies: ReleaseCopies
     ) -> Awaitable[int | None]:
         """End the owner's last hold with the kind's own script (see the module docstring)."""
         sent = self._services.calls.run(
@@ -182,7 +182,7 @@ class Releasing(KindHooks):
         return self._last_released(sent, owner, request, copies)
 
     async def _last_released(
-        self, sent: Awaitable[Any], owner: str, request: int, copies: Copies
+        self, sent: Awaitable[Any], owner: str, request: int, copies: ReleaseCopies
     ) -> int | None:
         """Read the reply of a last release: 0 when it ended the hold, ``None`` when the owner
         held nothing (a release script's reply).
@@ -197,7 +197,7 @@ class Releasing(KindHooks):
         removed = int(await sent)
         if copies.resent:
             window = self._services.resend_window_ms / 1000
-            self._services.holds.realias(self._hold_key, owner, request, window)
+            self._services.holds.realias(self._keys.lock, owner, request, window)
         return self._read_removed(removed, owner)
 
     def _read_removed(self, removed: int, owner: str) -> int | None:
@@ -206,7 +206,7 @@ class Releasing(KindHooks):
             self._services.holds.defer(self._keys.lock, owner, self.wake_others())
         return 0 if removed >= 3 else None
 
-    def _last_unknown(self, owner: str, request: int, copies: Copies) -> Orphan:
+    def _last_unknown(self, owner: str, request: int, copies: ReleaseCopies) -> Orphan:
         """The ``orphan`` of a last release: its outcome, once known, read as a release
         script's reply (and the wake-up it owes sent) for the settlement."""
         services = self._services
@@ -214,7 +214,7 @@ class Releasing(KindHooks):
         window = services.resend_window_ms / 1000
 
         def unknown(work: asyncio.Future[Any]) -> None:
-            services.holds.realias(self._hold_key, owner, request, window)
+            services.holds.realias(self._keys.lock, owner, request, window)
             outcome: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
 
             def done(work: asyncio.Future[Any]) -> None:
@@ -229,21 +229,6 @@ class Releasing(KindHooks):
             settlement.release_unknown(owner, request, outcome, copies)
 
         return unknown
-
-    # -- wake-ups ----------------------------------------------------------------------------
-
-    async def wake_others(self) -> None:
-        """Wake what a plain command could not: the kind's wake script (:meth:`_wake_call`),
-        or a release published on the lock's channels, for the waiters of every client."""
-        call = self._wake_call()
-        try:
-            if call is not None:
-                await self._services.calls.run(*call)
-                return
-            for channel in self._channels():
-                await self._services.calls.publish(channel, "released")
-        except RedisError as exc:  # the waiters' own pause bounds their wait
-            logger.warning("could not wake the waiters of %r: %r", self.name, exc)
 
     # -- releases made for the owner ---------------------------------------------------------
 

@@ -104,17 +104,18 @@ class Services:
             self.commands = CommandTable(self.redis)
         return self.commands
 
-    def name_state(self, kind: str, name: str, build: Callable[[], _State]) -> _State:
-        """The shared state of ``kind``/``name``, made by ``build()`` if none is alive."""
-        state = self._names.get((kind, name))
+    def name_state(self, namespace: str, name: str, build: Callable[[], _State]) -> _State:
+        """The shared state of ``name`` in ``namespace`` (a kind's, or one of its parts' such
+        as ``fair-watch``), made by ``build()`` if none is alive."""
+        state = self._names.get((namespace, name))
         if state is None:
             state = build()
-            self._names[(kind, name)] = state
+            self._names[(namespace, name)] = state
         return state  # type: ignore[return-value]
 
-    def peek_name_state(self, kind: str, name: str) -> object | None:
-        """The shared state of ``kind``/``name`` if one is alive (made by nobody here)."""
-        return self._names.get((kind, name))
+    def peek_name_state(self, namespace: str, name: str) -> object | None:
+        """The shared state of ``name`` in ``namespace`` if one is alive (made by nobody here)."""
+        return self._names.get((namespace, name))
 
 
 def _address(redis: Redis | RedisCluster) -> str:

@@ -32,7 +32,7 @@ from .keys import LockKeys
 from .metrics import lock_extra
 from .services import Services
 
-__all__ = ["Attempt", "Copies", "Settled", "Settlement", "holds_left", "until_it_lands"]
+__all__ = ["Attempt", "ReleaseCopies", "Settled", "Settlement", "holds_left", "until_it_lands"]
 
 logger = logging.getLogger("aiolock.lock")
 
@@ -129,7 +129,7 @@ class Attempt:
         return round(self.lease * 1000)
 
 
-class Copies:
+class ReleaseCopies:
     """The copies of one release request sent so far (``sending`` is the ``on_send`` of every
     call that sends it).
 
@@ -205,7 +205,7 @@ class Settlement:
             # Not on enough replicas in time: a failover could forget it.  Undo exactly this
             # grant (a settlement: the caller may be cancelled meanwhile), then say so.
             self.give_back(attempt)
-            await holds.settle(lock.keys.lock, owner)
+            await holds.wait_pending(lock.keys.lock, owner)
             raise LockSyncError(
                 f"{synced} of the {services.sync[0]} replica(s) asked for confirmed the grant of "
                 f"{lock.name!r} within {services.sync[1]}s; it was undone"
@@ -234,7 +234,7 @@ class Settlement:
         if holds.lost_token(lock.registry_key, owner) == int(reply[0]):
             # Its token was handed out before: not a fresh grant.  Drop them all, retry.
             holds.defer(lock.keys.lock, owner, self.drop_holds(owner, count))
-            await holds.settle(lock.keys.lock, owner)
+            await holds.wait_pending(lock.keys.lock, owner)
             return None
         logger.warning(
             "%s %r: the server had %d hold(s) of this owner the client never saw (a late "
@@ -284,7 +284,7 @@ class Settlement:
     # -- releases ----------------------------------------------------------------------------
 
     def release_unknown(
-        self, owner: str, request: int, work: asyncio.Future[Any], copies: Copies
+        self, owner: str, request: int, work: asyncio.Future[Any], copies: ReleaseCopies
     ) -> None:
         """The caller of a release will never see its outcome (``work``; ``copies``: what the
         call sent of it).
@@ -298,7 +298,12 @@ class Settlement:
         self.later(owner, work, lambda: self.release_outcome(work, owner, request, until, copies))
 
     async def release_outcome(
-        self, work: asyncio.Future[Any], owner: str, request: int, until: float, copies: Copies
+        self,
+        work: asyncio.Future[Any],
+        owner: str,
+        request: int,
+        until: float,
+        copies: ReleaseCopies,
     ) -> None:
         """Settle a release with an unknown outcome: record it, or resend it until it lands
         (or the hold surely ended: ``until``, loop time)."""
@@ -310,11 +315,11 @@ class Settlement:
             return
         await self.retry_release(owner, request, None, until, copies)
         # The first copy may have deleted the lock, and with it the mark of a waiter refused
-        # meanwhile, whose wake-up it owed (a plain release publishes only once it reads its
-        # reply): the resend finds nothing to say so.  A spare wake-up costs a try.
+        # meanwhile, whose wake-up it owed (a release by a bare command publishes only once it
+        # reads its reply): the resend finds nothing to say so.  A spare wake-up costs a try.
         await self.lock.wake_others()
 
-    def released_copies(self, owner: str, request: int, copies: Copies) -> None:
+    def released_copies(self, owner: str, request: int, copies: ReleaseCopies) -> None:
         """The owner's release ``request`` was answered (or given up on).  If it was resent, an
         earlier copy may still arrive, after the owner acquired again, and must not release
         that newer hold: the client keeps its id for the resend window, and the owner's
@@ -326,7 +331,7 @@ class Settlement:
             window = services.resend_window_ms / 1000
             services.holds.resent_release(self.lock.keys.lock, owner, request, window)
 
-    def check_count(self, owner: str, believed: int | None, remaining: int | None) -> None:
+    def check_count(self, owner: str, expected_left: int | None, remaining: int | None) -> None:
         """A release left more holds on the server than the client knew of: drop the extra.
 
         Left by a background release that gave up (logged as a warning), else a bug signal
@@ -334,11 +339,11 @@ class Settlement:
         background, so that neither the watchdog nor a later acquire ever treats them as the
         owner's.
         """
-        if remaining is None or remaining <= (believed or 0):
+        if remaining is None or remaining <= (expected_left or 0):
             return
         lock = self.lock
         holds = lock.services.holds
-        extra = remaining - (believed or 0)
+        extra = remaining - (expected_left or 0)
         abandoned = holds.was_abandoned(lock.keys.lock, owner)
         logger.log(
             logging.WARNING if abandoned else logging.ERROR,
@@ -358,7 +363,7 @@ class Settlement:
         services = lock.services
         while True:
             request = services.owners.next_request()
-            copies = Copies()
+            copies = ReleaseCopies()
             try:
                 call = lock.release_call(owner, request, None)
                 reply = await services.calls.run(*call, on_send=copies.sending)
@@ -388,7 +393,7 @@ class Settlement:
         request: int,
         undo: int | None,
         until: float,
-        copies: Copies | None = None,
+        copies: ReleaseCopies | None = None,
     ) -> None:
         """Send one (idempotent) release until it lands, the lease surely ran out, or close
         (``copies``: what was sent of it before; see :meth:`released_copies`).
@@ -400,7 +405,7 @@ class Settlement:
         """
         lock = self.lock
         services = lock.services
-        copies = Copies() if copies is None else copies
+        copies = ReleaseCopies() if copies is None else copies
         script, keys, args = lock.release_call(owner, request, undo)
         if undo is not None:
             # An undo that finds its acquire unapplied writes a marker: for the resend window.

@@ -52,7 +52,7 @@ FORBIDDEN: Final = frozenset(
         "MULTI", "EXEC", "DISCARD", "WATCH", "UNWATCH", "WAIT", "WAITAOF",
         # Scripts and functions do not nest.
         "EVAL", "EVALSHA", "EVAL_RO", "EVALSHA_RO", "FCALL", "FCALL_RO", "SCRIPT", "FUNCTION",
-        # A script never blocks: these would return at once, unlike their plain form.
+        # A script never blocks: these would return at once, unlike those commands sent alone.
         "BLPOP", "BRPOP", "BRPOPLPUSH", "BLMOVE", "BLMPOP", "BZPOPMIN", "BZPOPMAX", "BZMPOP",
         # Pub/sub sessions, connection state and server administration.
         "SUBSCRIBE", "UNSUBSCRIBE", "PSUBSCRIBE", "PUNSUBSCRIBE", "SSUBSCRIBE", "SUNSUBSCRIBE",
@@ -269,7 +269,7 @@ class TransactionContext:
         if exc is not None:
             return  # the block failed: nothing is sent
         hold = self._hold
-        if hold.lost:
+        if hold.check_lost():
             raise self._lost()
         if hold.ended:  # released (or its release's outcome unknown): not the client's to use
             raise RuntimeError(
@@ -283,7 +283,7 @@ class TransactionContext:
         argv: list[Any] = [*head, len(sent)]
         for command, _ in sent:
             argv += (len(command), *command)
-        reply = await self._calls.run(script, (*lock_keys, *keys), tuple(argv), once=True)
+        reply = await self._calls.run(script, (*lock_keys, *keys), tuple(argv), no_resend=True)
         if int(reply[0]) != 1:
             if not hold.ended:  # else released meanwhile (an explicit owner's other task)
                 self._holds.lose(hold, "a transaction found it gone (expired, forced or taken)")

@@ -34,13 +34,13 @@ __all__ = [
     "ClientWait",
     "HandsOn",
     "MessageGrant",
-    "Waiting",
+    "WaitStrategy",
 ]
 
 
 class MessageGrant(Protocol):
     """A grant of the lock a message brought a waiting call (the fair lock's hand-off): the
-    wait loop passes it from :meth:`Waiting.woken` to the kind, which records it if it can
+    wait loop passes it from :meth:`WaitStrategy.woken` to the kind, which records it if it can
     count on it.  The lock was granted at ``server_ms`` of the server's clock, for
     ``lease_ms``, with fencing token ``token``, on behalf of the acquire request ``request``."""
 
@@ -57,7 +57,7 @@ class MessageGrant(Protocol):
     def request(self) -> int: ...
 
 
-class Waiting(Protocol):
+class WaitStrategy(Protocol):
     """One waiting call's strategy (see the module docstring)."""
 
     def first_pause(self) -> float | None:
@@ -88,7 +88,7 @@ class Waiting(Protocol):
         """
         ...
 
-    def held(self, until: float) -> None:
+    def granted(self, until: float) -> None:
         """The call got the lock by a try, held until loop time ``until`` unless renewed."""
         ...
 
@@ -188,7 +188,7 @@ class ChannelWait:
         self._services.check_open()  # woken because the client closes: no more tries
         return None
 
-    def held(self, until: float) -> None:
+    def granted(self, until: float) -> None:
         # The others of this client wait behind this hold: no longer than its lease.
         if self._entry is not None:
             self._entry.bound(until)
@@ -350,7 +350,7 @@ class Backoff:
         self._services.check_open()
         return None
 
-    def held(self, until: float) -> None:
+    def granted(self, until: float) -> None:
         pass
 
     def nudge(self) -> None:

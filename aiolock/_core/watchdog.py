@@ -142,7 +142,7 @@ class Watchdog:
 
     def _renewable(self, hold: Hold) -> bool:
         """Whether ``hold`` is still the registry's, and its owner alive (no I/O, O(1))."""
-        return self._holds.get(hold.key, hold.owner) is hold and self._owner_alive(hold)
+        return self._holds.get(hold.registry_key, hold.owner) is hold and self._owner_alive(hold)
 
     async def _renew_group(self, group: _Group, holds: list[Hold]) -> None:
         """Renew one group's ``holds``, retrying failures within the lease."""
@@ -189,7 +189,7 @@ class Watchdog:
         for hold, reply in zip(holds, replies, strict=True):
             # The recorded verdict, not the clock's: a renewal read after the deadline (a busy
             # loop) still proves that the lease never ran out on the server.
-            if hold.marked_lost or self._holds.get(hold.key, hold.owner) is not hold:
+            if hold.lost or self._holds.get(hold.registry_key, hold.owner) is not hold:
                 continue  # released or replaced while the call was in flight
             if not _RENEWED[int(reply)]:
                 if self._holds.in_release(hold):

@@ -64,13 +64,13 @@ def cluster_asked_for_password(
     return _told(type(error), cause, f"the Cluster at {nodes}")
 
 
-def _told(kind: type[_E], said: BaseException, who: str) -> _E | None:
-    """A ``kind`` error saying that ``who`` asks for a password (``said``: the server's own
+def _told(error_type: type[_E], said: BaseException, who: str) -> _E | None:
+    """An ``error_type`` error saying that ``who`` asks for a password (``said``: the server's own
     words), or ``None`` if they say something else."""
     words = str(said)
     if not any(marker in words for marker in _UNAUTHENTICATED):
         return None
-    return kind(
+    return error_type(
         f"{who} asks for a password, and the client gave none: put it in the "
         "URL, redis://:PASSWORD@host:port/0 (or redis://USERNAME:PASSWORD@host:port/0 for an "
         "ACL user), or pass password= (and username=) to Client.from_url() or to "

@@ -1,4 +1,4 @@
-"""Script calls (and the few plain commands) on the client's own connections, made with its
+"""Script calls (and the few bare commands) on the client's own connections, made with its
 redis-py pool's settings.
 
 A lock operation is one small script call, and redis-py's ``execute_command`` costs more than
@@ -63,7 +63,7 @@ _RESENT_ON: Final = (RedisConnectionError, RedisTimeoutError, OSError)
 
 
 class _Written(Exception):
-    """A ``once`` call's error after its request was written: kept from redis-py's Retry."""
+    """A ``no_resend`` call's error after its request was written: kept from redis-py's Retry."""
 
     def __init__(self, error: Exception) -> None:
         super().__init__(error)
@@ -130,7 +130,7 @@ class Runner(abc.ABC):
         orphan: Orphan | None = None,
         on_send: Callable[[bool], object] | None = None,
         mark_resends: int = 0,
-        once: bool = False,
+        no_resend: bool = False,
     ) -> Any:
         """Run ``script`` by SHA (its source once on NOSCRIPT) and return the reply.
 
@@ -145,7 +145,7 @@ class Runner(abc.ABC):
         carries it as one more argument, so that the script knows it (an acquire script then
         voids that request for that long, granted or refused: see
         ``common/_requests.lua``).
-        ``once``: never sent again once some attempt was written (a script that is not
+        ``no_resend``: never sent again once some attempt was written (a script that is not
         idempotent, such as a transaction's queued commands): the caller gets the error.
         """
         reply, _ = await self.run_synced(
@@ -156,7 +156,7 @@ class Runner(abc.ABC):
             orphan=orphan,
             on_send=on_send,
             mark_resends=mark_resends,
-            once=once,
+            no_resend=no_resend,
         )
         return reply
 
@@ -171,7 +171,7 @@ class Runner(abc.ABC):
         orphan: Orphan | None = None,
         on_send: Callable[[bool], object] | None = None,
         mark_resends: int = 0,
-        once: bool = False,
+        no_resend: bool = False,
     ) -> tuple[Any, int]:
         """:meth:`run`, then, with ``sync = (replicas, seconds)``, ``WAIT`` for that many
         replicas to have the script's writes: the reply, and how many have them (0 for
@@ -186,7 +186,7 @@ class Runner(abc.ABC):
         orphan: Orphan | None = None,
         on_send: Callable[[bool], object] | None = None,
     ) -> Any:
-        """Run one plain ``command`` about ``key`` (on a Cluster, on the node of its slot), as
+        """Run one bare ``command`` about ``key`` (on a Cluster, on the node of its slot), as
         :meth:`run` runs a script: resent as redis-py's ``Retry`` says (so only a command that
         is safe to apply twice), ``orphan`` and ``on_send`` likewise."""
 
@@ -238,14 +238,16 @@ class Calls(Runner):
         orphan: Orphan | None = None,
         on_send: Callable[[bool], object] | None = None,
         mark_resends: int = 0,
-        once: bool = False,
+        no_resend: bool = False,
     ) -> tuple[Any, int]:
         """:meth:`run`, then, with ``sync = (replicas, seconds)``, ``WAIT`` on the same
         connection (WAIT covers the writes of its own connection): the reply, and how many
         replicas have the script's writes (0 for ``sync=None``, which waits for none)."""
         evalsha = ("EVALSHA", script.sha, len(keys), *keys, *args)
         resent = (*evalsha, int(mark_resends)) if mark_resends else evalsha
-        return await self._call((evalsha, resent), script, orphan, sync, on_send, once=once)
+        return await self._call(
+            (evalsha, resent), script, orphan, sync, on_send, no_resend=no_resend
+        )
 
     async def command(
         self,
@@ -269,7 +271,7 @@ class Calls(Runner):
         sync: tuple[int, float] | None,
         on_send: Callable[[bool], object] | None = None,
         *,
-        once: bool = False,
+        no_resend: bool = False,
     ) -> tuple[Any, int]:
         try:
             conn = await self._borrow()
@@ -314,7 +316,7 @@ class Calls(Runner):
             try:
                 # ``once``: a connect that failed is tried again, a written attempt never.
                 reply = await conn.retry.call_with_retry(
-                    _never_resent(attempt, lambda: sent, failed) if once else attempt, failed
+                    _never_resent(attempt, lambda: sent, failed) if no_resend else attempt, failed
                 )
             except _Written as written:
                 raise written.error from None

@@ -106,7 +106,7 @@ class ClusterCalls(Runner):
         orphan: Orphan | None = None,
         on_send: Callable[[bool], object] | None = None,
         mark_resends: int = 0,
-        once: bool = False,
+        no_resend: bool = False,
     ) -> tuple[Any, int]:
         """:meth:`Calls.run_synced` on the node of ``keys[0]``'s slot (WAIT counts that
         primary's replicas), following redirections."""
@@ -120,7 +120,7 @@ class ClusterCalls(Runner):
                 orphan=orphan,
                 on_send=on_send,
                 mark_resends=mark_resends,
-                once=once,
+                no_resend=no_resend,
             ),
             orphan,
         )
@@ -287,7 +287,7 @@ class ClusterCalls(Runner):
 
 
 async def node_of(cluster: RedisCluster, key: str) -> Redis:
-    """A plain client (close it after use) on the primary that serves ``key``'s slot, made with
+    """A redis-py client (close it after use) on the primary that serves ``key``'s slot, made with
     the cluster client's connection settings: for a MULTI of reads on that one node."""
     await cluster.initialize()
     primary = cluster.get_node_from_key(key)

@@ -138,7 +138,7 @@ class Subscriber:
         # The confirmations awaited, per channel: the entry each is for, and its future.
         self._confirmations: dict[bytes, deque[tuple[Entry, asyncio.Future[None]]]] = {}
         self._connection: AbstractConnection | None = None
-        # The replies due, in order: (reply kind, channel, the entry a SUBSCRIBE was for).  A
+        # The replies due, in order: (reply verb, channel, the entry a SUBSCRIBE was for).  A
         # reply confirms that entry only: after an UNSUBSCRIBE and a new entry's SUBSCRIBE of
         # the same channel, the first SUBSCRIBE's reply must not confirm the new entry.
         self._due: deque[tuple[bytes, bytes | None, Entry | None]] = deque()
@@ -268,7 +268,7 @@ class Subscriber:
     def _new_connection(self) -> AbstractConnection:
         source = self._source()
         kwargs = dict(source.connection_kwargs)
-        # RESP2 keeps messages plain arrays; our own retry loop replaces redis-py's.
+        # RESP2 keeps messages flat arrays; our own retry loop replaces redis-py's.
         kwargs.update(
             protocol=2,
             decode_responses=False,
@@ -349,11 +349,11 @@ class Subscriber:
                 ping_outstanding = True
                 continue
             ping_outstanding = False
-            # +PONG when subscribed to nothing, else arrays: [kind, channel, ...].
-            kind: bytes
+            # +PONG when subscribed to nothing, else arrays: [verb, channel, ...].
+            verb: bytes
             channel: bytes
-            kind, channel = (reply[0], reply[1]) if isinstance(reply, list) else (_PONG, b"")
-            if kind == verbs.message:
+            verb, channel = (reply[0], reply[1]) if isinstance(reply, list) else (_PONG, b"")
+            if verb == verbs.message:
                 self.messages += 1
                 entry = self.entries.get(channel)
                 if entry is not None:
@@ -361,22 +361,22 @@ class Subscriber:
                     # Let the woken waiter run before this reader arms its next read: on a
                     # hand-off it is the one on the critical path.
                     await asyncio.sleep(0)
-            elif kind == verbs.unsubscribed and self._sharded and not self._answers(kind, channel):
+            elif verb == verbs.unsubscribed and self._sharded and not self._answers(verb, channel):
                 logger.info("the node dropped channel %r (its slot moved)", channel)
                 self._moved(channel, RedisConnectionError("the node no longer serves the slot"))
             else:
-                if not self._answers(kind, channel):
-                    raise _OutOfStep(f"{kind!r} {channel!r} answers no command due")
+                if not self._answers(verb, channel):
+                    raise _OutOfStep(f"{verb!r} {channel!r} answers no command due")
                 _, _, entry = self._due.popleft()
-                if kind == verbs.subscribed:
+                if verb == verbs.subscribed:
                     self._confirmed(channel, entry)
 
-    def _answers(self, kind: bytes, channel: bytes | None) -> bool:
-        """Whether a reply ``kind`` on ``channel`` answers the oldest command due."""
+    def _answers(self, verb: bytes, channel: bytes | None) -> bool:
+        """Whether a reply ``verb`` on ``channel`` answers the oldest command due."""
         if not self._due:
             return False
-        due_kind, due_channel, _ = self._due[0]
-        return due_kind == kind and (due_channel is None or due_channel == channel)
+        due_verb, due_channel, _ = self._due[0]
+        return due_verb == verb and (due_channel is None or due_channel == channel)
 
     def _answers_slot(self, slot: int) -> bool:
         """Whether a redirection for ``slot`` may answer the oldest command due."""
@@ -392,18 +392,18 @@ class Subscriber:
             return
         if not self._due:
             raise _OutOfStep(f"an error answers no command due: {error}")
-        kind, key, _ = self._due.popleft()
-        if kind == self._verbs.subscribed and key is not None:
+        verb, key, _ = self._due.popleft()
+        if verb == self._verbs.subscribed and key is not None:
             if isinstance(error, _REDIRECTIONS):
                 logger.info("%s %r redirected: %s", self._verbs.subscribe, key, error)
                 self._moved(key, error)
             else:
                 self._refused(key, error)
-        elif kind == self._verbs.unsubscribed and isinstance(error, _REDIRECTIONS):
+        elif verb == self._verbs.unsubscribed and isinstance(error, _REDIRECTIONS):
             logger.debug("%s %r: the node had dropped it: %s", self._verbs.unsubscribe, key, error)
         else:
             logger.warning(
-                "the server refused %s on the pub/sub connection: %s", kind.decode(), error
+                "the server refused %s on the pub/sub connection: %s", verb.decode(), error
             )
 
     def _moved(self, key: bytes, error: Exception) -> None:
@@ -455,8 +455,8 @@ class Subscriber:
 
     def __repr__(self) -> str:
         state = "connected" if self.connected else "disconnected"
-        kind = "sharded" if self._sharded else "classic"
-        return f"<Subscriber {kind} [{state}, channels:{len(self.entries)}]>"
+        verb = "sharded" if self._sharded else "classic"
+        return f"<Subscriber {verb} [{state}, channels:{len(self.entries)}]>"
 
 
 async def _drop_when_connected(

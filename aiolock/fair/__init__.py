@@ -8,14 +8,14 @@
   by the channel's entry (the transport carries them, and reads none);
 - :mod:`~aiolock.fair.waiting`: how one waiting call parks until a message names it, and the
   bound on the tries in flight;
-- :mod:`~aiolock.fair.keepalive` and :mod:`~aiolock.fair.alive`: how a client keeps its
+- :mod:`~aiolock.fair.watch` and :mod:`~aiolock.fair.alive`: how a client keeps its
   parked waiters in line with one call for all of them.
 """
 
 from .alive import AliveKey as AliveKey
-from .keepalive import KeepAlive as KeepAlive
 from .lock import AsyncFairLock as AsyncFairLock
 from .queue import FairKeys as FairKeys
 from .waiting import Turns as Turns
+from .watch import QueueWatch as QueueWatch
 
-__all__ = ["AliveKey", "AsyncFairLock", "KeepAlive", "Turns"]
+__all__ = ["AliveKey", "AsyncFairLock", "QueueWatch", "Turns"]

@@ -5,7 +5,7 @@ slot), set for ``fair_wait_timeout`` every half of it by one call (``keep.lua``,
 :class:`AliveKey`) while the client has parked waiters there, whatever their number and locks.
 A waiter past its try's deadline whose client's key is gone has vanished, and is dropped once
 it is next.  The same call looks at the locks that are due
-(:class:`~aiolock.fair.keepalive.KeepAlive`, one per lock name).
+(:class:`~aiolock.fair.watch.QueueWatch`, one per lock name).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from .._core.services import Services
 from .._redis.tasks import supervise
 
 if TYPE_CHECKING:
-    from .keepalive import KeepAlive
+    from .watch import QueueWatch
 
 __all__ = ["AliveKey"]
 
@@ -35,7 +35,7 @@ class AliveKey:
     While any of them is parked, one call (``keep.lua``) every half of ``fair_wait_timeout``
     sets the client's alive key for the timeout: it keeps every waiter of the client live in
     every queue of the slot, so a parked waiter costs the server nothing.  The same call looks
-    at the locks that are due (:class:`~aiolock.fair.keepalive.KeepAlive`), and once every
+    at the locks that are due (:class:`~aiolock.fair.watch.QueueWatch`), and once every
     other timeout or so checks that their queues still have this client's owners and re-arms
     their expiry.  If the key
     was gone when the call set it, the client stalled past the timeout and its waiters may
@@ -63,7 +63,7 @@ class AliveKey:
         self._services = services
         self._prefix = prefix
         self._fence = fence
-        self._members: dict[KeepAlive, None] = {}  # the locks with parked waiters, in order
+        self._members: dict[QueueWatch, None] = {}  # the locks with parked waiters, in order
         self._task: asyncio.Task[None] | None = None  # the loop, while it runs
         # Done to have the loop, sleeping until loop time _wake_at, look again sooner.
         self._wake: asyncio.Future[None] | None = None
@@ -72,7 +72,7 @@ class AliveKey:
         self._retry_at = 0.0  # after a failed call: no call before then
         self._written = False  # the key should exist: set, and not deleted since
 
-    def join(self, member: KeepAlive) -> None:
+    def join(self, member: QueueWatch) -> None:
         now = asyncio.get_running_loop().time()
         timeout = self._services.fair_wait_timeout
         # Its try has just looked at the lock, and its place is kept by the try's deadline
@@ -84,7 +84,7 @@ class AliveKey:
         self._members[member] = None
         self.schedule()
 
-    def leave(self, member: KeepAlive) -> None:
+    def leave(self, member: QueueWatch) -> None:
         self._members.pop(member, None)
         if not self._members:
             self.schedule()
@@ -143,7 +143,7 @@ class AliveKey:
             timer.cancel()
             self._wake, self._wake_at = None, math.inf
 
-    async def _run(self, members: list[KeepAlive], *, gone: bool) -> None:
+    async def _run(self, members: list[QueueWatch], *, gone: bool) -> None:
         """One call: set the alive key and look at ``members``, or delete the key (``gone``)."""
         services = self._services
         loop = asyncio.get_running_loop()
@@ -178,7 +178,7 @@ class AliveKey:
             if not services.closed:
                 logger.warning("keeping fair waiters in line failed: %r", exc)
 
-    def _kept(self, members: list[KeepAlive], counted: list[bool], reply: Any) -> None:
+    def _kept(self, members: list[QueueWatch], counted: list[bool], reply: Any) -> None:
         lapsed, dues, missing = reply
         now = asyncio.get_running_loop().time()
         timeout = self._services.fair_wait_timeout

@@ -31,7 +31,7 @@ with a recent sample of the server's clock sends its lower bound of it (``t:<ms>
 
 Waiters that give up withdraw from the queue at once (a ``withdraw`` script, settled in the
 background like any call whose caller has gone).  A parked waiter does not try again: its
-client keeps its place and looks at the lock for it (:mod:`aiolock.fair.keepalive`), and every
+client keeps its place and looks at the lock for it (:mod:`aiolock.fair.watch`), and every
 try of a waiting call first waits for its turn (:class:`~aiolock.fair.waiting.Turns`: a bound
 on the tries in flight per client and slot), on a bare future: thousands of waiters arrive at
 once.
@@ -57,11 +57,11 @@ from .._core.keys import LockKeys, alive_of
 from .._core.kind import LockKind
 from .._core.services import Services
 from .._core.settlement import Attempt
-from .._core.waiting import MessageGrant, Waiting
+from .._core.waiting import MessageGrant, WaitStrategy
 from .alive import AliveKey
-from .keepalive import KeepAlive
 from .queue import FairKeys
 from .waiting import NamedWait, Turns
+from .watch import QueueWatch
 
 __all__ = ["AsyncFairLock"]
 
@@ -114,22 +114,22 @@ class AsyncFairLock(LockKind):
         return keys.script_keys()
 
     def attempt_call(self, owner: str, request: int, lease_ms: int) -> Call:
-        wait_ms = round(self._services.fair_wait_timeout * 1000)
-        keeper = self._keeper()
+        wait_timeout_ms = round(self._services.fair_wait_timeout * 1000)
+        watch = self._watch()
         late = self._late_args(owner)
         fresh = self._fresh(owner)
-        member = keeper.member(owner)
+        member = watch.member(owner)
         # An explicit owner may have a second call whose try overtakes this one on another
         # connection: only a task's (one call at a time) may say it has nothing there.
-        first = keeper.first_try(owner) and self._explicit_owner is None
+        first = watch.first_try(owner) and self._explicit_owner is None
         if first and fresh and not late and not self._left_behind(owner):
             fresh = ("fresh", "first")
         elif member:
             fresh = (*fresh, f"m:{member}")  # where its place is: no search
-        args: tuple[Any, ...] = (lease_ms, owner, request, wait_ms, *late, *fresh)
-        if owner in keeper.once:
+        args: tuple[Any, ...] = (lease_ms, owner, request, wait_timeout_ms, *late, *fresh)
+        if owner in watch.single_tries:
             args = (*args, "once")
-        server_ms = keeper.server_ms()
+        server_ms = watch.server_ms()
         if server_ms is not None:
             # Its deadline from the client's lower bound of the server's time: no TIME.
             args = (*args, f"t:{server_ms}")
@@ -138,24 +138,24 @@ class AsyncFairLock(LockKind):
     def _fresh(self, owner: str) -> tuple[str, ...]:
         """``fresh`` when the client knows no hold of ``owner`` on this lock: the server may
         then count a grant from the queue it marked as this call's (see the module doc)."""
-        return ("fresh",) if self._services.holds.get(self._hold_key, owner) is None else ()
+        return ("fresh",) if self._services.holds.get(self._registry_key, owner) is None else ()
 
     @contextmanager
     def _single_try(self, owner: str) -> Iterator[None]:
-        keeper = self._keeper()  # kept alive by this frame, with its record of the call
-        once = keeper.once
-        once[owner] = once.get(owner, 0) + 1
-        keeper.begin(owner)
+        watch = self._watch()  # kept alive by this frame, with its record of the call
+        single = watch.single_tries
+        single[owner] = single.get(owner, 0) + 1
+        watch.begin(owner)
         try:
             yield
         finally:
-            keeper.end(owner)
-            if once[owner] == 1:
-                del once[owner]
+            watch.end(owner)
+            if single[owner] == 1:
+                del single[owner]
             else:
-                once[owner] -= 1
+                single[owner] -= 1
 
-    def _busy(self, attempt: Attempt, reply: Any) -> float:
+    def _refusal_pause(self, attempt: Attempt, reply: Any) -> float:
         """A queued try answers ``'<pause ms> <server time ms> <member>'``: the pause, a sample
         of the server's clock (``-`` when the try sent its bound of it) and the owner's place
         in the queue (a late copy's refusal answers the pause alone: it queued nothing, and
@@ -166,16 +166,16 @@ class AsyncFairLock(LockKind):
         if isinstance(reply, bytes):
             reply = reply.decode()
         pause, _, rest = str(reply).partition(" ")
-        seconds = super()._busy(attempt, int(pause))
+        seconds = super()._refusal_pause(attempt, int(pause))
         if not rest:
             return seconds
         server_ms, _, member = rest.partition(" ")
-        keeper = self._keeper()
-        keeper.placed(attempt.owner, member)
+        watch = self._watch()
+        watch.placed(attempt.owner, member)
         now = asyncio.get_running_loop().time()
         if server_ms != "-":  # '-': the try sent its lower bound of the server's time
-            keeper.clock.sample(attempt.sent_at, int(server_ms), now)
-        keeper.expect(now + seconds)
+            watch.clock.sample(attempt.sent_at, int(server_ms), now)
+        watch.expect(now + seconds)
         return math.inf
 
     def _accept(
@@ -190,10 +190,10 @@ class AsyncFairLock(LockKind):
         bound of the moment the server made it; ``None`` when it cannot be counted on (the
         wait loop then tries, which adopts it: see the module docstring)."""
         services = self._services
-        if services.holds.get(self._hold_key, owner) is not None:
+        if services.holds.get(self._registry_key, owner) is not None:
             return None  # an explicit owner another task holds with: a try re-enters
         now = asyncio.get_running_loop().time()
-        granted_at = self._keeper().clock.lower_bound(grant.server_ms, now)
+        granted_at = self._watch().clock.lower_bound(grant.server_ms, now)
         if granted_at is None:
             return None
         asked = round((services.watchdog_timeout if lease is None else lease) * 1000)
@@ -217,51 +217,47 @@ class AsyncFairLock(LockKind):
         """The owner's last release with no fault around it (``fair/last.lua``): its hold's
         fields end in one ``HDEL`` and the lock is granted to the next waiter, stamped with
         this client's lower bound of the server's time when it has one (no ``TIME``)."""
-        keeper = self._services.peek_name_state("fair-keep", self.name)
-        stamp = keeper.server_ms() if isinstance(keeper, KeepAlive) else None
+        watch = self._services.peek_name_state("fair-watch", self.name)
+        stamp = watch.server_ms() if isinstance(watch, QueueWatch) else None
         args = (hold.owner, "-" if stamp is None else stamp)
         return _scripts.FAIR_LAST, self._script_keys(), args
 
     def _force_call(self) -> Call:
         return _scripts.FAIR_FORCE, self._script_keys(), ()
 
-    def _keeper(self) -> KeepAlive:
+    def _watch(self) -> QueueWatch:
         services = self._services
         keys = self._keys
         assert isinstance(keys, FairKeys)
 
-        def build() -> KeepAlive:
+        def build() -> QueueWatch:
             alive = services.name_state(
                 "fair-alive", keys.alive, lambda: AliveKey(services, keys.alive, keys.fence)
             )
             # Per slot, as the alive key: a slow node must not hold up the others' tries.
             turns = services.name_state("fair-turns", keys.alive, lambda: Turns(_TRIES_IN_FLIGHT))
-            return KeepAlive(keys, alive, turns)
+            return QueueWatch(keys, alive, turns)
 
-        return services.name_state("fair-keep", self.name, build)
+        return services.name_state("fair-watch", self.name, build)
 
-    def _waiting(self, owner: str) -> Waiting:
-        return NamedWait(self._services, self._keys.channel, self._counters, owner, self._keeper())
+    def _wait_strategy(self, owner: str) -> WaitStrategy:
+        return NamedWait(self._services, self._keys.channel, self._counters, owner, self._watch())
 
     def withdraw_call(self, owner: str) -> Call | None:
         # With fresh, it also takes back a grant from the queue its client never took; with
         # the member its last try left, it finds its place without a search.  A call whose
         # tries were all answered, the last taking no place (once), has nothing to withdraw.
-        member = self._keeper().member(owner)
+        member = self._watch().member(owner)
         if member == "":
             return None
         known = () if member is None else (f"m:{member}",)
         return _scripts.FAIR_WITHDRAW, self._script_keys(), (owner, *self._fresh(owner), *known)
 
     def _withdraw_lost(self, owner: str) -> None:
-        keys = self._keys
-        assert isinstance(keys, FairKeys)
-        self._services.holds.abandoned(keys.queue, owner)
+        self._services.holds.abandoned(self._keys.lock, owner, "withdraw")
 
     def _left_behind(self, owner: str) -> bool:
         """Whether a withdraw of ``owner`` gave up lately, so that its place may still be in
         the queue: the next try looks for it instead of pushing a second one (the record is
         used up)."""
-        keys = self._keys
-        assert isinstance(keys, FairKeys)
-        return self._services.holds.was_abandoned(keys.queue, owner)
+        return self._services.holds.was_abandoned(self._keys.lock, owner, "withdraw")

@@ -51,7 +51,7 @@ class Member(NamedTuple):
 
     lease_ms: int
     request: int
-    wait_ms: int
+    wait_timeout_ms: int  # the client's fair_wait_timeout, in ms
     deadline: int  # the server time (ms) until which the try that queued it keeps it in line
     owner: str
 

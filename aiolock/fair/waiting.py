@@ -1,8 +1,8 @@
 """How a fair waiter waits: parked on its client's channel of the lock until a message names it.
 
 The wait loop's strategy for the fair lock (:class:`NamedWait`, a
-:class:`~aiolock._core.waiting.Waiting`), what keeps its place in the queue while it is parked
-(:class:`Keeper`, the lock's :class:`~aiolock.fair.keepalive.KeepAlive`), and the bound on
+:class:`~aiolock._core.waiting.WaitStrategy`), what keeps its place in the queue while it is parked
+(:class:`Watch`, the lock's :class:`~aiolock.fair.watch.QueueWatch`), and the bound on
 the tries a client's waiting calls have in flight (:class:`Turns`).
 """
 
@@ -19,10 +19,10 @@ from .entry import Grant, NamedCall, NamedEntry
 if TYPE_CHECKING:
     from .._core.services import Services
 
-__all__ = ["Keeper", "NamedWait", "Turns"]
+__all__ = ["Watch", "NamedWait", "Turns"]
 
 
-class Keeper(Protocol):
+class Watch(Protocol):
     """What keeps the server-side places of a client's parked waiters on one lock (the fair
     lock's keep-alive): one call for all of them, instead of a try per waiter; it also bounds
     the tries in flight from the client."""
@@ -61,7 +61,7 @@ class NamedWait(NamedCall):
     its first try, so that a hand-off naming it while the try is in flight is not lost; the
     first waiter of a client subscribes after its try, and the subscription's confirmation
     wakes every waiter to try (a hand-off may have been published before it).  While parked,
-    its place is kept by ``keeper``, which wakes it through the entry if it lost it.
+    its place is kept by ``watch``, which wakes it through the entry if it lost it.
 
     A release may grant the lock to the owner from the queue, and its message carries the
     grant (:class:`~aiolock.fair.entry.Grant`): :meth:`woken` hands it to the wait loop.  A
@@ -73,10 +73,10 @@ class NamedWait(NamedCall):
         "_channel",
         "_counters",
         "_entry",
-        "_keeper",
         "_kept",
         "_services",
         "_since",
+        "_watch",
     )
 
     def __init__(
@@ -85,22 +85,22 @@ class NamedWait(NamedCall):
         channel: str,
         counters: NameCounters,
         owner: str,
-        keeper: Keeper | None = None,
+        watch: Watch | None = None,
     ) -> None:
         super().__init__(owner)
         self._services = services
         self._channel = channel
         self._counters = counters
-        self._keeper = keeper
-        self._kept = False  # counted by the keeper (since its first park)
+        self._watch = watch
+        self._kept = False  # counted by the watch (since its first park)
         self._since = services.owners.last_request()  # this call's tries come after it
         counters.contenders += 1
         entry = services.pubsub.join_existing(channel)
         if entry is not None:
             self._enter(entry)
         self._entry = entry
-        if keeper is not None:
-            keeper.begin(owner)
+        if watch is not None:
+            watch.begin(owner)
 
     def _enter(self, entry: Entry) -> None:
         assert isinstance(entry, NamedEntry)
@@ -114,11 +114,11 @@ class NamedWait(NamedCall):
         # Thousands of waiters arriving at once each queue with a try: one waiting for its
         # turn here costs a future, one waiting for a connection inside the call costs its
         # whole chain of call frames.
-        return None if self._keeper is None else self._keeper.turn()
+        return None if self._watch is None else self._watch.turn()
 
     def tried(self) -> None:
-        if self._keeper is not None:
-            self._keeper.tried()
+        if self._watch is not None:
+            self._watch.tried()
 
     def park(self, pause: float) -> asyncio.Future[Any]:
         entry = self._entry
@@ -128,9 +128,9 @@ class NamedWait(NamedCall):
             )
             self._enter(entry)
         assert isinstance(entry, NamedEntry)
-        if self._keeper is not None and not self._kept:
+        if self._watch is not None and not self._kept:
             self._kept = True
-            self._keeper.add(entry)
+            self._watch.add(entry)
         return entry.park_named(self, asyncio.get_running_loop().time() + pause)
 
     def unpark(self, waiter: asyncio.Future[Any]) -> None:
@@ -148,7 +148,7 @@ class NamedWait(NamedCall):
         grant = entry.take_grant(self.name)
         return grant if grant is not None and grant.request > self._since else None
 
-    def held(self, until: float) -> None:
+    def granted(self, until: float) -> None:
         pass
 
     def nudge(self) -> None:
@@ -160,10 +160,10 @@ class NamedWait(NamedCall):
             entry.wake_call(self)
 
     def leave(self, granted: bool) -> None:
-        if self._keeper is not None:
-            self._keeper.end(self.name)
+        if self._watch is not None:
+            self._watch.end(self.name)
             if self._kept:
-                self._keeper.discard()
+                self._watch.discard()
         entry = self._entry
         if entry is not None:
             assert isinstance(entry, NamedEntry)

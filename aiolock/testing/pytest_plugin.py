@@ -4,7 +4,7 @@
   otherwise an embedded Valkey started for the session (needs the ``embedded`` extra).
 - ``aiolock_client``: an :class:`aiolock.Client` for one test, with a key prefix of its own (so
   tests never see each other's locks), closed after the test and its keys deleted.
-- ``aiolock_sync_client``: the same for plain (not async) tests, an
+- ``aiolock_sync_client``: the same for synchronous (not async) tests, an
   :class:`aiolock.sync.Client` whose calls block.
 - ``aiolock_cluster`` (session): a real Redis Cluster, three primaries of the embedded Valkey
   (``AIOLOCK_CLUSTER_URL`` names an external one instead); connect with
@@ -135,7 +135,7 @@ async def _asyncio_client(aiolock_server: ServerInfo) -> AsyncIterator[Client]:
 
 @pytest.fixture
 def aiolock_sync_client(aiolock_server: ServerInfo) -> Iterator[SyncClient]:
-    """An isolated :class:`aiolock.sync.Client` for one test (plain, not async: its calls
+    """An isolated :class:`aiolock.sync.Client` for one test (synchronous: its calls
     block), with a key prefix of its own whose keys are deleted afterwards."""
     prefix = f"aiolock-test-{uuid.uuid4().hex[:12]}"
     client = SyncClient.from_url(aiolock_server.url, key_prefix=prefix)

@@ -47,7 +47,7 @@ from redis.crc import key_slot
 import aiolock
 from aiolock._core.keys import LockKeys
 from aiolock._scripts import LOCK_ACQUIRE
-from aiolock.lock import plain_release_fields
+from aiolock.lock import command_release_fields
 from aiolock.testing.embedded import EmbeddedCluster
 
 from ..stats import ServerProbe, median_of_runs
@@ -140,7 +140,7 @@ def _floor(redis: RedisCluster, impl: str) -> Callable[[str], Any]:
                 await asyncio.sleep(0.001)
 
         async def release_hash() -> None:
-            await redis.hdel(keys.lock, *plain_release_fields(owner))
+            await redis.hdel(keys.lock, *command_release_fields(owner))
 
         async def acquire_string() -> None:
             nonlocal value

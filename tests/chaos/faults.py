@@ -64,7 +64,7 @@ PROXY_FAULTS = frozenset({"freeze", "slow-path", "cut-request"})
 # cut-request: which call the proxy cuts after the server ran it.  "any" is every EVALSHA
 # (acquire, release, renew, leave); "nested" any call naming an explicit owner of the worker's
 # "nested" mode (their reentrant acquires and releases, and theirs only, among others); the
-# others one script, by its SHA in the request, or "plain-release" the plain command that is
+# others one script, by its SHA in the request, or "plain-release" the bare command that is
 # the last release of an uncontended plain or spin lock hold (HDEL).  The plain and the spin
 # lock share the reentrant scripts; the fair lock has its own.
 CUT_MATCHES = {

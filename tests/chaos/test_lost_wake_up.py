@@ -1,4 +1,4 @@
-"""A plain release whose reply is lost still wakes the waiters it owed a wake-up.
+"""A release by a bare command whose reply is lost still wakes the waiters it owed a wake-up.
 
 The fault-free last release of the plain lock is one ``HDEL``; it also deletes the mark of a
 waiter refused since the grant, and the client publishes that waiter's wake-up once it reads

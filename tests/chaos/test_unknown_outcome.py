@@ -191,7 +191,7 @@ async def test_c_the_next_fresh_grant_gets_a_larger_token(
         handed.append(guard.fencing_token)
     if nested:
         await lock.lock()
-        handed.append(lock.held().token)
+        handed.append(lock.caller_hold().token)
     reply = proxy.cut_next_request(ACQUIRE)
     with pytest.raises(RedisConnectionError):
         await lock.try_lock(wait=0)
@@ -370,7 +370,7 @@ async def test_e_a_resent_grant_whose_lease_ran_out_is_voided_when_lost(
     request = hold.resent[0]
     # The resend's own mark lives a minute: as if this hold had outlived it.
     assert await redis.hdel(lock.keys.meta, f"{owner}/{request}") == 1
-    await eventually(lambda: hold.lost, what="the lease to run out")
+    await eventually(hold.check_lost, what="the lease to run out")
     await settled(client)
     assert await redis.hget(lock.keys.meta, f"{owner}/{request}") is not None  # voided
     await eventually(lambda: _gone(redis, lock), what="the lock to expire on the server")

@@ -401,12 +401,12 @@ async def _reenter(
             hold = _hold_of(lock)
             granted(None if hold is None else hold.token)
             try:
-                await _inner_body(entry, seconds, lambda: hold is None or hold.lost)
+                await _inner_body(entry, seconds, lambda: hold is None or hold.check_lost())
             finally:
                 try:
                     await lock.unlock()
                 finally:
-                    entry.lost = hold is None or hold.lost
+                    entry.lost = hold is None or hold.check_lost()
     except asyncio.CancelledError as exc:
         _classify(entry, exc, diagnostics, label)
         raise
@@ -450,12 +450,12 @@ async def _plain(lock: LockKind, plan: Plan, diagnostics: Diagnostics) -> None:
     hold = _hold_of(lock)
     _granted(attempt, None if hold is None else hold.token, lock)
     try:
-        await _body(attempt, plan.hold, lambda: hold is None or hold.lost)
+        await _body(attempt, plan.hold, lambda: hold is None or hold.check_lost())
     finally:
         try:
             await lock.unlock()
         finally:
-            attempt.lost = hold is None or hold.lost
+            attempt.lost = hold is None or hold.check_lost()
             if attempt.lost:  # the library's reason: which path found the loss
                 attempt.lost_reason = _reason(hold)
 
@@ -543,7 +543,7 @@ async def _composite(lock: Composite, plan: Plan, diagnostics: Diagnostics) -> N
         attempt.token = None if multi else max(tokens, default=None)
 
     def lost() -> bool:
-        return sum(not hold.lost for _, hold in held) < needed
+        return sum(not hold.check_lost() for _, hold in held) < needed
 
     async def body(lost: Callable[[], bool]) -> None:
         try:
@@ -552,12 +552,12 @@ async def _composite(lock: Composite, plan: Plan, diagnostics: Diagnostics) -> N
             attempt.t_end = now()
             attempt.lost_in_body = lost()
             for part, hold in held:
-                part.lost_in_body = hold.lost
+                part.lost_in_body = hold.check_lost()
 
     def ended(lost: bool) -> None:
         attempt.lost = lost
         for part, hold in held:
-            part.lost = hold.lost
+            part.lost = hold.check_lost()
 
     if attempt.mode == "acquire":
         guard: aiolock.LockGuard[Any] | None = None

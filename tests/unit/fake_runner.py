@@ -255,7 +255,7 @@ class FakeRunner(Runner):
         orphan: Orphan | None = None,
         on_send: Callable[[bool], object] | None = None,
         mark_resends: int = 0,
-        once: bool = False,
+        no_resend: bool = False,
     ) -> tuple[Any, int]:
         return await self._play(
             script.name, keys=keys, args=args, orphan=orphan, on_send=on_send, mark=mark_resends

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from aiolock._core import holds as _holds
+from aiolock._core import pending as _pending
 from aiolock._core.holds import Holds
 
 pytestmark = pytest.mark.anyio
@@ -21,13 +21,22 @@ async def test_a_give_up_is_remembered_once_per_lock_and_owner() -> None:
     assert not holds.was_abandoned("lock:a", "owner-1")  # used up
 
 
+async def test_a_withdraw_given_up_is_not_a_release_given_up() -> None:
+    """The fair lock's withdraws and every kind's releases keep their records apart, on the
+    same lock key."""
+    holds = Holds()
+    holds.abandoned("lock:a", "owner-1", "withdraw")
+    assert not holds.was_abandoned("lock:a", "owner-1")
+    assert holds.was_abandoned("lock:a", "owner-1", "withdraw")
+
+
 async def test_old_give_ups_are_forgotten(monkeypatch: pytest.MonkeyPatch) -> None:
     holds = Holds()
     for owner in range(100):  # owners that never come back
         holds.abandoned("lock", f"owner-{owner}")
     # Later than ABANDONED_FOR: the next record drops every older one, and none explains a
     # hold met now.
-    monkeypatch.setattr(_holds, "ABANDONED_FOR", -1.0)
+    monkeypatch.setattr(_pending, "ABANDONED_FOR", -1.0)
     holds.abandoned("lock", "last")
     assert len(holds._abandoned) == 1
     assert not holds.was_abandoned("lock", "last")
@@ -62,13 +71,13 @@ async def test_deferred_work_that_settles_its_own_lock_and_owner_fails_loudly(
 
     async def settles_itself() -> None:
         try:
-            await holds.settle("lock", "owner")
+            await holds.wait_pending("lock", "owner")
         except RuntimeError as exc:
             raised.append(exc)
             raise
 
     holds.defer("lock", "owner", settles_itself())
-    await asyncio.wait_for(holds.settle("lock", "owner"), timeout=5)
+    await asyncio.wait_for(holds.wait_pending("lock", "owner"), timeout=5)
     assert len(raised) == 1
     assert "waits for its own settlement" in str(raised[0])
     assert "'owner'" in str(raised[0])
@@ -83,12 +92,12 @@ async def test_a_task_started_by_deferred_work_keeps_the_rule() -> None:
 
     async def through_a_task() -> None:
         try:
-            await asyncio.create_task(holds.settle("lock", "owner"))
+            await asyncio.create_task(holds.wait_pending("lock", "owner"))
         except RuntimeError as exc:
             raised.append(exc)
 
     holds.defer("lock", "owner", through_a_task())
-    await asyncio.wait_for(holds.settle("lock", "owner"), timeout=5)
+    await asyncio.wait_for(holds.wait_pending("lock", "owner"), timeout=5)
     assert len(raised) == 1
 
 
@@ -104,13 +113,13 @@ async def test_deferred_work_may_settle_other_locks_and_owners_and_defer_more() 
 
     async def work() -> None:
         holds.defer("lock", "other-owner", other())
-        await holds.settle("lock", "other-owner")  # another owner's: no cycle
-        await holds.settle("other-lock", "owner")  # nothing pending: returns at once
+        await holds.wait_pending("lock", "other-owner")  # another owner's: no cycle
+        await holds.wait_pending("other-lock", "owner")  # nothing pending: returns at once
         holds.defer("lock", "owner", more())  # runs after this work
         done.append("work")
 
     holds.defer("lock", "owner", work())
-    await asyncio.wait_for(holds.settle("lock", "owner"), timeout=5)
+    await asyncio.wait_for(holds.wait_pending("lock", "owner"), timeout=5)
     assert done == ["other", "work", "more"]
     assert holds.pending() == []
 
@@ -133,7 +142,7 @@ async def test_an_alias_waits_for_the_owners_earlier_ids_and_keeps_the_rule() ->
     assert alias == "c:a5:x:me"
 
     async def next_acquire() -> None:
-        await holds.settle("lock", alias)
+        await holds.wait_pending("lock", alias)
         order.append("acquire")
 
     waiting = asyncio.create_task(next_acquire())
@@ -147,11 +156,11 @@ async def test_an_alias_waits_for_the_owners_earlier_ids_and_keeps_the_rule() ->
 
     async def settles_its_alias() -> None:
         try:
-            await holds.settle("lock", alias)
+            await holds.wait_pending("lock", alias)
         except RuntimeError as exc:
             raised.append(exc)
 
     holds.defer("lock", "c:x:me", settles_its_alias())
-    await asyncio.wait_for(holds.settle("lock", "c:x:me"), 5)
+    await asyncio.wait_for(holds.wait_pending("lock", "c:x:me"), 5)
     assert len(raised) == 1
     holds.clear()

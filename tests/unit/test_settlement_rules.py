@@ -78,7 +78,7 @@ def now() -> float:
 async def settled(lock: AsyncRLock, owner: str = ID) -> None:
     """Wait for the owner's settlements on the lock (what its next acquire waits for)."""
 
-    await lock.services.holds.settle(lock.keys.lock, owner)
+    await lock.services.holds.wait_pending(lock.keys.lock, owner)
 
 
 def held_count(lock: AsyncRLock) -> int:
@@ -157,7 +157,7 @@ async def test_an_acquire_past_its_wait_has_its_late_grant_undone(
     reply = Held()
     runner.script(ACQUIRE, reply)
     runner.answer(RELEASE, 0)
-    runner.answer(WAKE, 0)  # its try was in flight: its client leaves the waiting set
+    runner.answer(WAKE, 1)  # it left with a try unanswered: its client leaves the waiting set
     began = now()
     assert await lock.try_lock(wait=0.5, lease=LEASE) is False
     assert now() == pytest.approx(began + 0.5)
@@ -265,7 +265,7 @@ async def test_a_resent_call_carries_the_same_request_id_and_the_resend_mark(
     assert void.name == VOID
     assert void.args[0] == ID
     assert request_of(first) in void.args[2:]
-    assert release.name == RELEASE  # not the plain command: the hold had a fault
+    assert release.name == RELEASE  # not the bare command: the hold had a fault
     assert held_count(lock) == 0
 
 
@@ -323,7 +323,7 @@ async def test_a_permit_acquire_cancelled_in_flight_is_undone_under_its_permit_i
     reply.answer([0, 1, round(LEASE * 1000)])
     [acquire] = runner.named("semaphore/acquire")
     permit = acquire.args[1]
-    await services.holds.settle(permits_of(semaphore).keys.lock, permit)
+    await services.holds.wait_pending(permits_of(semaphore).keys.lock, permit)
     [undo] = runner.named("semaphore/release")
     assert undo.args[0] == permit
     assert undo_of(undo) == request_of(acquire)
@@ -430,7 +430,7 @@ async def test_a_grant_that_reentered_holds_the_client_never_saw_is_cut_back_to_
     await settled(lock)
     drops = runner.named(RELEASE)
     assert len(drops) == 2
-    assert all(undo_of(sent) is None for sent in drops)  # plain releases, not undos
+    assert all(undo_of(sent) is None for sent in drops)  # releases, not undos
     assert "had 2 hold(s) of this owner the client never saw" in caplog.text
 
 

@@ -62,7 +62,7 @@ class _Services:
         return self
 
 
-class _Keeper:
+class _Watch:
     """Records what a fair waiter asks of the keep-alive."""
 
     def __init__(self) -> None:
@@ -260,8 +260,8 @@ async def test_a_named_waiter_joins_an_existing_entry_before_its_first_try(servi
 
 async def test_a_hand_off_wakes_only_the_owner_it_names(services: Any) -> None:
     counters = NameCounters()
-    keeper = _Keeper()
-    waits = {name: NamedWait(services, CHANNEL, counters, name, keeper) for name in "abc"}
+    watch = _Watch()
+    waits = {name: NamedWait(services, CHANNEL, counters, name, watch) for name in "abc"}
     parked = {name: wait.park(60) for name, wait in waits.items()}
     entry = entry_of(services)
     entry.deliver(b"b")
@@ -269,15 +269,15 @@ async def test_a_hand_off_wakes_only_the_owner_it_names(services: Any) -> None:
     assert parked["b"].result() is True
     entry.deliver(b"nobody-here")  # a hand-off to another client's waiter: none woken here
     assert [name for name, waiter in parked.items() if waiter.done()] == ["b"]
-    entry.wake_named("c")  # its place in the queue was lost (the keeper): it tries again now
+    entry.wake_named("c")  # its place in the queue was lost (the watch): it tries again now
     assert parked["c"].result() is True
     assert not parked["a"].done()
     waits["b"].park(60)  # parks again: counted once
     for wait in waits.values():
         wait.leave(granted=False)
     # Each call is counted from its start to its end, and each waiter from its first park to
-    # its leaving; the keeper reads their names from the entry they park on.
-    assert keeper.calls == [
+    # its leaving; the watch reads their names from the entry they park on.
+    assert watch.calls == [
         "begin a",
         "begin b",
         "begin c",

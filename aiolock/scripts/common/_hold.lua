@@ -4,7 +4,7 @@
 --
 -- The lock hash: <owner> -> hold count, 'f:<owner>' -> that hold's fencing token, 'r:<owner>'
 -- -> the last request of the owner applied (owner/request id), for resend safety: every field
--- of a hold is named by its owner, so that a release that is a plain command (HDEL of them,
+-- of a hold is named by its owner, so that a release that is a bare command (HDEL of them,
 -- see the plain lock's release in aiolock/_core/release.py) ends that owner's hold and touches no
 -- other owner's; 'x:<owner>' -> an acquire
 -- request of that owner undone before it was applied, which a late copy must not apply;

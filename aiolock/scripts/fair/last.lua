@@ -1,6 +1,6 @@
 -- The owner's last release of a fair lock with no fault around it, as its client knows (one
 -- hold, its acquire not resent, no release of the owner resent lately): the fields of its
--- hold end in one HDEL, as the plain lock's plain release (aiolock/_core/release.py), and the
+-- hold end in one HDEL, as the plain lock's HDEL release (aiolock/_core/release.py), and the
 -- lock, now free, is granted to the next waiter (see hand_over in _queue.lua).
 --
 -- KEYS[1]  the lock hash

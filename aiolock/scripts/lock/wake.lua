@@ -1,4 +1,4 @@
--- Hand on a wake-up of the plain lock: after a plain release that removed ':w' (its client
+-- Hand on a wake-up of the plain lock: after a release by a bare HDEL that removed ':w' (its client
 -- publishes what the release script would have), or for a client that leaves the wait with
 -- no call of its own waiting any more.
 --

@@ -1,7 +1,7 @@
 """What a fault-free cycle of the plain lock costs on the server, counted by the server itself.
 
 An uncontended acquire + release is 6 commands (``EVALSHA``, ``EXISTS``, ``INCR``, ``HSET``,
-``PEXPIRE``; ``HDEL``: the release is a plain command) and publishes nothing; a release
+``PEXPIRE``; ``HDEL``: the release is a bare command) and publishes nothing; a release
 publishes only when a waiter was refused by that incarnation of the lock, and that waiter is
 then woken by it.  The release of a hold whose acquire was refused on the way is the script
 (``EVALSHA``, ``HMGET``, ``DEL``, and ``PUBLISH`` in the same call).
@@ -124,6 +124,6 @@ async def test_a_hold_whose_acquire_was_refused_is_released_by_the_script(
     ran = await counted(redis, lock.unlock)
     assert ran.get("evalsha") == 1, ran
     assert "hdel" not in ran, ran
-    async with lock.acquire(wait=5):  # uncontended again: the plain command
+    async with lock.acquire(wait=5):  # uncontended again: the bare command
         pass
     assert not await lock.is_locked()

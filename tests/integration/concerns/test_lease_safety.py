@@ -72,7 +72,7 @@ async def test_force_unlock_is_noticed_within_one_period(make_client: MakeClient
     with pytest.raises(aiolock.LockLostError, match="taken"):
         async with lock.acquire(wait=0) as guard:
             lost = asyncio.Event()
-            lock.held().listeners.append(lost.set)  # the guard's hold
+            lock.caller_hold().listeners.append(lost.set)  # the guard's hold
             forced_at = loop.time()
             assert await other.lock("taken").force_unlock()
             await asyncio.wait_for(lost.wait(), timeout=2)

@@ -21,7 +21,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 import aiolock
 from aiolock import _scripts
-from aiolock._core.settlement import Copies
+from aiolock._core.settlement import ReleaseCopies
 from aiolock.fair.queue import FairKeys
 from aiolock.semaphore import permits_of
 from aiolock.testing.pytest_plugin import ServerInfo
@@ -564,7 +564,7 @@ async def _resent_release(lock: Any, owner: str, left: int) -> Any:
     services = lock.services
     request = services.owners.next_request()
     release = lock.release_call(owner, request, None)
-    copies = Copies()  # what Calls.run's on_send tells the release: a copy, then a resend
+    copies = ReleaseCopies()  # what Calls.run's on_send tells the release: a copy, then a resend
     copies.sending(False)
     copies.sending(True)
     assert await services.calls.run(*release) == left  # the resend lands
@@ -746,7 +746,7 @@ async def test_an_owner_goes_by_its_own_id_again_after_the_window(
     aiolock_client: aiolock.Client,
 ) -> None:
     """The other id lasts the resend window, and as long as a hold made under it: no longer
-    (a plain release's outcome left unknown is what starts it)."""
+    (a bare-command release's outcome left unknown is what starts it)."""
     services = services_of(aiolock_client)
     lock = aiolock_client.lock("realiased")
     owner, _ = lock.current_owner()
@@ -786,7 +786,7 @@ async def test_an_acquire_sent_while_a_release_is_resent_does_not_refuse_that_re
     await lock.lock()
     request = services.owners.next_request()
     release = lock.release_call(owner, request, None)
-    copies = Copies()
+    copies = ReleaseCopies()
     copies.sending(False)  # the first copy, on a connection that then fails
     copies.sending(True)  # the resend, not answered yet
     reentry = lock.attempt_call(owner, services.owners.next_request(), 30_000)

@@ -158,7 +158,7 @@ def part_statistics(lock: Any) -> Sequence[LockStatistics]:
 
 def granted(lock: Any) -> list[Hold]:
     """The calling owner's holds of every part of ``lock``, right after an acquire."""
-    return [part.held() for part in singles(lock)]
+    return [part.caller_hold() for part in singles(lock)]
 
 
 def token_of(lock: Any) -> object:

@@ -22,7 +22,7 @@ async def test_holds_every_part_or_none(
     a, b = aiolock_client.lock("a"), other.fair_lock("b")
     both = aiolock.MultiLock(a, b)
     async with both.acquire(wait=1) as guard:
-        assert guard.fencing_token == (a.held().token, b.held().token)
+        assert guard.fencing_token == (a.caller_hold().token, b.caller_hold().token)
         assert await both.is_locked()
         assert await both.is_held()
         assert await both.hold_count() == 1

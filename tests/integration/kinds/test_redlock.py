@@ -52,7 +52,7 @@ async def test_a_grant_holds_every_server_and_unlock_frees_them(
 ) -> None:
     redlock = aiolock.RedLock(clients, "orders:1")
     async with redlock.acquire(wait=1) as guard:
-        tokens = [part.held().token for part in redlock.parts]
+        tokens = [part.caller_hold().token for part in redlock.parts]
         assert guard.fencing_token == max(tokens)
         assert await locked_on(clients, "orders:1") == [True] * 5
         assert await redlock.is_locked()

@@ -4,7 +4,7 @@ A parked waiter does not try again, neither to keep its place nor when the lease
 out: its client's :class:`~aiolock.fair.alive.AliveKey` keeps its place, and looks at the lock
 when a lease this client knows of runs out (expiry publishes nothing) and at least once a
 ``fair_wait_timeout``, handing a free lock over to its queue's first live waiter.  What it needs
-to know of each lock is here (:class:`KeepAlive`, one per lock name), with the record of the
+to know of each lock is here (:class:`QueueWatch`, one per lock name), with the record of the
 calls of each owner that the lock's tries read.
 """
 
@@ -19,14 +19,14 @@ from .entry import NamedEntry
 from .queue import FairKeys
 from .waiting import Turns
 
-__all__ = ["KeepAlive"]
+__all__ = ["QueueWatch"]
 
 _RESAMPLE = 10.0
 """How old (s) the sample of the server's clock may be for a try to send its lower bound of
 the server's time instead of having the script read the clock (and so sample it again)."""
 
 
-class KeepAlive:
+class QueueWatch:
     """This client's part in one fair lock's queue: its parked waiters, and when to look.
 
     The waiters' places are kept by the client's :class:`~aiolock.fair.alive.AliveKey` of the
@@ -50,7 +50,7 @@ class KeepAlive:
         "due",
         "keys",
         "look_at",
-        "once",
+        "single_tries",
     )
 
     def __init__(self, keys: FairKeys, alive: AliveKey, turns: Turns) -> None:
@@ -63,7 +63,7 @@ class KeepAlive:
         # Owners making one attempt that will not wait (try_lock(wait=0), a composite's part),
         # with how many such calls each has in flight: their tries ask for no grant from the
         # queue (the withdraw that follows a refusal would have to take it back).
-        self.once: dict[str, int] = {}
+        self.single_tries: dict[str, int] = {}
         # The acquire calls of each owner in progress: -1 for one that has not tried yet (its
         # first try tells the server the owner has nothing there: no place to look for), its
         # member of the queue for one that took a place (its retries and its withdraw name
@@ -88,12 +88,12 @@ class KeepAlive:
         """Whether this try of ``owner`` is the first of its only waiting call, so that the
         owner has nothing on the server (its earlier calls' withdraws were settled first; one
         that gave up is remembered: see ``AsyncFairLock._left_behind``).
-        Not for a call that will not wait (``once``): it reads the lock hash, and so adopts a
-        grant from the queue its owner may have had since a withdraw that never landed."""
+        Not for a call that will not wait (``single_tries``): it reads the lock hash, and so
+        adopts a grant from the queue its owner may have had since a withdraw that never landed."""
         if self._calls.get(owner) != -1:
             return False
         self._calls[owner] = 1
-        return owner not in self.once
+        return owner not in self.single_tries
 
     def server_ms(self) -> int | None:
         """This client's lower bound of the server's time now (ms), from a sample of its clock
@@ -156,5 +156,5 @@ class KeepAlive:
 
 
 def _count(calls: int | str) -> int:
-    """How many calls a :attr:`KeepAlive._calls` value stands for."""
+    """How many calls a :attr:`QueueWatch._calls` value stands for."""
     return 1 if isinstance(calls, str) or calls == -1 else calls
