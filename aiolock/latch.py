@@ -17,7 +17,7 @@ from . import _scripts
 from ._core.keys import LockKeys
 from ._core.services import Services
 from ._core.validate import check_timeout
-from ._redis.pubsub import BroadcastEntry
+from ._redis.entry import BroadcastEntry
 
 __all__ = ["AsyncCountDownLatch"]
 

@@ -49,7 +49,7 @@ from ._core.metrics import lock_extra
 from ._core.services import Services
 from ._core.validate import check_name
 from ._core.waiting import ChannelWait, WaitStrategy
-from ._redis.pubsub import BroadcastEntry
+from ._redis.entry import BroadcastEntry
 from .errors import LockError
 
 __all__ = ["AsyncReadLock", "AsyncReadWriteLock", "AsyncWriteLock", "describe"]

@@ -28,9 +28,10 @@ import aiolock
 from aiolock._core.keys import LockKeys
 from aiolock._core.kind import HoldKind, LockKind
 from aiolock._core.services import Services
-from aiolock._redis.calls import Calls, write
+from aiolock._redis.calls import Calls
 from aiolock._redis.cluster import ClusterCalls
-from aiolock._redis.pubsub import Entry
+from aiolock._redis.entry import Entry
+from aiolock._redis.wire import write
 from aiolock.rw import RWKeys
 from aiolock.semaphore import permits_of
 

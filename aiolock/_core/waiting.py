@@ -21,7 +21,7 @@ import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
-from .._redis.pubsub import Contention, Entry
+from .._redis.entry import Contention, Entry
 from .holds import NameCounters
 
 if TYPE_CHECKING:

@@ -43,11 +43,11 @@ from redis.exceptions import AskError, ClusterDownError, RedisError, ResponseErr
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from .calls import write
 from .tasks import Background, cancel, supervise
+from .wire import write
 
 if TYPE_CHECKING:
-    from .pubsub import Entry
+    from .entry import Entry
 
 __all__ = ["Listener", "Subscriber", "SubscriberSource"]
 

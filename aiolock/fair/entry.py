@@ -18,7 +18,7 @@ import math
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from .._redis.pubsub import Contention, Entry
+from .._redis.entry import Contention, Entry
 
 __all__ = ["Grant", "NamedCall", "NamedEntry"]
 

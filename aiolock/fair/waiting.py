@@ -13,7 +13,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any, Protocol
 
 from .._core.holds import NameCounters
-from .._redis.pubsub import Entry
+from .._redis.entry import Entry
 from .entry import Grant, NamedCall, NamedEntry
 
 if TYPE_CHECKING:

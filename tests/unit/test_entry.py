@@ -8,7 +8,7 @@ import pytest
 from redis.exceptions import NoPermissionError
 
 from aiolock._core.holds import NameCounters
-from aiolock._redis.pubsub import BroadcastEntry, Entry
+from aiolock._redis.entry import BroadcastEntry, Entry
 from aiolock.fair.entry import Grant, NamedCall, NamedEntry
 
 pytestmark = pytest.mark.anyio

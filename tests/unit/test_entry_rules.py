@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from aiolock._redis.pubsub import BroadcastEntry, Entry
+from aiolock._redis.entry import BroadcastEntry, Entry
 from tests.unit.virtual_clock import VirtualClockLoop
 
 pytestmark = pytest.mark.anyio

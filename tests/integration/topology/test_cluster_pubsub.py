@@ -25,7 +25,7 @@ from redis.exceptions import ResponseError
 
 import aiolock
 from aiolock._redis import cluster as _cluster
-from aiolock._redis.pubsub import Entry
+from aiolock._redis.entry import Entry
 from aiolock._redis.subscriber import Subscriber
 from aiolock.testing.embedded import EmbeddedCluster
 from aiolock.testing.pytest_plugin import ServerInfo

@@ -16,7 +16,8 @@ from redis.asyncio import ConnectionPool, RedisCluster
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 import aiolock
-from aiolock._redis.pubsub import Entry, Home, PubSub
+from aiolock._redis.entry import Entry
+from aiolock._redis.pubsub import Home, PubSub
 from aiolock.testing.pytest_plugin import ServerInfo
 from tests.chaos.proxy import FreezableProxy
 from tests.helpers import eventually
