@@ -20,9 +20,10 @@ from ._core.guard import LockGuard
 from ._core.holds import Hold
 from ._core.hooks import Call, release_args
 from ._core.keys import LockKeys
-from ._core.kind import LockKind, LockStatistics
+from ._core.kind import LockKind
 from ._core.services import Services
 from ._core.settlement import Attempt
+from ._core.state import LockStatistics
 from ._core.waiting import ClientWait, WaitStrategy
 
 __all__ = ["AsyncRLock", "LockGuard", "LockStatistics", "ReentrantKind"]

@@ -27,10 +27,11 @@ from ._core.holds import Hold
 from ._core.hooks import Call, release_args
 from ._core.inspection import Holder, ServerState, Snapshot, as_str, seconds, server_ms
 from ._core.keys import LockKeys, hash_tag, marks_of
-from ._core.kind import HoldKind, LockStatistics
+from ._core.kind import HoldKind
 from ._core.metrics import traced
 from ._core.services import Services
 from ._core.settlement import Attempt
+from ._core.state import LockStatistics
 from ._core.validate import check_lease, check_permits, check_wait
 from ._core.waiting import ChannelWait, WaitStrategy
 from .errors import LockLostError, LockNotOwnedError, LockTimeoutError

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 
 from .holds import Hold
-from .kind import LockKind, LockStatistics
+from .kind import LockKind
+from .state import LockStatistics
 
 __all__ = ["CompositeHold", "CompositeStatistics", "release_all", "start_releases"]
 

@@ -27,8 +27,8 @@ from .services import Services
 from .waiting import MessageGrant, WaitStrategy
 
 if TYPE_CHECKING:
-    from .kind import NameState
     from .settlement import Attempt
+    from .state import NameState
 
 __all__ = ["Call", "KindHooks", "release_args"]
 

@@ -28,7 +28,8 @@ from redis.asyncio import Redis
 
 import aiolock
 from aiolock._core.holds import Hold
-from aiolock._core.kind import HoldKind, LockKind, LockStatistics
+from aiolock._core.kind import HoldKind, LockKind
+from aiolock._core.state import LockStatistics
 from aiolock.semaphore import permits_of
 from tests.helpers import assert_clean, evalsha_calls, eventually, services_of
 
