@@ -79,7 +79,7 @@ class ReentrantKind(LockKind):
             mark = "~"
         else:
             mark = ""
-        return f"{mark}{time.time_ns() // 1_000_000} {self._client} {self._kept_ms()}"
+        return f"{mark}{time.time_ns() // 1_000} {self._client} {self._kept_ms()}"
 
     @property
     def _client(self) -> str:
@@ -96,7 +96,7 @@ class ReentrantKind(LockKind):
         counters = self._counters
         if not counters.contenders or not self._published():
             return ""
-        more = f"{time.time_ns() // 1_000_000} {self._client}"
+        more = f"{time.time_ns() // 1_000} {self._client}"
         now = time.monotonic()
         if now >= counters.waiting_kept_until:
             kept = self._kept_ms()

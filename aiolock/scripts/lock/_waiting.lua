@@ -1,9 +1,9 @@
 -- The plain lock's waiting clients, included by the scripts that wake them (not run alone).
 --
 -- A sorted set beside the lock (LockKeys.waiting): client id -> its order (the client's clock
--- in ms when it entered).  A client enters when a try of one of its calls is refused
--- (lock/acquire.lua), and again when it releases the lock while other calls of its own wait
--- (the more argument below).  The last release of a lock marked waited for (':w') pops the
+-- in microseconds when it entered).  A client enters when a try of one of its calls is
+-- refused (lock/acquire.lua), and again when it releases the lock while other calls of its
+-- own wait (the more argument below).  The last release of a lock marked waited for (':w') pops the
 -- first client and publishes its id: that client alone wakes one of its waiters, so one try
 -- follows a release however many clients wait.  A client named that cannot use the wake-up
 -- (its waiters left) hands it on (lock/wake.lua); one that died took it with it, and the

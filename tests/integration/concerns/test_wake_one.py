@@ -144,7 +144,7 @@ async def test_a_named_client_whose_waiter_left_hands_the_wake_up_on(
     # As a release would: the first client is named (popped), the lock is free; the wake-up
     # never reaches its waiter, which is cancelled instead.
     keys = keys_of(holder)
-    await redis.zpopmin(keys.waiting)
+    assert await redis.zrem(keys.waiting, client_id_of(gone.client)) == 1
     await redis.delete(keys.lock)
     gone.task.cancel()
     # Its client hands the wake-up on: the other waiter tries now, not when the lease it
