@@ -461,6 +461,36 @@ class Holds:
                     # that failed) outlived its lease.
                     loop.call_soon(self._check_lease, at)
 
+    # -- a release made off the loop (aiolock.sync's calling thread) --------------------------
+
+    def release_begun(self, key: str, owner: str, began: float) -> None:
+        """What :meth:`releasing` marks as its block begins, from any thread: a thread that
+        sends the owner's release itself marks it before it writes it (one dict and one list
+        step, each atomic under the GIL), so that a renewal answered meanwhile is no verdict.
+        ``began``: the loop's clock then (``loop.time()``, which any thread may read).
+        :meth:`release_ended` is posted to the loop with the reply."""
+        self._releasing.setdefault((key, owner), []).append(began)
+
+    def release_ended(self, key: str, owner: str, began: float) -> None:
+        """On the loop: the release marked by :meth:`release_begun` is answered (or its
+        outcome handed to settlement), as :meth:`releasing`'s block ends."""
+        at = (key, owner)
+        starts = self._releasing[at]
+        starts.remove(began)
+        if not starts:
+            del self._releasing[at]
+            if at in self._lapsed:
+                self._lapsed.discard(at)
+                asyncio.get_running_loop().call_soon(self._check_lease, at)
+
+    def quiet(self, key: str, owner: str) -> bool:
+        """Whether no fault left anything on record for the owner on ``key``: no pending
+        settlement, no other id (:meth:`alias`), no late release (:meth:`late_releases`).
+        Dict lookups only, so that aiolock.sync's calling thread may ask before it sends a
+        first try or a release itself (the loop path waits for such work first)."""
+        at = (key, owner)
+        return at not in self._pending and at not in self._aliases and at not in self._late
+
     def _check_lease(self, at: tuple[str, str]) -> None:
         hold = self._holds.get(at)
         if hold is not None and asyncio.get_running_loop().time() >= hold.expires_at:

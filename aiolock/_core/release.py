@@ -230,6 +230,49 @@ class Releasing(KindHooks):
 
         return unknown
 
+    # -- the release made off the loop (aiolock.sync) ----------------------------------------
+    #
+    # A blocking caller may send the owner's last release itself, when it is the plain command
+    # (the kind's, e.g. ``ReentrantKind.plain_release``), and post the outcome here; see
+    # ``Acquiring.first_try_off_loop`` for the first try.
+
+    def releasing_off_loop(self, owner: str, now: float) -> int | None:
+        """From any thread: the request id of a release of ``owner``'s one hold that its
+        caller sends itself, marked in flight from ``now`` (the loop's clock) as
+        :meth:`release_one` marks its own (a renewal answered meanwhile is no verdict); or
+        ``None`` when the release must be the loop's (the client is closed, or a fault left
+        something on record for the owner).  :meth:`released_off_loop` ends it, on the loop."""
+        services = self._services
+        if services.closed or not services.holds.quiet(self._keys.lock, owner):
+            return None
+        services.holds.release_begun(self._hold_key, owner, now)
+        return services.owners.next_request()
+
+    def released_off_loop(
+        self, owner: str, request: int, began: float, outcome: int | BaseException | None
+    ) -> None:
+        """On the loop: the release :meth:`releasing_off_loop` marked is over, and
+        ``outcome`` says how: the plain command's reply (the fields it removed), read as
+        :meth:`_release_by_command` reads it; ``None``, never written (its caller goes on to
+        the loop path); or the error that left it unknown, which settlement completes, as
+        for a caller of :meth:`release_one` that left."""
+        holds = self._services.holds
+        key = self._hold_key
+        if isinstance(outcome, BaseException):
+            copies = Copies()
+            copies.sending(False)
+            work: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            work.set_exception(outcome)
+            self._last_unknown(owner, request, copies)(work)
+            holds.release_ended(key, owner, began)
+            return
+        holds.release_ended(key, owner, began)
+        if outcome is None:
+            return
+        remaining = self._read_removed(outcome, owner)
+        holds.released(key, owner, remaining)
+        self.settlement.check_count(owner, 0, remaining)
+
     # -- wake-ups ----------------------------------------------------------------------------
 
     async def wake_others(self) -> None:

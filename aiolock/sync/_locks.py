@@ -19,7 +19,9 @@ from .._core.habits import teaching
 from .._core.names import NameTemplate
 from .._core.validate import check_lease, check_wait
 from ..client import Client as AsyncClient
-from ..lock import LockStatistics
+from ..lock import LockStatistics, ReentrantKind
+from . import _direct
+from ._loop import refuse_in_loop
 from ._run import run
 
 if TYPE_CHECKING:
@@ -74,6 +76,24 @@ class Lock:
         target = self.target()
         return run(self._clients, getattr(target, call), f"await lock.{call}()", undo)
 
+    def direct(self) -> ReentrantKind | None:
+        """The async lock, if the calling thread may send its first try and its release
+        itself (``_direct.py``): a plain or spin lock of one client, its owner the thread."""
+        if len(self._clients) != 1 or self._clients[0].line() is None:
+            return None
+        target = self.target()
+        if not isinstance(target, ReentrantKind) or target.explicit_owner is not None:
+            return None
+        return target
+
+    def loop_path(self) -> None:
+        """The calling thread's next call on the lock changes it on the loop: what the
+        thread took by itself is the loop's to know from now on."""
+        if len(self._clients) == 1:
+            target = self._made[1] if self._made is not None else None
+            if isinstance(target, ReentrantKind):
+                self._clients[0].taken().pop(target.registry_key, None)
+
     @property
     def name(self) -> str:
         return str(self.target().name)
@@ -87,6 +107,12 @@ class Lock:
     @teaching
     def try_lock(self, wait: float | None = 0, lease: float | None = None) -> bool:
         """Acquire the lock, waiting at most ``wait`` seconds (``None``: forever)."""
+        refuse_in_loop("await lock.try_lock()")
+        wait, lease = check_wait(wait), check_lease(lease)
+        direct = self.direct()
+        if direct is not None and _direct.acquire(self._clients[0], direct, lease):
+            return True
+        self.loop_path()
         target = self.target()
 
         async def undo(held: bool) -> None:
@@ -101,6 +127,12 @@ class Lock:
     @teaching
     def lock(self, lease: float | None = None) -> None:
         """Acquire the lock, waiting as long as it takes."""
+        refuse_in_loop("await lock.lock()")
+        lease = check_lease(lease)
+        direct = self.direct()
+        if direct is not None and _direct.acquire(self._clients[0], direct, lease):
+            return
+        self.loop_path()
         target = self.target()
 
         async def undo(_: None) -> None:
@@ -141,6 +173,11 @@ class Lock:
     @teaching
     def unlock(self) -> None:
         """Release one hold; :class:`~aiolock.LockNotOwnedError` if the thread holds none."""
+        refuse_in_loop("await lock.unlock()")
+        direct = self.direct()
+        if direct is not None and _direct.release(self._clients[0], direct):
+            return
+        self.loop_path()
         self._run("unlock")
 
     def force_unlock(self) -> bool:
@@ -238,6 +275,7 @@ class GuardContext:
         async def undo(_: Any) -> None:
             await context.__aexit__(None, None, None)
 
+        self._lock.loop_path()
         guard = run(self._lock.clients(), context.__aenter__, "async with lock.acquire()", undo)
         return Guard(self._lock, guard)
 
@@ -248,6 +286,7 @@ class GuardContext:
         tb: TracebackType | None,
     ) -> None:
         context = self._context
+        self._lock.loop_path()
         run(
             self._lock.clients(),
             lambda: context.__aexit__(exc_type, exc, tb),

@@ -1,0 +1,292 @@
+"""The first try and the release of a plain lock, sent by the calling thread itself.
+
+A blocking call that hops to the loop thread and back costs two thread switches, more than the
+call to Redis on loopback.  So for the plain and spin locks (``ReentrantKind``, its owner the
+thread), the calling thread sends the owner's first try itself, over a blocking connection of
+the client's own (:class:`Line`, made with the async pool's connection options), with the
+call the engine builds (``first_try_off_loop``: the same script and arguments), and posts a
+fresh grant to the loop without waiting for it (``record_off_loop``): the loop records it as
+a grant of its own (the watchdog renews it, its timer, statistics).  The owner's last release,
+when it is the plain command (``plain_release``), goes the same way: marked in flight first
+(``releasing_off_loop``), its outcome posted (``released_off_loop``).  Everything else is the
+loop's: a refusal (the wait loop parks), a re-entry, a fault, any other reply.
+
+Who sees what when: every post is a callback queued on the loop in the order the thread made
+it (``call_soon_threadsafe``), and the thread's later blocking calls are queued after them, so
+the loop path always finds the thread's holds recorded and released.  The thread keeps its own
+record of the hold it took here (:class:`Taken`, per lock), since the loop may not have run
+the post yet when the thread releases or acquires again.
+
+An outcome the thread cannot know (a fault or an interrupt once the call was written) is the
+loop's settlement's: posted as ``settlement.acquire_unknown`` (the grant undone exactly, if
+there was one) or ``released_off_loop`` with the error (the release completed).  An interrupt
+waits for that settlement before it is raised, so that nothing is left behind; any other fault
+goes on to the loop path, which waits for it first.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final
+
+import redis
+from redis.asyncio import Redis as AsyncRedis
+from redis.asyncio import connection as async_connection
+from redis.backoff import NoBackoff
+from redis.exceptions import ResponseError
+from redis.retry import Retry
+
+from .._core.settlement import Attempt
+from ..errors import LockNotOwnedError
+from ..lock import ReentrantKind
+from ._run import settle
+
+if TYPE_CHECKING:
+    from ._client import Client
+
+__all__ = ["Line", "Taken", "acquire", "release"]
+
+# The async pool's connection classes and the blocking ones that speak the same (a sentinel's
+# managed connection, or any other class, has no counterpart here: no line, the loop's path).
+_BLOCKING: Final[dict[type[Any], type[Any]]] = {
+    async_connection.Connection: redis.Connection,
+    async_connection.SSLConnection: redis.SSLConnection,
+    async_connection.UnixDomainSocketConnection: redis.UnixDomainSocketConnection,
+}
+# The connection options a line takes from the async pool (where, who, how long, TLS): not its
+# retry policy (the line never resends: a fault is the loop's settlement's) nor redis-py's
+# async-only helpers.
+_OPTIONS: Final = frozenset(
+    {
+        "host",
+        "port",
+        "path",
+        "db",
+        "username",
+        "password",
+        "credential_provider",
+        "socket_timeout",
+        "socket_connect_timeout",
+        "socket_keepalive",
+        "socket_keepalive_options",
+        "client_name",
+        "lib_name",
+        "lib_version",
+        "encoding",
+        "encoding_errors",
+        "decode_responses",
+        "protocol",
+        "ssl_keyfile",
+        "ssl_certfile",
+        "ssl_cert_reqs",
+        "ssl_ca_certs",
+        "ssl_ca_data",
+        "ssl_check_hostname",
+        "ssl_min_version",
+        "ssl_ciphers",
+    }
+)
+
+
+class Line:
+    """The blocking connections of one async client, for its threads' own calls (a redis-py
+    ``ConnectionPool`` with the async pool's options, never resending)."""
+
+    __slots__ = ("pool",)
+
+    def __init__(self, pool: redis.ConnectionPool) -> None:
+        self.pool = pool
+
+    @classmethod
+    def of(cls, client: Any) -> Line | None:
+        """A line to the server of ``client`` (a ``redis.asyncio`` client); ``None`` for a
+        Cluster, a sentinel's or any connection this module does not know."""
+        if not isinstance(client, AsyncRedis):
+            return None
+        pool = client.connection_pool
+        blocking = _BLOCKING.get(pool.connection_class)
+        kwargs = pool.connection_kwargs
+        if blocking is None or kwargs.get("redis_connect_func") is not None:
+            return None
+        options = {name: value for name, value in kwargs.items() if name in _OPTIONS}
+        return cls(
+            redis.ConnectionPool(
+                connection_class=blocking,
+                max_connections=pool.max_connections,
+                retry=Retry(NoBackoff(), 0),
+                **options,
+            )
+        )
+
+    def close(self) -> None:
+        self.pool.disconnect()
+
+
+class Taken:
+    """What the calling thread knows of the hold it took on one lock by its own first try.
+
+    :ivar token: the hold's fencing token.
+    :ivar released: its release was sent here too (the loop may not have recorded it yet).
+    """
+
+    __slots__ = ("released", "token")
+
+    def __init__(self, token: int) -> None:
+        self.token = token
+        self.released = False
+
+
+class _Unknown(Exception):
+    """What settlement is told of a call whose outcome the thread could not read."""
+
+
+def _owner(client: Client, target: ReentrantKind) -> tuple[str, asyncio.AbstractEventLoop, Line]:
+    made, loop = client.engine()
+    line = client.line()
+    assert line is not None
+    return client.thread_owner(made), loop, line
+
+
+def _post(loop: asyncio.AbstractEventLoop, callback: Callable[[], object]) -> None:
+    loop.call_soon_threadsafe(callback)
+
+
+def acquire(client: Client, target: ReentrantKind, lease: float | None) -> bool:
+    """The calling thread's first try of ``target``, sent by itself: ``True`` once it holds
+    the lock; ``False`` when the loop path must acquire (after anything but a fresh grant, with
+    an unknown outcome handed to settlement first).  An interrupt is raised once settled."""
+    owner, loop, line = _owner(client, target)
+    taken = client.taken()
+    mine = taken.get(target.registry_key)
+    if mine is not None and not mine.released:
+        return False  # a re-entry: the loop's
+    hold = target.hold(owner)
+    if hold is not None and (mine is None or hold.token != mine.token):
+        return False  # a hold the loop path made (a re-entry), or one not ours to reason about
+    started = loop.time()
+    prepared = target.first_try_off_loop(owner, lease, started)
+    if prepared is None:
+        return False
+    attempt, (script, keys, args) = prepared
+    pool = line.pool
+    try:
+        conn = pool.get_connection()  # connects: a failure here sent nothing
+    except Exception:
+        return False
+    # Until the grant is posted, an interrupt or a fault leaves an outcome the loop must settle
+    # (undo it, if granted); once posted, the hold is the loop's like any other.
+    unknown = posted = False
+    try:
+        attempt.sent_at = loop.time()
+        unknown = True
+        conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)  # type: ignore[no-untyped-call]
+        reply = conn.read_response()
+        grant = target.grant_of(reply, attempt.lease_ms)
+        if grant is None:
+            return False  # refused: the loop's wait
+        if not target.fresh_off_loop(attempt, grant):
+            unknown = False
+            _acquire_unknown(loop, target, attempt, reply, None)  # undone exactly
+            return False
+        taken[target.registry_key] = Taken(int(grant[0]))
+        _post(loop, lambda: target.record_off_loop(attempt, grant, started, watchdog=lease is None))
+        posted = True
+    except ResponseError:
+        return False  # a reply (NOSCRIPT, a server's refusal): the loop path sends it again
+    except BaseException as error:
+        conn.disconnect()  # type: ignore[no-untyped-call]
+        if posted:  # interrupted on the way out: the caller never takes the hold
+            taken.pop(target.registry_key, None)
+            settle([client], lambda: target.release_one(owner))
+        elif unknown:
+            _acquire_unknown(loop, target, attempt, None, error)
+            if not isinstance(error, Exception):  # an interrupt: nothing may stay behind
+                settle([client], lambda: target.services.holds.settle(target.keys.lock, owner))
+        if not isinstance(error, Exception):
+            raise
+        return False
+    finally:
+        pool.release(conn)
+    return True
+
+
+def _acquire_unknown(
+    loop: asyncio.AbstractEventLoop,
+    target: ReentrantKind,
+    attempt: Attempt,
+    reply: Any,
+    error: BaseException | None,
+) -> None:
+    """Post an acquire whose grant nobody takes: its reply, or the error that left it unknown
+    (settlement undoes a grant exactly; the owner's next call waits for it)."""
+    failure = None if error is None else _Unknown(f"a thread's own first try failed: {error!r}")
+
+    def hand_over() -> None:
+        work: asyncio.Future[Any] = loop.create_future()
+        if failure is None:
+            work.set_result(reply)
+        else:
+            work.set_exception(failure)
+        target.settlement.acquire_unknown(attempt, work)
+
+    _post(loop, hand_over)
+
+
+def release(client: Client, target: ReentrantKind) -> bool:
+    """Release the hold the calling thread took by its own first try, by the plain command,
+    sent by itself: ``True`` once released; ``False`` when the loop path must.
+
+    :raises LockNotOwnedError: the hold was gone (a loss, recorded on the loop).
+    :raises redis.RedisError: the connection failed with the release written: settlement
+        completes it (as for ``AsyncRLock.unlock``).
+    """
+    taken = client.taken()
+    mine = taken.get(target.registry_key)
+    if mine is None or mine.released:
+        return False
+    owner, loop, line = _owner(client, target)
+    hold = target.hold(owner)
+    if hold is not None and (hold.token != mine.token or hold.count != 1):
+        return False
+    command = target.plain_release(owner, contended=hold is not None and hold.contended)
+    if command is None:
+        return False
+    pool = line.pool
+    try:
+        conn = pool.get_connection()
+    except Exception:
+        return False
+    began = loop.time()
+    request = target.releasing_off_loop(owner, began)
+    if request is None:
+        pool.release(conn)
+        return False
+    # Until the outcome is posted, an interrupt or a fault once written leaves it unknown.
+    unknown = False
+    try:
+        unknown = True
+        conn.send_command(*command)  # type: ignore[no-untyped-call]
+        removed = int(conn.read_response())
+        mine.released = True
+        _post(loop, lambda: target.released_off_loop(owner, request, began, removed))
+        unknown = False
+    except ResponseError:
+        # A reply (a replica's refusal, say): nothing changed; the loop path sends it again.
+        _post(loop, lambda: target.released_off_loop(owner, request, began, None))
+        return False
+    except BaseException as error:
+        conn.disconnect()  # type: ignore[no-untyped-call]
+        if not unknown:  # interrupted on the way out, its outcome posted: the release is done
+            raise
+        mine.released = True
+        failure = _Unknown(f"a thread's own release failed: {error!r}")
+        _post(loop, lambda: target.released_off_loop(owner, request, began, failure))
+        if not isinstance(error, Exception):  # an interrupt: nothing may stay behind
+            settle([client], lambda: target.services.holds.settle(target.keys.lock, owner))
+        raise
+    finally:
+        pool.release(conn)
+    if removed < 3:
+        raise LockNotOwnedError(f"lock {target.name!r} is not held by this owner")
+    return True
