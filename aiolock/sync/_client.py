@@ -117,7 +117,7 @@ class Client:
                 except BaseException:
                     detach(thread)
                     raise
-                self._line = Line.of(made.redis)
+                self._line = Line.of(made.redis, thread.loop)
                 self._async, self._loop = made, thread
             assert self._loop is not None
             return self._async, self._loop.loop

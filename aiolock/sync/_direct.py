@@ -27,6 +27,8 @@ goes on to the loop path, which waits for it first.
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final
 
@@ -45,7 +47,9 @@ from ._run import settle
 if TYPE_CHECKING:
     from ._client import Client
 
-__all__ = ["Line", "Taken", "acquire", "release"]
+__all__ = ["Line", "Posts", "Taken", "acquire", "release"]
+
+logger = logging.getLogger("aiolock")
 
 # The async pool's connection classes and the blocking ones that speak the same (a sentinel's
 # managed connection, or any other class, has no counterpart here: no line, the loop's path).
@@ -90,16 +94,18 @@ _OPTIONS: Final = frozenset(
 
 
 class Line:
-    """The blocking connections of one async client, for its threads' own calls (a redis-py
-    ``ConnectionPool`` with the async pool's options, never resending)."""
+    """One async client's blocking connections, for its threads' own calls (made with the
+    async pool's options, never resending), and the way their outcomes reach the loop."""
 
-    __slots__ = ("pool",)
+    __slots__ = ("_idle", "_make", "_posts")
 
-    def __init__(self, pool: redis.ConnectionPool) -> None:
-        self.pool = pool
+    def __init__(self, make: Callable[[], Any], loop: asyncio.AbstractEventLoop) -> None:
+        self._make = make
+        self._idle: list[Any] = []  # pop and append are atomic: the threads share them
+        self._posts = Posts(loop)
 
     @classmethod
-    def of(cls, client: Any) -> Line | None:
+    def of(cls, client: Any, loop: asyncio.AbstractEventLoop) -> Line | None:
         """A line to the server of ``client`` (a ``redis.asyncio`` client); ``None`` for a
         Cluster, a sentinel's or any connection this module does not know."""
         if not isinstance(client, AsyncRedis):
@@ -110,17 +116,61 @@ class Line:
         if blocking is None or kwargs.get("redis_connect_func") is not None:
             return None
         options = {name: value for name, value in kwargs.items() if name in _OPTIONS}
-        return cls(
-            redis.ConnectionPool(
-                connection_class=blocking,
-                max_connections=pool.max_connections,
-                retry=Retry(NoBackoff(), 0),
-                **options,
-            )
-        )
+        return cls(lambda: blocking(retry=Retry(NoBackoff(), 0), **options), loop)
+
+    def borrow(self) -> Any:
+        """An idle connection, or a new one, connected; an error here sent nothing."""
+        try:
+            conn = self._idle.pop()
+        except IndexError:
+            conn = self._make()
+        conn.connect()
+        # The pool's own check: data or EOF on an idle connection means it is not clean.
+        if conn.can_read():
+            conn.disconnect()
+            conn.connect()
+        return conn
+
+    def give_back(self, conn: Any) -> None:
+        self._idle.append(conn)
+
+    def post(self, callback: Callable[[], object]) -> None:
+        """Run ``callback`` on the loop, after the ones posted before (see :class:`Posts`)."""
+        self._posts.post(callback)
 
     def close(self) -> None:
-        self.pool.disconnect()
+        while self._idle:
+            self._idle.pop().disconnect()
+
+
+class Posts:
+    """Callbacks that threads hand the loop: run there in the order they were posted, before
+    any callback queued on the loop after them, with one wake-up of the loop per batch (a
+    thread's release often follows its grant before the loop has woken)."""
+
+    __slots__ = ("_loop", "_queue", "_scheduled")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._queue: deque[Callable[[], object]] = deque()
+        # A run is queued on the loop and has not begun: it will take what is posted now.
+        self._scheduled = False
+
+    def post(self, callback: Callable[[], object]) -> None:
+        self._queue.append(callback)
+        if not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon_threadsafe(self._run)
+
+    def _run(self) -> None:
+        self._scheduled = False  # first: a callback posted from now on queues another run
+        queue = self._queue
+        while queue:
+            callback = queue.popleft()
+            try:
+                callback()
+            except Exception:  # a bug: the next callbacks still run
+                logger.exception("a callback a thread posted to the loop failed")
 
 
 class Taken:
@@ -148,10 +198,6 @@ def _owner(client: Client, target: ReentrantKind) -> tuple[str, asyncio.Abstract
     return client.thread_owner(made), loop, line
 
 
-def _post(loop: asyncio.AbstractEventLoop, callback: Callable[[], object]) -> None:
-    loop.call_soon_threadsafe(callback)
-
-
 def acquire(client: Client, target: ReentrantKind, lease: float | None) -> bool:
     """The calling thread's first try of ``target``, sent by itself: ``True`` once it holds
     the lock; ``False`` when the loop path must acquire (after anything but a fresh grant, with
@@ -162,16 +208,17 @@ def acquire(client: Client, target: ReentrantKind, lease: float | None) -> bool:
     if mine is not None and not mine.released:
         return False  # a re-entry: the loop's
     hold = target.hold(owner)
-    if hold is not None and (mine is None or hold.token != mine.token):
-        return False  # a hold the loop path made (a re-entry), or one not ours to reason about
+    if hold is not None and (mine is None or hold.token > mine.token):
+        # A hold the loop path made: a re-entry.  (One up to the token of the thread's own
+        # last hold is one whose release the thread posted: the loop forgets it first.)
+        return False
     started = loop.time()
     prepared = target.first_try_off_loop(owner, lease, started)
     if prepared is None:
         return False
     attempt, (script, keys, args) = prepared
-    pool = line.pool
     try:
-        conn = pool.get_connection()  # connects: a failure here sent nothing
+        conn = line.borrow()
     except Exception:
         return False
     # Until the grant is posted, an interrupt or a fault leaves an outcome the loop must settle
@@ -180,39 +227,39 @@ def acquire(client: Client, target: ReentrantKind, lease: float | None) -> bool:
     try:
         attempt.sent_at = loop.time()
         unknown = True
-        conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)  # type: ignore[no-untyped-call]
+        conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
         reply = conn.read_response()
         grant = target.grant_of(reply, attempt.lease_ms)
         if grant is None:
             return False  # refused: the loop's wait
         if not target.fresh_off_loop(attempt, grant):
             unknown = False
-            _acquire_unknown(loop, target, attempt, reply, None)  # undone exactly
+            _acquire_unknown(line, target, attempt, reply, None)  # undone exactly
             return False
         taken[target.registry_key] = Taken(int(grant[0]))
-        _post(loop, lambda: target.record_off_loop(attempt, grant, started, watchdog=lease is None))
+        line.post(lambda: target.record_off_loop(attempt, grant, started, watchdog=lease is None))
         posted = True
     except ResponseError:
         return False  # a reply (NOSCRIPT, a server's refusal): the loop path sends it again
     except BaseException as error:
-        conn.disconnect()  # type: ignore[no-untyped-call]
+        conn.disconnect()
         if posted:  # interrupted on the way out: the caller never takes the hold
             taken.pop(target.registry_key, None)
             settle([client], lambda: target.release_one(owner))
         elif unknown:
-            _acquire_unknown(loop, target, attempt, None, error)
+            _acquire_unknown(line, target, attempt, None, error)
             if not isinstance(error, Exception):  # an interrupt: nothing may stay behind
                 settle([client], lambda: target.services.holds.settle(target.keys.lock, owner))
         if not isinstance(error, Exception):
             raise
         return False
     finally:
-        pool.release(conn)
+        line.give_back(conn)
     return True
 
 
 def _acquire_unknown(
-    loop: asyncio.AbstractEventLoop,
+    line: Line,
     target: ReentrantKind,
     attempt: Attempt,
     reply: Any,
@@ -223,14 +270,14 @@ def _acquire_unknown(
     failure = None if error is None else _Unknown(f"a thread's own first try failed: {error!r}")
 
     def hand_over() -> None:
-        work: asyncio.Future[Any] = loop.create_future()
+        work: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         if failure is None:
             work.set_result(reply)
         else:
             work.set_exception(failure)
         target.settlement.acquire_unknown(attempt, work)
 
-    _post(loop, hand_over)
+    line.post(hand_over)
 
 
 def release(client: Client, target: ReentrantKind) -> bool:
@@ -247,46 +294,47 @@ def release(client: Client, target: ReentrantKind) -> bool:
         return False
     owner, loop, line = _owner(client, target)
     hold = target.hold(owner)
+    if hold is not None and hold.token < mine.token:
+        hold = None  # an earlier hold of the thread's, whose release the loop has yet to read
     if hold is not None and (hold.token != mine.token or hold.count != 1):
         return False
     command = target.plain_release(owner, contended=hold is not None and hold.contended)
     if command is None:
         return False
-    pool = line.pool
     try:
-        conn = pool.get_connection()
+        conn = line.borrow()
     except Exception:
         return False
     began = loop.time()
     request = target.releasing_off_loop(owner, began)
     if request is None:
-        pool.release(conn)
+        line.give_back(conn)
         return False
     # Until the outcome is posted, an interrupt or a fault once written leaves it unknown.
     unknown = False
     try:
         unknown = True
-        conn.send_command(*command)  # type: ignore[no-untyped-call]
+        conn.send_command(*command)
         removed = int(conn.read_response())
         mine.released = True
-        _post(loop, lambda: target.released_off_loop(owner, request, began, removed))
+        line.post(lambda: target.released_off_loop(owner, request, began, removed))
         unknown = False
     except ResponseError:
         # A reply (a replica's refusal, say): nothing changed; the loop path sends it again.
-        _post(loop, lambda: target.released_off_loop(owner, request, began, None))
+        line.post(lambda: target.released_off_loop(owner, request, began, None))
         return False
     except BaseException as error:
-        conn.disconnect()  # type: ignore[no-untyped-call]
+        conn.disconnect()
         if not unknown:  # interrupted on the way out, its outcome posted: the release is done
             raise
         mine.released = True
         failure = _Unknown(f"a thread's own release failed: {error!r}")
-        _post(loop, lambda: target.released_off_loop(owner, request, began, failure))
+        line.post(lambda: target.released_off_loop(owner, request, began, failure))
         if not isinstance(error, Exception):  # an interrupt: nothing may stay behind
             settle([client], lambda: target.services.holds.settle(target.keys.lock, owner))
         raise
     finally:
-        pool.release(conn)
+        line.give_back(conn)
     if removed < 3:
         raise LockNotOwnedError(f"lock {target.name!r} is not held by this owner")
     return True
