@@ -39,6 +39,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ResponseError
 from redis.retry import Retry
 
+from .._core.holds import Hold
 from .._core.settlement import Attempt
 from ..errors import LockNotOwnedError
 from ..lock import ReentrantKind
@@ -281,26 +282,21 @@ def _acquire_unknown(
 
 
 def release(client: Client, target: ReentrantKind) -> bool:
-    """Release the hold the calling thread took by its own first try, by the plain command,
-    sent by itself: ``True`` once released; ``False`` when the loop path must.
+    """Release the calling thread's one hold of ``target`` by a call sent by itself (the plain
+    command, or the release script when others wait): ``True`` once released; ``False`` when
+    the loop path must (a re-entered hold, one whose acquire was resent, a fault on record).
 
     :raises LockNotOwnedError: the hold was gone (a loss, recorded on the loop).
     :raises redis.RedisError: the connection failed with the release written: settlement
         completes it (as for ``AsyncRLock.unlock``).
     """
-    taken = client.taken()
-    mine = taken.get(target.registry_key)
-    if mine is None or mine.released:
-        return False
     owner, loop, line = _owner(client, target)
-    hold = target.hold(owner)
-    if hold is not None and hold.token < mine.token:
-        hold = None  # an earlier hold of the thread's, whose release the loop has yet to read
-    if hold is not None and (hold.token != mine.token or hold.count != 1):
+    taken = client.taken()
+    releasable = _releasable(target, owner, taken.get(target.registry_key))
+    if releasable is None:
         return False
+    token, hold = releasable
     command = target.plain_release(owner, contended=hold is not None and hold.contended)
-    if command is None:
-        return False
     try:
         conn = line.borrow()
     except Exception:
@@ -310,31 +306,71 @@ def release(client: Client, target: ReentrantKind) -> bool:
     if request is None:
         line.give_back(conn)
         return False
+    by_command = command is not None
+    if command is None:
+        script, keys, args = target.release_call(owner, request, None)
+        command = ("EVALSHA", script.sha, len(keys), *keys, *args)
     # Until the outcome is posted, an interrupt or a fault once written leaves it unknown.
     unknown = False
     try:
         unknown = True
         conn.send_command(*command)
-        removed = int(conn.read_response())
-        mine.released = True
-        line.post(lambda: target.released_off_loop(owner, request, began, removed))
+        reply = conn.read_response()
+        line.post(lambda: target.released_off_loop(owner, began, reply, by_command=by_command))
         unknown = False
     except ResponseError:
-        # A reply (a replica's refusal, say): nothing changed; the loop path sends it again.
-        line.post(lambda: target.released_off_loop(owner, request, began, None))
+        # A reply (NOSCRIPT, a replica's refusal): nothing changed; the loop path sends it.
+        line.post(
+            lambda: target.release_failed_off_loop(
+                owner, request, began, None, by_command=by_command
+            )
+        )
         return False
     except BaseException as error:
         conn.disconnect()
+        taken[target.registry_key] = _released(token)
         if not unknown:  # interrupted on the way out, its outcome posted: the release is done
             raise
-        mine.released = True
         failure = _Unknown(f"a thread's own release failed: {error!r}")
-        line.post(lambda: target.released_off_loop(owner, request, began, failure))
+        line.post(
+            lambda: target.release_failed_off_loop(
+                owner, request, began, failure, by_command=by_command
+            )
+        )
         if not isinstance(error, Exception):  # an interrupt: nothing may stay behind
             settle([client], lambda: target.services.holds.settle(target.keys.lock, owner))
         raise
     finally:
         line.give_back(conn)
-    if removed < 3:
+    taken[target.registry_key] = _released(token)
+    if (int(reply) < 3) if by_command else (reply is None):
         raise LockNotOwnedError(f"lock {target.name!r} is not held by this owner")
     return True
+
+
+def _releasable(
+    target: ReentrantKind, owner: str, mine: Taken | None
+) -> tuple[int, Hold | None] | None:
+    """The token of the owner's one hold that the thread may release itself, and the loop's
+    record of it if the loop has one yet; ``None`` when the loop path must release."""
+    hold = target.hold(owner)
+    if mine is not None:
+        if mine.released:
+            return None  # released already: the loop path says so
+        if hold is not None and hold.token < mine.token:
+            hold = None  # an earlier hold of the thread's, whose release the loop has yet to read
+        if hold is not None and (hold.token != mine.token or hold.count != 1):
+            return None
+        return mine.token, hold
+    if hold is None or hold.count != 1 or hold.resent:
+        # The loop's record of a hold it made is up to date: the thread's call that made it
+        # returned once it was written.
+        return None
+    return hold.token, hold
+
+
+def _released(token: int) -> Taken:
+    """The thread's record of a hold whose release it sent (the loop may not have read it)."""
+    taken = Taken(token)
+    taken.released = True
+    return taken
