@@ -138,6 +138,13 @@ class Client:
         releases on (``None``: every call goes through the loop; see ``_direct.py``)."""
         return self._line
 
+    def flush(self) -> None:
+        """Before a call queued on the loop: the loop runs what the calling threads posted
+        first (see ``_direct.Posts``)."""
+        line = self._line
+        if line is not None:
+            line.flush()
+
     def taken(self) -> dict[str, Taken]:
         """What the calling thread took by its own first tries, by lock (registry key)."""
         taken: dict[str, Taken] | None = getattr(self._threads, "taken", None)
@@ -217,6 +224,7 @@ class Client:
         async def read() -> ClientStatistics:
             return made.statistics()
 
+        self.flush()
         return Call[ClientStatistics]().run(loop, read, _nothing)
 
     @property
@@ -246,6 +254,8 @@ class Client:
                 await made.redis.aclose()
 
         try:
+            if line is not None:
+                line.flush()
             Call[None]().run(thread.loop, close, _nothing)
         finally:
             if line is not None:

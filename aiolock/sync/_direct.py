@@ -48,9 +48,13 @@ from ._run import settle
 if TYPE_CHECKING:
     from ._client import Client
 
-__all__ = ["Line", "Posts", "Taken", "acquire", "release"]
+__all__ = ["BATCH", "Line", "Posts", "Taken", "acquire", "release"]
 
 logger = logging.getLogger("aiolock")
+
+# How long after the loop is woken for a thread's post it runs the batch (seconds): the records
+# of a thread's grants and releases wait that long, the loop path never (see Posts).
+BATCH: Final = 0.002
 
 # The async pool's connection classes and the blocking ones that speak the same (a sentinel's
 # managed connection, or any other class, has no counterpart here: no line, the loop's path).
@@ -135,9 +139,13 @@ class Line:
     def give_back(self, conn: Any) -> None:
         self._idle.append(conn)
 
-    def post(self, callback: Callable[[], object]) -> None:
+    def post(self, callback: Callable[[], object], *, urgent: bool = False) -> None:
         """Run ``callback`` on the loop, after the ones posted before (see :class:`Posts`)."""
-        self._posts.post(callback)
+        self._posts.post(callback, urgent=urgent)
+
+    def flush(self) -> None:
+        """Have the loop run what the threads posted before what they queue there next."""
+        self._posts.flush()
 
     def close(self) -> None:
         while self._idle:
@@ -145,26 +153,42 @@ class Line:
 
 
 class Posts:
-    """Callbacks that threads hand the loop: run there in the order they were posted, before
-    any callback queued on the loop after them, with one wake-up of the loop per batch (a
-    thread's release often follows its grant before the loop has woken)."""
+    """Callbacks that threads hand the loop, run there in the order they were posted.
+
+    They are run in batches: the first callback posted after a batch wakes the loop, which
+    runs the batch :data:`BATCH` seconds later (a thread's release often follows its grant
+    within that), so that a thread taking and releasing a lock over and over does not wake
+    the loop for each.  An ``urgent`` callback (one that owes others a wake-up, or settles an
+    unknown outcome) runs the batch at once, and so does :meth:`flush`, which a thread calls
+    before it queues anything else on the loop: the loop path then finds every post run.
+    """
 
     __slots__ = ("_loop", "_queue", "_scheduled")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self._loop = loop
         self._queue: deque[Callable[[], object]] = deque()
-        # A run is queued on the loop and has not begun: it will take what is posted now.
+        # A batch is due: a callback posted now is run with it.
         self._scheduled = False
 
-    def post(self, callback: Callable[[], object]) -> None:
+    def post(self, callback: Callable[[], object], *, urgent: bool = False) -> None:
         self._queue.append(callback)
-        if not self._scheduled:
+        if urgent:
+            self._loop.call_soon_threadsafe(self._run)
+        elif not self._scheduled:
             self._scheduled = True
+            self._loop.call_soon_threadsafe(self._due)
+
+    def flush(self) -> None:
+        """Run what was posted before anything queued on the loop from now on."""
+        if self._queue:
             self._loop.call_soon_threadsafe(self._run)
 
+    def _due(self) -> None:
+        self._loop.call_later(BATCH, self._run)
+
     def _run(self) -> None:
-        self._scheduled = False  # first: a callback posted from now on queues another run
+        self._scheduled = False  # first: a callback posted from now on is due in a new batch
         queue = self._queue
         while queue:
             callback = queue.popleft()
@@ -278,7 +302,7 @@ def _acquire_unknown(
             work.set_exception(failure)
         target.settlement.acquire_unknown(attempt, work)
 
-    line.post(hand_over)
+    line.post(hand_over, urgent=True)
 
 
 def release(client: Client, target: ReentrantKind) -> bool:
@@ -316,14 +340,21 @@ def release(client: Client, target: ReentrantKind) -> bool:
         unknown = True
         conn.send_command(*command)
         reply = conn.read_response()
-        line.post(lambda: target.released_off_loop(owner, began, reply, by_command=by_command))
+        # A plain release that removed a waiter's mark owes the wake-up the script would have
+        # published: at once.
+        owes = by_command and reply != 3
+        line.post(
+            lambda: target.released_off_loop(owner, began, reply, by_command=by_command),
+            urgent=owes,
+        )
         unknown = False
     except ResponseError:
         # A reply (NOSCRIPT, a replica's refusal): nothing changed; the loop path sends it.
         line.post(
             lambda: target.release_failed_off_loop(
                 owner, request, began, None, by_command=by_command
-            )
+            ),
+            urgent=True,
         )
         return False
     except BaseException as error:
@@ -335,7 +366,8 @@ def release(client: Client, target: ReentrantKind) -> bool:
         line.post(
             lambda: target.release_failed_off_loop(
                 owner, request, began, failure, by_command=by_command
-            )
+            ),
+            urgent=True,
         )
         if not isinstance(error, Exception):  # an interrupt: nothing may stay behind
             settle([client], lambda: target.services.holds.settle(target.keys.lock, owner))

@@ -34,6 +34,7 @@ def run(
     loop: asyncio.AbstractEventLoop | None = None
     for client in clients:
         made, loop = client.engine()
+        client.flush()  # the loop runs the thread's own posts first
         acting.append((owners_of(made), client.thread_owner(made)))
     assert loop is not None, "a call needs a client"
 
@@ -51,6 +52,7 @@ def settle(clients: Sequence[Client], work: Callable[[], Awaitable[object]]) -> 
     loop: asyncio.AbstractEventLoop | None = None
     for client in clients:
         made, loop = client.engine()
+        client.flush()  # the loop runs the thread's own posts first
         acting.append((owners_of(made), client.thread_owner(made)))
     assert loop is not None, "a call needs a client"
 

@@ -99,6 +99,25 @@ def test_an_uncontended_cycle_from_a_thread_is_one_evalsha_and_one_hdel_and_no_h
     assert not lock.is_locked()
 
 
+def test_the_loop_path_finds_the_threads_own_calls_recorded(
+    aiolock_sync_client: aiolock.sync.Client, hops: list[int]
+) -> None:
+    lock = aiolock_sync_client.lock(f"direct:{uuid.uuid4().hex}")
+    assert lock.try_lock(1)
+    lock.unlock()
+    hopped = hops[0]
+    for held in range(1, 20):
+        assert lock.try_lock(0)  # the thread's own grant, posted to the loop in a batch
+        assert hops[0] == hopped
+        # A call through the loop runs after what the thread posted: no waiting for it.
+        stats = lock.statistics()
+        hopped = hops[0]
+        assert (stats.held, stats.acquisitions) == (1, 1 + held)
+        lock.unlock()
+        assert lock.statistics().held == 0
+        hopped = hops[0]
+
+
 def test_a_re_entry_and_a_contended_try_go_through_the_loop(
     aiolock_sync_client: aiolock.sync.Client, hops: list[int]
 ) -> None:
