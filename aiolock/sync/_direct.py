@@ -6,22 +6,25 @@ thread), the calling thread sends the owner's first try itself, over a blocking 
 the client's own (:class:`Line`, made with the async pool's connection options), with the
 call the engine builds (``first_try_off_loop``: the same script and arguments), and posts a
 fresh grant to the loop without waiting for it (``record_off_loop``): the loop records it as
-a grant of its own (the watchdog renews it, its timer, statistics).  The owner's last release,
-when it is the plain command (``plain_release``), goes the same way: marked in flight first
-(``releasing_off_loop``), its outcome posted (``released_off_loop``).  Everything else is the
-loop's: a refusal (the wait loop parks), a re-entry, a fault, any other reply.
+a grant of its own (the watchdog renews it, its timer, statistics).  The release of the
+owner's one hold goes the same way, however it was taken: the plain command
+(``plain_release``) or the release script (``release_call``) when others wait, marked in
+flight first (``releasing_off_loop``), its outcome posted (``released_off_loop``).
+Everything else is the loop's: a refusal (the wait loop parks), a re-entry, a fault, any
+other reply.
 
-Who sees what when: every post is a callback queued on the loop in the order the thread made
-it (``call_soon_threadsafe``), and the thread's later blocking calls are queued after them, so
+Who sees what when: the posts run on the loop in the order the thread made them (:class:`Posts`,
+in batches), and before any call the thread queues on the loop later (``Client.flush``), so
 the loop path always finds the thread's holds recorded and released.  The thread keeps its own
 record of the hold it took here (:class:`Taken`, per lock), since the loop may not have run
 the post yet when the thread releases or acquires again.
 
 An outcome the thread cannot know (a fault or an interrupt once the call was written) is the
 loop's settlement's: posted as ``settlement.acquire_unknown`` (the grant undone exactly, if
-there was one) or ``released_off_loop`` with the error (the release completed).  An interrupt
-waits for that settlement before it is raised, so that nothing is left behind; any other fault
-goes on to the loop path, which waits for it first.
+there was one) or ``release_failed_off_loop`` with the error (the release completed).  An
+interrupt waits for that settlement before it is raised, so that nothing is left behind; any
+other fault goes on to the loop path, which waits for it first (or, for a release, is raised,
+as the async ``unlock()`` raises it).
 """
 
 from __future__ import annotations

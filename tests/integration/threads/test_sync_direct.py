@@ -127,12 +127,19 @@ def test_a_re_entry_and_a_contended_try_go_through_the_loop(
     assert lock.try_lock(0)  # a re-entry: the loop's
     assert hops[0] == hopped + 1
     assert lock.hold_count() == 2
-    lock.unlock()
-    lock.unlock()  # the loop path's now: the thread's record went with the re-entry
+    hopped = hops[0]
+    lock.unlock()  # an inner release: the loop's
+    assert hops[0] == hopped + 1
+    assert lock.hold_count() == 1
+    hopped = hops[0]
+    lock.unlock()  # the thread's one hold left: its own release again
+    assert hops[0] == hopped
     assert not lock.is_locked()
     with ThreadPoolExecutor(1) as other:
         assert other.submit(lambda: lock.try_lock(1, lease=5)).result(timeout=30)
+        hopped = hops[0]
         assert not lock.try_lock(0.05)  # refused on the thread, then the loop's wait
+        assert hops[0] == hopped + 1
         other.submit(lock.unlock).result(timeout=30)
     assert lock.try_lock(1)
     lock.unlock()
