@@ -30,6 +30,7 @@ as the async ``unlock()`` raises it).
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 from collections import deque
 from collections.abc import Callable
@@ -66,6 +67,8 @@ _BLOCKING: Final[dict[type[Any], type[Any]]] = {
     async_connection.SSLConnection: redis.SSLConnection,
     async_connection.UnixDomainSocketConnection: redis.UnixDomainSocketConnection,
 }
+# redis-py 5.1 and later read a reply within a timeout of the call's own.
+_READ_TIMEOUT: Final = "timeout" in inspect.signature(redis.Connection.read_response).parameters
 # The connection options a line takes from the async pool (where, who, how long, TLS): not its
 # retry policy (the line never resends: a fault is the loop's settlement's) nor redis-py's
 # async-only helpers.
@@ -219,18 +222,26 @@ class _Unknown(Exception):
     """What settlement is told of a call whose outcome the thread could not read."""
 
 
-def _owner(client: Client, target: ReentrantKind) -> tuple[str, asyncio.AbstractEventLoop, Line]:
+def _owner(client: Client) -> tuple[str, asyncio.AbstractEventLoop, Line]:
+    """The calling thread's owner id, the loop and the client's line."""
     made, loop = client.engine()
     line = client.line()
     assert line is not None
     return client.thread_owner(made), loop, line
 
 
-def acquire(client: Client, target: ReentrantKind, lease: float | None) -> bool:
+def acquire(
+    client: Client, target: ReentrantKind, lease: float | None, within: float | None = None
+) -> bool:
     """The calling thread's first try of ``target``, sent by itself: ``True`` once it holds
     the lock; ``False`` when the loop path must acquire (after anything but a fresh grant, with
-    an unknown outcome handed to settlement first).  An interrupt is raised once settled."""
-    owner, loop, line = _owner(client, target)
+    an unknown outcome handed to settlement first).  An interrupt is raised once settled.
+
+    ``within``: the reply is waited for that many seconds at most (a caller's ``wait`` bounds
+    its whole acquire, a stalled server included), then its outcome is settlement's."""
+    if within is not None and not _READ_TIMEOUT:
+        return False  # an older redis-py: the loop path bounds the call
+    owner, loop, line = _owner(client)
     taken = client.taken()
     mine = taken.get(target.registry_key)
     if mine is not None and not mine.released:
@@ -256,7 +267,11 @@ def acquire(client: Client, target: ReentrantKind, lease: float | None) -> bool:
         attempt.sent_at = loop.time()
         unknown = True
         conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
-        reply = conn.read_response()
+        if within is None:
+            reply = conn.read_response()
+        else:  # within the socket's own timeout too
+            limit = conn.socket_timeout
+            reply = conn.read_response(timeout=within if limit is None else min(within, limit))
         grant = target.grant_of(reply, attempt.lease_ms)
         if grant is None:
             return False  # refused: the loop's wait
@@ -317,7 +332,7 @@ def release(client: Client, target: ReentrantKind) -> bool:
     :raises redis.RedisError: the connection failed with the release written: settlement
         completes it (as for ``AsyncRLock.unlock``).
     """
-    owner, loop, line = _owner(client, target)
+    owner, loop, line = _owner(client)
     taken = client.taken()
     releasable = _releasable(target, owner, taken.get(target.registry_key))
     if releasable is None:

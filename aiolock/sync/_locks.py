@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import inspect
 import threading
+import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
@@ -110,8 +111,12 @@ class Lock:
         refuse_in_loop("await lock.try_lock()")
         wait, lease = check_wait(wait), check_lease(lease)
         direct = self.direct()
-        if direct is not None and _direct.acquire(self._clients[0], direct, lease):
-            return True
+        if direct is not None:
+            began = time.monotonic()
+            if _direct.acquire(self._clients[0], direct, lease, wait or None):
+                return True
+            if wait:  # what is left of it (never 0: that would be one try, unbounded)
+                wait = max(wait - (time.monotonic() - began), 0.001)
         self.loop_path()
         target = self.target()
 

@@ -345,3 +345,20 @@ def test_a_connection_fault_in_a_threads_own_call_is_settled(
         lock.unlock()
         assert not plain.exists(key)
         assert lock.statistics().losses == 0
+
+
+def test_a_wait_bounds_the_threads_own_try_against_a_stalled_server(
+    aiolock_sync_client: aiolock.sync.Client, aiolock_server: ServerInfo, plain: redis.Redis
+) -> None:
+    lock = aiolock_sync_client.lock(f"direct:{uuid.uuid4().hex}")
+    key = keys_of(lock.target()).lock
+    lock.try_lock(0)
+    lock.unlock()
+    busy_server(aiolock_server.url, 2_000_000)()
+    began = time.monotonic()
+    assert lock.try_lock(0.2) is False  # its own try's reply is waited for 0.2 s at most
+    assert time.monotonic() - began < 1.5  # well before the server answers again
+    # The grant the server made once it was free again is undone: nothing stays.
+    wait_until(lambda: plain.exists(key) == 0 and lock.statistics().held == 0)
+    assert lock.try_lock(0)
+    lock.unlock()
