@@ -365,12 +365,14 @@ class Acquiring(Releasing):
         return int(grant[1]) == 1 and lost != int(grant[0])
 
     def record_off_loop(
-        self, attempt: Attempt, grant: list[Any], started: float, *, watchdog: bool
+        self, attempt: Attempt, grant: list[Any], waited: float, *, watchdog: bool
     ) -> None:
         """On the loop: record a grant that a caller's own first try got
         (:meth:`first_try_off_loop`), as :meth:`_attempt_once` records its own: the watchdog
         renews it (``watchdog``: ``lease=None``), its timer, statistics and metrics.
-        ``started``: when the blocking call began (loop time)."""
-        hold = self._record(attempt, grant, None, started, watchdog=watchdog)
-        if hold.count == 1 and hold.expires_at <= asyncio.get_running_loop().time():
+        ``waited``: how long the blocking call took until it read the grant (seconds), which
+        the metrics record (not how late the loop runs this)."""
+        now = asyncio.get_running_loop().time()
+        hold = self._record(attempt, grant, None, now - waited, watchdog=watchdog)
+        if hold.count == 1 and hold.expires_at <= now:
             self.settlement.give_back(attempt)  # granted past its lease: see _attempt_once

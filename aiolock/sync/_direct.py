@@ -279,8 +279,9 @@ def acquire(
             unknown = False
             _acquire_unknown(line, target, attempt, reply, None)  # undone exactly
             return False
+        waited = loop.time() - started
         taken[target.registry_key] = Taken(int(grant[0]))
-        line.post(lambda: target.record_off_loop(attempt, grant, started, watchdog=lease is None))
+        line.post(lambda: target.record_off_loop(attempt, grant, waited, watchdog=lease is None))
         posted = True
     except ResponseError:
         return False  # a reply (NOSCRIPT, a server's refusal): the loop path sends it again
