@@ -366,7 +366,7 @@ class Acquiring(Releasing):
 
     def record_off_loop(
         self, attempt: Attempt, grant: list[Any], waited: float, *, watchdog: bool
-    ) -> None:
+    ) -> Hold:
         """On the loop: record a grant that a caller's own first try got
         (:meth:`first_try_off_loop`), as :meth:`_attempt_once` records its own: the watchdog
         renews it (``watchdog``: ``lease=None``), its timer, statistics and metrics.
@@ -376,3 +376,4 @@ class Acquiring(Releasing):
         hold = self._record(attempt, grant, None, now - waited, watchdog=watchdog)
         if hold.count == 1 and hold.expires_at <= now:
             self.settlement.give_back(attempt)  # granted past its lease: see _attempt_once
+        return hold

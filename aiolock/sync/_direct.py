@@ -43,7 +43,7 @@ from redis.backoff import NoBackoff
 from redis.exceptions import ResponseError
 from redis.retry import Retry
 
-from .._core.holds import Hold
+from .._core.holds import CLOCK_MARGIN, Hold
 from .._core.settlement import Attempt
 from ..errors import LockNotOwnedError
 from ..lock import ReentrantKind
@@ -52,7 +52,7 @@ from ._run import settle
 if TYPE_CHECKING:
     from ._client import Client
 
-__all__ = ["BATCH", "Line", "Posts", "Taken", "acquire", "release"]
+__all__ = ["BATCH", "Line", "Posts", "Taken", "acquire", "release", "unexpired"]
 
 logger = logging.getLogger("aiolock")
 
@@ -208,18 +208,34 @@ class Taken:
     """What the calling thread knows of the hold it took on one lock by its own first try.
 
     :ivar token: the hold's fencing token.
+    :ivar expires_at: when its first lease ends at the earliest (the loop's clock), until the
+        loop's record of it says more.
     :ivar released: its release was sent here too (the loop may not have recorded it yet).
     """
 
-    __slots__ = ("released", "token")
+    __slots__ = ("expires_at", "released", "token")
 
-    def __init__(self, token: int) -> None:
+    def __init__(self, token: int, expires_at: float) -> None:
         self.token = token
+        self.expires_at = expires_at - CLOCK_MARGIN
         self.released = False
 
 
 class _Unknown(Exception):
     """What settlement is told of a call whose outcome the thread could not read."""
+
+
+def unexpired(client: Client, target: ReentrantKind, hold: Hold | None) -> bool:
+    """Whether the hold the calling thread took by its own first try is surely not lost yet:
+    not marked lost by the loop (``hold``, its record, once made), and its lease not run out by
+    the client's clock (no I/O; what ``Hold.lost`` would say without running the expiry)."""
+    mine = client.taken().get(target.registry_key)
+    if mine is None or mine.released:
+        return False
+    if hold is not None and hold.marked_lost:
+        return False
+    expires_at = mine.expires_at if hold is None else hold.expires_at
+    return client.engine()[1].time() < expires_at
 
 
 def _owner(client: Client) -> tuple[str, asyncio.AbstractEventLoop, Line]:
@@ -231,25 +247,24 @@ def _owner(client: Client) -> tuple[str, asyncio.AbstractEventLoop, Line]:
 
 
 def acquire(
-    client: Client, target: ReentrantKind, lease: float | None, within: float | None = None
+    client: Client,
+    target: ReentrantKind,
+    lease: float | None,
+    within: float | None = None,
+    kept: list[Hold] | None = None,
 ) -> bool:
     """The calling thread's first try of ``target``, sent by itself: ``True`` once it holds
     the lock; ``False`` when the loop path must acquire (after anything but a fresh grant, with
     an unknown outcome handed to settlement first).  An interrupt is raised once settled.
 
     ``within``: the reply is waited for that many seconds at most (a caller's ``wait`` bounds
-    its whole acquire, a stalled server included), then its outcome is settlement's."""
+    its whole acquire, a stalled server included), then its outcome is settlement's.
+    ``kept``: the loop's record of the hold is appended to it once the loop has made it."""
     if within is not None and not _READ_TIMEOUT:
         return False  # an older redis-py: the loop path bounds the call
     owner, loop, line = _owner(client)
     taken = client.taken()
-    mine = taken.get(target.registry_key)
-    if mine is not None and not mine.released:
-        return False  # a re-entry: the loop's
-    hold = target.hold(owner)
-    if hold is not None and (mine is None or hold.token > mine.token):
-        # A hold the loop path made: a re-entry.  (One up to the token of the thread's own
-        # last hold is one whose release the thread posted: the loop forgets it first.)
+    if not _may_try(target, owner, taken.get(target.registry_key)):
         return False
     started = loop.time()
     prepared = target.first_try_off_loop(owner, lease, started)
@@ -267,11 +282,7 @@ def acquire(
         attempt.sent_at = loop.time()
         unknown = True
         conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
-        if within is None:
-            reply = conn.read_response()
-        else:  # within the socket's own timeout too
-            limit = conn.socket_timeout
-            reply = conn.read_response(timeout=within if limit is None else min(within, limit))
+        reply = _reply(conn, within)
         grant = target.grant_of(reply, attempt.lease_ms)
         if grant is None:
             return False  # refused: the loop's wait
@@ -280,8 +291,14 @@ def acquire(
             _acquire_unknown(line, target, attempt, reply, None)  # undone exactly
             return False
         waited = loop.time() - started
-        taken[target.registry_key] = Taken(int(grant[0]))
-        line.post(lambda: target.record_off_loop(attempt, grant, waited, watchdog=lease is None))
+        taken[target.registry_key] = Taken(int(grant[0]), attempt.sent_at + attempt.lease)
+
+        def record() -> None:
+            hold = target.record_off_loop(attempt, grant, waited, watchdog=lease is None)
+            if kept is not None:
+                kept.append(hold)
+
+        line.post(record)
         posted = True
     except ResponseError:
         return False  # a reply (NOSCRIPT, a server's refusal): the loop path sends it again
@@ -300,6 +317,25 @@ def acquire(
     finally:
         line.give_back(conn)
     return True
+
+
+def _reply(conn: Any, within: float | None) -> Any:
+    """The reply on ``conn``, waited for ``within`` seconds at most (and the socket's own
+    timeout)."""
+    if within is None:
+        return conn.read_response()
+    limit = conn.socket_timeout
+    return conn.read_response(timeout=within if limit is None else min(within, limit))
+
+
+def _may_try(target: ReentrantKind, owner: str, mine: Taken | None) -> bool:
+    """Whether the owner's try would be a first one: no hold of the thread's to re-enter."""
+    if mine is not None and not mine.released:
+        return False  # a re-entry: the loop's
+    hold = target.hold(owner)
+    # A hold the loop path made is re-entered on the loop.  (One up to the token of the
+    # thread's own last hold is one whose release the thread posted: the loop forgets it first.)
+    return hold is None or (mine is not None and hold.token <= mine.token)
 
 
 def _acquire_unknown(
@@ -422,6 +458,6 @@ def _releasable(
 
 def _released(token: int) -> Taken:
     """The thread's record of a hold whose release it sent (the loop may not have read it)."""
-    taken = Taken(token)
+    taken = Taken(token, 0.0)
     taken.released = True
     return taken

@@ -362,3 +362,60 @@ def test_a_wait_bounds_the_threads_own_try_against_a_stalled_server(
     wait_until(lambda: plain.exists(key) == 0 and lock.statistics().held == 0)
     assert lock.try_lock(0)
     lock.unlock()
+
+
+def test_a_guard_block_is_the_threads_own_first_try_and_release(
+    aiolock_sync_client: aiolock.sync.Client, plain: redis.Redis, hops: list[int]
+) -> None:
+    lock = aiolock_sync_client.lock(f"direct:{uuid.uuid4().hex}")
+    with lock.acquire(wait=1) as first:  # starts the client
+        pass
+    before = {command: calls_of(plain, command) for command in ("evalsha", "hdel")}
+    hopped = hops[0]
+    tokens = []
+    for _ in range(10):
+        with lock.acquire(wait=5, lease=5) as guard:
+            tokens.append(guard.fencing_token)
+        with lock as guard:  # ``with lock:`` too
+            tokens.append(guard.fencing_token)
+    assert hops[0] == hopped
+    after = {command: calls_of(plain, command) for command in ("evalsha", "hdel")}
+    assert {c: after[c] - before[c] for c in after} == {"evalsha": 20, "hdel": 20}
+    assert tokens == sorted(tokens)
+    assert tokens[0] > first.fencing_token
+    # The guard's reads go to the loop, which has recorded the hold by then.
+    with lock.acquire(wait=5, lease=5) as guard:
+        assert not guard.lost
+        assert 0 < guard.valid_for() <= 5
+        assert lock.statistics().held == 1
+    assert not lock.is_locked()
+
+
+def test_a_guard_the_thread_took_reports_a_loss_on_leaving(
+    aiolock_sync_client: aiolock.sync.Client, plain: redis.Redis
+) -> None:
+    lock = aiolock_sync_client.lock(f"direct:{uuid.uuid4().hex}")
+    key = keys_of(lock.target()).lock
+    lock.try_lock(0)
+    lock.unlock()
+    # Taken from under the holder: its own release finds nothing, and says so.
+    with pytest.raises(aiolock.LockLostError, match="no longer held"):
+        with lock.acquire(wait=5) as guard:
+            plain.delete(key)
+    assert guard.lost
+    # Its lease ran out in the block: nothing is sent at the exit (a new holder may hold it).
+    with pytest.raises(aiolock.LockLostError, match="lease ran out"):
+        with lock.acquire(wait=5, lease=0.05) as guard:
+            wait_until(lambda: guard.lost)
+            with ThreadPoolExecutor(1) as other:  # someone else takes it meanwhile
+                assert other.submit(lambda: lock.try_lock(5, lease=30)).result(timeout=30)
+    assert plain.exists(key)  # the new holder's hold is untouched
+    assert lock.force_unlock()
+    # A loss in a block that raised is a note on its exception.
+    with pytest.raises(KeyError) as raised:
+        with lock.acquire(wait=5) as guard:
+            plain.delete(key)
+            raise KeyError("in the block")
+    assert any("was lost while held" in note for note in raised.value.__notes__)
+    assert lock.try_lock(0)
+    lock.unlock()
