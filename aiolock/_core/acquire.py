@@ -326,7 +326,9 @@ class Acquiring(Releasing):
     # A blocking caller (aiolock.sync) may send an owner's first try itself, on its own thread
     # over a blocking connection, and post the grant here: the hop to the loop thread and back
     # costs more than the call.  The call is the one :meth:`_send` would send; the record is
-    # the one :meth:`_attempt_once` makes.  Only these methods are read off the loop.
+    # the one :meth:`_attempt_once` makes.  Off the loop, a thread calls only the methods
+    # marked "from any thread" and the ones without I/O they name (``attempt_call``,
+    # ``grant_of``, ``hold``): dict and attribute reads, each atomic under the GIL.
 
     def first_try_off_loop(
         self, owner: str, lease: float | None, now: float

@@ -387,6 +387,8 @@ def release(client: Client, target: ReentrantKind) -> bool:
         return False
     by_command = command is not None
     if command is None:
+        # The script the loop would send (it also keeps the lock's waiting set alive now and
+        # then: a time the thread may write as well as the loop, either keeps it).
         script, keys, args = target.release_call(owner, request, None)
         command = ("EVALSHA", script.sha, len(keys), *keys, *args)
     # Until the outcome is posted, an interrupt or a fault once written leaves it unknown.
