@@ -135,9 +135,16 @@ class ReentrantKind(LockKind):
         command instead of a script.  Not for a hold whose acquire was refused on the way (the
         lock is contended: the release script publishes in the same call, where this would
         publish after its reply), nor while tasks of this client wait for the lock."""
-        if self._published() and (hold.contended or self._counters.contenders):
+        return self.plain_release(hold.owner, contended=hold.contended)
+
+    def plain_release(self, owner: str, *, contended: bool) -> tuple[Any, ...] | None:
+        """The ``HDEL`` that ends ``owner``'s one fault-free hold (``contended``: see
+        :attr:`Hold.contended`), or ``None`` when the release script must (see
+        :meth:`_last_release_command`).  No I/O, dict reads only: aiolock.sync's calling
+        thread asks it too, before it sends the release itself."""
+        if self._published() and (contended or self._counters.contenders):
             return None
-        return ("HDEL", self._keys.lock, *command_release_fields(hold.owner))
+        return ("HDEL", self._keys.lock, *command_release_fields(owner))
 
 
 class AsyncRLock(ReentrantKind):

@@ -20,6 +20,7 @@ from typing import Any
 
 from redis.exceptions import RedisError, ResponseError
 
+from .._scripts import Call
 from .holds import Hold
 from .release import Releasing
 from .settlement import Attempt, until_it_lands
@@ -319,4 +320,63 @@ class Acquiring(Releasing):
             services.watchdog.start()
         if task is not None and self._ends_with_task and hold.count == 1:
             services.holds.tie(hold, self._release_ended)
+        return hold
+
+    # -- the first try made off the loop (aiolock.sync) --------------------------------------
+    #
+    # A blocking caller (aiolock.sync) may send an owner's first try itself, on its own thread
+    # over a blocking connection, and post the grant here: the hop to the loop thread and back
+    # costs more than the call.  The call is the one :meth:`_send` would send; the record is
+    # the one :meth:`_attempt_once` makes.  Off the loop, a thread calls only the methods
+    # marked "from any thread" and the ones without I/O they name (``attempt_call``,
+    # ``grant_of``, ``hold``): dict and attribute reads, each atomic under the GIL.
+
+    def first_try_off_loop(
+        self, owner: str, lease: float | None, now: float
+    ) -> tuple[Attempt, Call] | None:
+        """From any thread: the first try of ``owner`` that its caller may send itself, and
+        its record (``now``: the loop's clock, ``loop.time()``, which any thread may read);
+        ``None`` when the try must be the loop's: the client is closed, traces, waits for
+        replicas or is a Cluster's, a call of this client waits for the lock (the wait loop
+        serves its own in turn), or a fault left something on record for the owner.
+
+        With no call of the client waiting, :meth:`attempt_call` parks nobody on a refusal.
+        The caller checks that the owner has no hold the loop recorded (a re-entry), and sends
+        what this returns once; then a grant that :meth:`fresh_off_loop` accepts goes to
+        :meth:`record_off_loop`, an unknown outcome (or any other grant) to
+        ``settlement.acquire_unknown``, and a refusal to the loop path."""
+        services = self._services
+        tracing = services.tracing
+        if (
+            services.closed
+            or services.sync is not None
+            or services.cluster
+            or (tracing is not None and tracing.recording())
+            or self._counters.contenders
+            or not services.holds.quiet(self._keys.lock, owner)
+        ):
+            return None
+        lease_s = services.watchdog_timeout if lease is None else lease
+        attempt = Attempt(owner, services.owners.next_request(), lease_s, now)
+        return attempt, self.attempt_call(owner, attempt.request, attempt.lease_ms)
+
+    def fresh_off_loop(self, attempt: Attempt, grant: list[Any]) -> bool:
+        """From any thread: whether ``grant`` (:meth:`grant_of` of the reply) is a fresh hold
+        that :meth:`Settlement.reconcile` would record as it is (one hold, not the owner's
+        last one lost), so that its caller may return at once."""
+        lost = self._services.holds.lost_token(self._registry_key, attempt.owner)
+        return int(grant[1]) == 1 and lost != int(grant[0])
+
+    def record_off_loop(
+        self, attempt: Attempt, grant: list[Any], waited: float, *, watchdog: bool
+    ) -> Hold:
+        """On the loop: record a grant that a caller's own first try got
+        (:meth:`first_try_off_loop`), as :meth:`_attempt_once` records its own: the watchdog
+        renews it (``watchdog``: ``lease=None``), its timer, statistics and metrics.
+        ``waited``: how long the blocking call took until it read the grant (seconds), which
+        the metrics record (not how late the loop runs this)."""
+        now = asyncio.get_running_loop().time()
+        hold = self._record(attempt, grant, None, now - waited, watchdog=watchdog)
+        if hold.count == 1 and hold.expires_at <= now:
+            self.settlement.give_back(attempt)  # granted past its lease: see _attempt_once
         return hold

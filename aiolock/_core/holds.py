@@ -480,6 +480,37 @@ class Holds(PendingWork):
                     # that failed) outlived its lease.
                     loop.call_soon(self._check_lease, at)
 
+    # -- a release made off the loop (aiolock.sync's calling thread) --------------------------
+
+    def release_begun(self, registry_key: str, owner: str, began: float) -> None:
+        """What :meth:`releasing` marks as its block begins, from any thread: a thread that
+        sends the owner's release itself marks it before it writes it (a dict and a list step,
+        each atomic under the GIL; only that owner's own calls change its record meanwhile),
+        so that a renewal answered meanwhile is no verdict.  ``began``: the loop's clock then
+        (``loop.time()``, which any thread may read).  :meth:`release_ended` is posted to the
+        loop with the reply."""
+        self._record((registry_key, owner)).releases.append(began)
+
+    def release_ended(self, registry_key: str, owner: str, began: float) -> None:
+        """On the loop: the release marked by :meth:`release_begun` is answered (or its
+        outcome handed to settlement), as :meth:`releasing`'s block ends."""
+        at = (registry_key, owner)
+        record = self._record(at)
+        record.releases.remove(began)
+        if not record.releases:
+            lapsed, record.lapsed = record.lapsed, False
+            self._tidy(at)
+            if lapsed:
+                asyncio.get_running_loop().call_soon(self._check_lease, at)
+
+    def quiet(self, lock_key: str, owner: str) -> bool:
+        """Whether no fault left anything on record for the owner on ``lock_key``: no pending
+        work, no other id (:meth:`alias`), no late release (:meth:`late_releases`).  Dict
+        lookups only, so that aiolock.sync's calling thread may ask before it sends a first
+        try or a release itself (the loop path waits for such work first)."""
+        at = (lock_key, owner)
+        return at not in self._pending and at not in self._aliases and at not in self._late
+
     def _check_lease(self, at: At) -> None:
         hold = self._holds.get(at)
         if hold is not None and asyncio.get_running_loop().time() >= hold.expires_at:

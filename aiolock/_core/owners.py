@@ -34,6 +34,7 @@ class Owners:
         "_forget",
         "_numbers",
         "_request",
+        "_requests",
         "_tasks",
         "client_id",
     )
@@ -49,6 +50,9 @@ class Owners:
         self._callback_context = contextvars.Context()
         self._numbers = itertools.count(1)
         self._request = 0  # the last request id handed out
+        # ``next()`` of a count is one step under the GIL: aiolock.sync's calling threads draw
+        # request ids too (its first try and release made off the loop), beside the loop.
+        self._requests = itertools.count(1)
         # Tasks that act for a thread (``h<n>``), while they run: never in ``_tasks``.
         self._acting: dict[asyncio.Task[Any], str] = {}
 
@@ -101,8 +105,9 @@ class Owners:
         return f"{self.client_id}:x:{owner}"
 
     def next_request(self) -> int:
-        self._request += 1
-        return self._request
+        """A new request id, from any thread (ids stay unique and increasing per client)."""
+        self._request = request = next(self._requests)
+        return request
 
     def last_request(self) -> int:
         """The last request id handed out (0: none yet): every later call's id is greater."""

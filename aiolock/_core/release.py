@@ -230,6 +230,56 @@ class Releasing(KindHooks):
 
         return unknown
 
+    # -- the release made off the loop (aiolock.sync) ----------------------------------------
+    #
+    # A blocking caller may send the release of the owner's one fault-free hold itself (the
+    # plain command, ``ReentrantKind.plain_release``, or :meth:`release_call`), and post the
+    # outcome here; see ``Acquiring.first_try_off_loop`` for the first try.
+
+    def releasing_off_loop(self, owner: str, now: float) -> int | None:
+        """From any thread: the request id of a release of ``owner``'s one hold (its acquire
+        never resent) that its caller sends itself, marked in flight from ``now`` (the loop's
+        clock) as :meth:`release_one` marks its own (a renewal answered meanwhile is no
+        verdict); or ``None`` when the release must be the loop's (the client is closed, or a
+        fault left something on record for the owner).  :meth:`released_off_loop` or
+        :meth:`release_failed_off_loop` ends it, on the loop."""
+        services = self._services
+        if services.closed or not services.holds.quiet(self._keys.lock, owner):
+            return None
+        services.holds.release_begun(self._registry_key, owner, now)
+        return services.owners.next_request()
+
+    def released_off_loop(self, owner: str, began: float, reply: Any, *, by_command: bool) -> None:
+        """On the loop: the release :meth:`releasing_off_loop` marked was answered ``reply``,
+        read as :meth:`release_one` reads it: the plain command's (the fields it removed, as
+        :meth:`_release_by_command`), or the release script's (``by_command=False``)."""
+        holds = self._services.holds
+        key = self._registry_key
+        holds.release_ended(key, owner, began)
+        remaining = self._read_removed(int(reply), owner) if by_command else holds_left(reply)
+        holds.released(key, owner, remaining)
+        self.settlement.check_count(owner, 0, remaining)
+
+    def release_failed_off_loop(
+        self, owner: str, request: int, began: float, error: Exception | None, *, by_command: bool
+    ) -> None:
+        """On the loop: the release :meth:`releasing_off_loop` marked failed: ``None``, it
+        was never written (its caller goes on to the loop path); else ``error`` left its
+        outcome unknown, and settlement completes it, as for a caller of :meth:`release_one`
+        that left (the plain command's as :meth:`_last_unknown` hands it over)."""
+        holds = self._services.holds
+        key = self._registry_key
+        if error is not None:
+            copies = ReleaseCopies()
+            copies.sending(False)
+            work: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+            work.set_exception(error)
+            if by_command:
+                self._last_unknown(owner, request, copies)(work)
+            else:
+                self.settlement.release_unknown(owner, request, work, copies)
+        holds.release_ended(key, owner, began)
+
     # -- releases made for the owner ---------------------------------------------------------
 
     async def drop_all(self, owner: str) -> bool:

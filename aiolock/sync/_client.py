@@ -16,6 +16,7 @@ from .._core.habits import teaching
 from .._core.names import NameTemplate
 from ..client import Client as AsyncClient
 from ..client import ClientStatistics
+from ._direct import Line, Taken
 from ._kinds import CountDownLatch, ReadWriteLock, Semaphore
 from ._locks import Lock, locked
 from ._loop import Call, LoopThread, abandon, detach, generation, loop_thread, refuse_in_loop
@@ -52,6 +53,7 @@ class Client:
         "_connect",
         "_first",
         "_generation",
+        "_line",
         "_lock",
         "_loop",
         "_numbers",
@@ -84,6 +86,7 @@ class Client:
         self._closed = False
         self._async: AsyncClient | None = None
         self._loop: LoopThread | None = None
+        self._line: Line | None = None  # the threads' own connections (see _direct.py)
         self._generation = generation()
 
     # -- the engine --------------------------------------------------------------------------
@@ -99,8 +102,8 @@ class Client:
 
     def _start(self) -> tuple[AsyncClient, asyncio.AbstractEventLoop]:
         if self._generation != generation():  # a forked child: the parent's are not ours
-            abandon((self._async, self._loop, self._first))
-            self._async = self._loop = self._first = None
+            abandon((self._async, self._loop, self._first, self._line))
+            self._async = self._loop = self._first = self._line = None
             self._lock = threading.Lock()
             self._threads = threading.local()
             self._generation = generation()
@@ -110,11 +113,12 @@ class Client:
             if self._async is None:
                 thread = loop_thread()
                 try:
-                    self._async = Call[AsyncClient]().run(thread.loop, self._make, _nothing)
+                    made = Call[AsyncClient]().run(thread.loop, self._make, _nothing)
                 except BaseException:
                     detach(thread)
                     raise
-                self._loop = thread
+                self._line = Line.of(made.redis, thread.loop)
+                self._async, self._loop = made, thread
             assert self._loop is not None
             return self._async, self._loop.loop
 
@@ -128,6 +132,25 @@ class Client:
         if number is None:
             number = self._threads.number = next(self._numbers)
         return async_client.owners_of(made).of_thread(number)
+
+    def line(self) -> Line | None:
+        """The blocking connections the calling threads send their own first tries and
+        releases on (``None``: every call goes through the loop; see ``_direct.py``)."""
+        return self._line
+
+    def flush(self) -> None:
+        """Before a call queued on the loop: the loop runs what the calling threads posted
+        first (see ``_direct.Posts``)."""
+        line = self._line
+        if line is not None:
+            line.flush()
+
+    def taken(self) -> dict[str, Taken]:
+        """What the calling thread took by its own first tries, by lock (registry key)."""
+        taken: dict[str, Taken] | None = getattr(self._threads, "taken", None)
+        if taken is None:
+            taken = self._threads.taken = {}
+        return taken
 
     # -- factories ---------------------------------------------------------------------------
 
@@ -201,6 +224,7 @@ class Client:
         async def read() -> ClientStatistics:
             return made.statistics()
 
+        self.flush()
         return Call[ClientStatistics]().run(loop, read, _nothing)
 
     @property
@@ -218,8 +242,8 @@ class Client:
             if self._closed:
                 return
             self._closed = True
-            made, thread = self._async, self._loop
-            self._async = None  # every later call goes to _start, which refuses it
+            made, thread, line = self._async, self._loop, self._line
+            self._async = self._line = None  # every later call goes to _start, which refuses it
             self._first = None  # never used: it holds no connection
         if made is None or thread is None:
             return
@@ -230,14 +254,18 @@ class Client:
                 await made.redis.aclose()
 
         try:
+            if line is not None:
+                line.flush()
             Call[None]().run(thread.loop, close, _nothing)
         finally:
+            if line is not None:
+                line.close()
             detach(thread)
 
     def _start_over_closed(self) -> None:
         """``close()`` in a forked child before any call: nothing of its own to close."""
-        abandon((self._async, self._loop, self._first))
-        self._async = self._loop = self._first = None
+        abandon((self._async, self._loop, self._first, self._line))
+        self._async = self._loop = self._first = self._line = None
         self._generation = generation()
         self._closed = True
 

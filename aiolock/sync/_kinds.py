@@ -161,7 +161,8 @@ class Permit:
     def transaction(self) -> TransactionContext[Any]:
         """Commands that run only while the permit is held (see
         :meth:`aiolock.Permit.transaction`)."""
-        return TransactionContext((self._client,), self._permit.transaction())
+        permit = self._permit
+        return TransactionContext((self._client,), permit.transaction)
 
     def release(self) -> None:
         """Give the permit back; ``LockNotOwnedError`` if it was no longer held."""

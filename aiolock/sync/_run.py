@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ..client import owners_of
 from ._loop import Call, refuse_in_loop
@@ -12,7 +12,7 @@ from ._loop import Call, refuse_in_loop
 if TYPE_CHECKING:
     from ._client import Client
 
-__all__ = ["run"]
+__all__ = ["run", "settle"]
 
 T = TypeVar("T")
 
@@ -34,6 +34,7 @@ def run(
     loop: asyncio.AbstractEventLoop | None = None
     for client in clients:
         made, loop = client.engine()
+        client.flush()  # the loop runs the thread's own posts first
         acting.append((owners_of(made), client.thread_owner(made)))
     assert loop is not None, "a call needs a client"
 
@@ -42,3 +43,21 @@ def run(
             owners.act_for(task, owner)
 
     return Call[T]().run(loop, work, act, undo)
+
+
+def settle(clients: Sequence[Client], work: Callable[[], Awaitable[object]]) -> None:
+    """Run ``work()`` on the loop as the calling thread and wait for its end, uninterrupted
+    (what an interrupted call leaves to the loop: its settlement)."""
+    acting = []
+    loop: asyncio.AbstractEventLoop | None = None
+    for client in clients:
+        made, loop = client.engine()
+        client.flush()  # the loop runs the thread's own posts first
+        acting.append((owners_of(made), client.thread_owner(made)))
+    assert loop is not None, "a call needs a client"
+
+    def act(task: asyncio.Task[Any]) -> None:
+        for owners, owner in acting:
+            owners.act_for(task, owner)
+
+    Call[object]().settle_after(loop, work, act)

@@ -1,5 +1,6 @@
 """The hop to ``aiolock.sync``'s loop thread, without a server: outcomes, an interrupt during
-the wait (the task is cancelled and settles first), a call on a loop's own thread."""
+the wait (the task is cancelled and settles first), a call on a loop's own thread; what a
+thread's own calls post to the loop, and the lines they are sent on."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from collections.abc import Iterator
 from types import FrameType
 
 import pytest
+from redis.asyncio.connection import Connection
 
+from aiolock.sync._direct import Line, Posts
 from aiolock.sync._loop import Call, detach, loop_thread, refuse_in_loop
 
 
@@ -85,3 +88,55 @@ def test_an_interrupt_cancels_the_task_and_waits_for_it_to_settle(
 async def test_a_call_on_a_loops_thread_is_refused() -> None:
     with pytest.raises(RuntimeError, match="use the async API: await x"):
         refuse_in_loop("await x")
+
+
+def test_posts_run_in_order_in_batches_and_before_what_is_queued_after_a_flush(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    posts = Posts(loop)
+    ran: list[str] = []
+    done = threading.Event()
+
+    def last(text: str) -> None:
+        ran.append(text)
+        done.set()
+
+    for n in range(5):
+        posts.post(lambda n=n: ran.append(f"post {n}"))  # type: ignore[misc]
+    # A batch is due BATCH after the loop woke: a call queued now, after a flush, still runs
+    # after every post.
+    posts.flush()
+    loop.call_soon_threadsafe(last, "queued after")
+    assert done.wait(10)
+    assert ran == [*(f"post {n}" for n in range(5)), "queued after"]
+    # Without a flush the batch runs on its own, once, BATCH later.
+    ran.clear()
+    done.clear()
+    posts.post(lambda: ran.append("a"))
+    posts.post(lambda: last("b"))
+    assert done.wait(10)
+    assert ran == ["a", "b"]
+    # An urgent post runs the batch at once, and a failing callback stops none after it.
+    ran.clear()
+    done.clear()
+    posts.post(lambda: 1 / 0)
+    posts.post(lambda: last("urgent"), urgent=True)
+    assert done.wait(10)
+    assert ran == ["urgent"]
+
+
+def test_a_line_is_made_for_one_server_only() -> None:
+    from redis.asyncio import Redis, RedisCluster
+    from redis.asyncio.connection import ConnectionPool
+
+    loop = asyncio.new_event_loop()
+    try:
+        plain = Redis.from_url("redis://127.0.0.1:1/0", socket_timeout=1.5)
+        assert Line.of(plain, loop) is not None
+        # A connection class the line has no blocking counterpart of (a sentinel's, say).
+        pool = ConnectionPool(connection_class=type("Custom", (Connection,), {}))
+        assert Line.of(Redis(connection_pool=pool), loop) is None
+        cluster = RedisCluster.__new__(RedisCluster)  # never connected: its type is the point
+        assert Line.of(cluster, loop) is None
+    finally:
+        loop.close()

@@ -1,0 +1,467 @@
+"""The first try and the release of a plain lock, sent by the calling thread itself.
+
+A blocking call that hops to the loop thread and back costs two thread switches, more than the
+call to Redis on loopback.  So for the plain and spin locks (``ReentrantKind``, its owner the
+thread), the calling thread sends the owner's first try itself, over a blocking connection of
+the client's own (:class:`Line`, made with the async pool's connection options), with the
+call the engine builds (``first_try_off_loop``: the same script and arguments), and posts a
+fresh grant to the loop without waiting for it (``record_off_loop``): the loop records it as
+a grant of its own (the watchdog renews it, its timer, statistics).  The release of the
+owner's one hold goes the same way, however it was taken: the plain command
+(``plain_release``) or the release script (``release_call``) when others wait, marked in
+flight first (``releasing_off_loop``), its outcome posted (``released_off_loop``).
+Everything else is the loop's: a refusal (the wait loop parks), a re-entry, a fault, any
+other reply.
+
+Who sees what when: the posts run on the loop in the order the thread made them (:class:`Posts`,
+in batches), and before any call the thread queues on the loop later (``Client.flush``), so
+the loop path always finds the thread's holds recorded and released.  The thread keeps its own
+record of the hold it took here (:class:`Taken`, per lock), since the loop may not have run
+the post yet when the thread releases or acquires again.
+
+An outcome the thread cannot know (a fault or an interrupt once the call was written) is the
+loop's settlement's: posted as ``settlement.acquire_unknown`` (the grant undone exactly, if
+there was one) or ``release_failed_off_loop`` with the error (the release completed).  An
+interrupt waits for that settlement before it is raised, so that nothing is left behind; any
+other fault goes on to the loop path, which waits for it first (or, for a release, is raised,
+as the async ``unlock()`` raises it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+from collections import deque
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Final
+
+import redis
+from redis.asyncio import Redis as AsyncRedis
+from redis.asyncio import connection as async_connection
+from redis.backoff import NoBackoff
+from redis.exceptions import ResponseError
+from redis.retry import Retry
+
+from .._core.holds import CLOCK_MARGIN, Hold
+from .._core.settlement import Attempt
+from ..errors import LockNotOwnedError
+from ..lock import ReentrantKind
+from ._run import settle
+
+if TYPE_CHECKING:
+    from ._client import Client
+
+__all__ = ["BATCH", "Line", "Posts", "Taken", "acquire", "release", "unexpired"]
+
+logger = logging.getLogger("aiolock")
+
+# How long after the loop is woken for a thread's post it runs the batch (seconds): the records
+# of a thread's grants and releases wait that long, the loop path never (see Posts).
+BATCH: Final = 0.002
+
+# The async pool's connection classes and the blocking ones that speak the same (a sentinel's
+# managed connection, or any other class, has no counterpart here: no line, the loop's path).
+_BLOCKING: Final[dict[type[Any], type[Any]]] = {
+    async_connection.Connection: redis.Connection,
+    async_connection.SSLConnection: redis.SSLConnection,
+    async_connection.UnixDomainSocketConnection: redis.UnixDomainSocketConnection,
+}
+# redis-py 5.1 and later read a reply within a timeout of the call's own.
+_READ_TIMEOUT: Final = "timeout" in inspect.signature(redis.Connection.read_response).parameters
+# The connection options a line takes from the async pool (where, who, how long, TLS): not its
+# retry policy (the line never resends: a fault is the loop's settlement's) nor redis-py's
+# async-only helpers.
+_OPTIONS: Final = frozenset(
+    {
+        "host",
+        "port",
+        "path",
+        "db",
+        "username",
+        "password",
+        "credential_provider",
+        "socket_timeout",
+        "socket_connect_timeout",
+        "socket_keepalive",
+        "socket_keepalive_options",
+        "client_name",
+        "lib_name",
+        "lib_version",
+        "encoding",
+        "encoding_errors",
+        "decode_responses",
+        "protocol",
+        "ssl_keyfile",
+        "ssl_certfile",
+        "ssl_cert_reqs",
+        "ssl_ca_certs",
+        "ssl_ca_data",
+        "ssl_check_hostname",
+        "ssl_min_version",
+        "ssl_ciphers",
+    }
+)
+
+
+class Line:
+    """One async client's blocking connections, for its threads' own calls (made with the
+    async pool's options, never resending), and the way their outcomes reach the loop."""
+
+    __slots__ = ("_idle", "_make", "_posts")
+
+    def __init__(self, make: Callable[[], Any], loop: asyncio.AbstractEventLoop) -> None:
+        self._make = make
+        self._idle: list[Any] = []  # pop and append are atomic: the threads share them
+        self._posts = Posts(loop)
+
+    @classmethod
+    def of(cls, client: Any, loop: asyncio.AbstractEventLoop) -> Line | None:
+        """A line to the server of ``client`` (a ``redis.asyncio`` client); ``None`` for a
+        Cluster, a sentinel's or any connection this module does not know."""
+        if not isinstance(client, AsyncRedis):
+            return None
+        pool = client.connection_pool
+        blocking = _BLOCKING.get(pool.connection_class)
+        kwargs = pool.connection_kwargs
+        if blocking is None or kwargs.get("redis_connect_func") is not None:
+            return None
+        options = {name: value for name, value in kwargs.items() if name in _OPTIONS}
+        return cls(lambda: blocking(retry=Retry(NoBackoff(), 0), **options), loop)
+
+    def borrow(self) -> Any:
+        """An idle connection, or a new one, connected; an error here sent nothing."""
+        try:
+            conn = self._idle.pop()
+        except IndexError:
+            conn = self._make()
+        conn.connect()
+        # The pool's own check: data or EOF on an idle connection means it is not clean.
+        if conn.can_read():
+            conn.disconnect()
+            conn.connect()
+        return conn
+
+    def give_back(self, conn: Any) -> None:
+        self._idle.append(conn)
+
+    def post(self, callback: Callable[[], object], *, urgent: bool = False) -> None:
+        """Run ``callback`` on the loop, after the ones posted before (see :class:`Posts`)."""
+        self._posts.post(callback, urgent=urgent)
+
+    def flush(self) -> None:
+        """Have the loop run what the threads posted before what they queue there next."""
+        self._posts.flush()
+
+    def close(self) -> None:
+        while self._idle:
+            self._idle.pop().disconnect()
+
+
+class Posts:
+    """Callbacks that threads hand the loop, run there in the order they were posted.
+
+    They are run in batches: the first callback posted after a batch wakes the loop, which
+    runs the batch :data:`BATCH` seconds later (a thread's release often follows its grant
+    within that), so that a thread taking and releasing a lock over and over does not wake
+    the loop for each.  An ``urgent`` callback (one that owes others a wake-up, or settles an
+    unknown outcome) runs the batch at once, and so does :meth:`flush`, which a thread calls
+    before it queues anything else on the loop: the loop path then finds every post run.
+    """
+
+    __slots__ = ("_loop", "_queue", "_scheduled")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._queue: deque[Callable[[], object]] = deque()
+        # A batch is due: a callback posted now is run with it.
+        self._scheduled = False
+
+    def post(self, callback: Callable[[], object], *, urgent: bool = False) -> None:
+        self._queue.append(callback)
+        if urgent:
+            self._loop.call_soon_threadsafe(self._run)
+        elif not self._scheduled:
+            self._scheduled = True
+            self._loop.call_soon_threadsafe(self._due)
+
+    def flush(self) -> None:
+        """Run what was posted before anything queued on the loop from now on."""
+        if self._queue:
+            self._loop.call_soon_threadsafe(self._run)
+
+    def _due(self) -> None:
+        self._loop.call_later(BATCH, self._run)
+
+    def _run(self) -> None:
+        self._scheduled = False  # first: a callback posted from now on is due in a new batch
+        queue = self._queue
+        while queue:
+            callback = queue.popleft()
+            try:
+                callback()
+            except Exception:  # a bug: the next callbacks still run
+                logger.exception("a callback a thread posted to the loop failed")
+
+
+class Taken:
+    """What the calling thread knows of the hold it took on one lock by its own first try.
+
+    :ivar token: the hold's fencing token.
+    :ivar expires_at: when its first lease ends at the earliest (the loop's clock), until the
+        loop's record of it says more.
+    :ivar released: its release was sent here too (the loop may not have recorded it yet).
+    """
+
+    __slots__ = ("expires_at", "released", "token")
+
+    def __init__(self, token: int, expires_at: float) -> None:
+        self.token = token
+        self.expires_at = expires_at - CLOCK_MARGIN
+        self.released = False
+
+
+class _Unknown(Exception):
+    """What settlement is told of a call whose outcome the thread could not read."""
+
+
+def unexpired(client: Client, target: ReentrantKind, hold: Hold | None) -> bool:
+    """Whether the hold the calling thread took by its own first try is surely not lost yet:
+    not marked lost by the loop (``hold``, its record, once made), and its lease not run out by
+    the client's clock (no I/O; what ``Hold.lost`` would say without running the expiry)."""
+    mine = client.taken().get(target.registry_key)
+    if mine is None or mine.released:
+        return False
+    if hold is not None and hold.lost:
+        return False
+    expires_at = mine.expires_at if hold is None else hold.expires_at
+    return client.engine()[1].time() < expires_at
+
+
+def _owner(client: Client) -> tuple[str, asyncio.AbstractEventLoop, Line]:
+    """The calling thread's owner id, the loop and the client's line."""
+    made, loop = client.engine()
+    line = client.line()
+    assert line is not None
+    return client.thread_owner(made), loop, line
+
+
+def acquire(
+    client: Client,
+    target: ReentrantKind,
+    lease: float | None,
+    within: float | None = None,
+    kept: list[Hold] | None = None,
+) -> bool:
+    """The calling thread's first try of ``target``, sent by itself: ``True`` once it holds
+    the lock; ``False`` when the loop path must acquire (after anything but a fresh grant, with
+    an unknown outcome handed to settlement first).  An interrupt is raised once settled.
+
+    ``within``: the reply is waited for that many seconds at most (a caller's ``wait`` bounds
+    its whole acquire, a stalled server included), then its outcome is settlement's.
+    ``kept``: the loop's record of the hold is appended to it once the loop has made it."""
+    if within is not None and not _READ_TIMEOUT:
+        return False  # an older redis-py: the loop path bounds the call
+    owner, loop, line = _owner(client)
+    taken = client.taken()
+    if not _may_try(target, owner, taken.get(target.registry_key)):
+        return False
+    started = loop.time()
+    prepared = target.first_try_off_loop(owner, lease, started)
+    if prepared is None:
+        return False
+    attempt, (script, keys, args) = prepared
+    try:
+        conn = line.borrow()
+    except Exception:
+        return False
+    # Until the grant is posted, an interrupt or a fault leaves an outcome the loop must settle
+    # (undo it, if granted); once posted, the hold is the loop's like any other.
+    unknown = posted = False
+    try:
+        attempt.sent_at = loop.time()
+        unknown = True
+        conn.send_command("EVALSHA", script.sha, len(keys), *keys, *args)
+        reply = _reply(conn, within)
+        grant = target.grant_of(reply, attempt.lease_ms)
+        if grant is None:
+            return False  # refused: the loop's wait
+        if not target.fresh_off_loop(attempt, grant):
+            unknown = False
+            _acquire_unknown(line, target, attempt, reply, None)  # undone exactly
+            return False
+        waited = loop.time() - started
+        taken[target.registry_key] = Taken(int(grant[0]), attempt.sent_at + attempt.lease)
+
+        def record() -> None:
+            hold = target.record_off_loop(attempt, grant, waited, watchdog=lease is None)
+            if kept is not None:
+                kept.append(hold)
+
+        line.post(record)
+        posted = True
+    except ResponseError:
+        return False  # a reply (NOSCRIPT, a server's refusal): the loop path sends it again
+    except BaseException as error:
+        conn.disconnect()
+        if posted:  # interrupted on the way out: the caller never takes the hold
+            taken.pop(target.registry_key, None)
+            settle([client], lambda: target.release_one(owner))
+        elif unknown:
+            _acquire_unknown(line, target, attempt, None, error)
+            if not isinstance(error, Exception):  # an interrupt: nothing may stay behind
+                settle(
+                    [client], lambda: target.services.holds.wait_pending(target.keys.lock, owner)
+                )
+        if not isinstance(error, Exception):
+            raise
+        return False
+    finally:
+        line.give_back(conn)
+    return True
+
+
+def _reply(conn: Any, within: float | None) -> Any:
+    """The reply on ``conn``, waited for ``within`` seconds at most (and the socket's own
+    timeout)."""
+    if within is None:
+        return conn.read_response()
+    limit = conn.socket_timeout
+    return conn.read_response(timeout=within if limit is None else min(within, limit))
+
+
+def _may_try(target: ReentrantKind, owner: str, mine: Taken | None) -> bool:
+    """Whether the owner's try would be a first one: no hold of the thread's to re-enter."""
+    if mine is not None and not mine.released:
+        return False  # a re-entry: the loop's
+    hold = target.hold(owner)
+    # A hold the loop path made is re-entered on the loop.  (One up to the token of the
+    # thread's own last hold is one whose release the thread posted: the loop forgets it first.)
+    return hold is None or (mine is not None and hold.token <= mine.token)
+
+
+def _acquire_unknown(
+    line: Line,
+    target: ReentrantKind,
+    attempt: Attempt,
+    reply: Any,
+    error: BaseException | None,
+) -> None:
+    """Post an acquire whose grant nobody takes: its reply, or the error that left it unknown
+    (settlement undoes a grant exactly; the owner's next call waits for it)."""
+    failure = None if error is None else _Unknown(f"a thread's own first try failed: {error!r}")
+
+    def hand_over() -> None:
+        work: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        if failure is None:
+            work.set_result(reply)
+        else:
+            work.set_exception(failure)
+        target.settlement.acquire_unknown(attempt, work)
+
+    line.post(hand_over, urgent=True)
+
+
+def release(client: Client, target: ReentrantKind) -> bool:
+    """Release the calling thread's one hold of ``target`` by a call sent by itself (the plain
+    command, or the release script when others wait): ``True`` once released; ``False`` when
+    the loop path must (a re-entered hold, one whose acquire was resent, a fault on record).
+
+    :raises LockNotOwnedError: the hold was gone (a loss, recorded on the loop).
+    :raises redis.RedisError: the connection failed with the release written: settlement
+        completes it (as for ``AsyncRLock.unlock``).
+    """
+    owner, loop, line = _owner(client)
+    taken = client.taken()
+    releasable = _releasable(target, owner, taken.get(target.registry_key))
+    if releasable is None:
+        return False
+    token, hold = releasable
+    command = target.plain_release(owner, contended=hold is not None and hold.contended)
+    try:
+        conn = line.borrow()
+    except Exception:
+        return False
+    began = loop.time()
+    request = target.releasing_off_loop(owner, began)
+    if request is None:
+        line.give_back(conn)
+        return False
+    by_command = command is not None
+    if command is None:
+        # The script the loop would send (it also keeps the lock's waiting set alive now and
+        # then: a time the thread may write as well as the loop, either keeps it).
+        script, keys, args = target.release_call(owner, request, None)
+        command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+    # Until the outcome is posted, an interrupt or a fault once written leaves it unknown.
+    unknown = False
+    try:
+        unknown = True
+        conn.send_command(*command)
+        reply = conn.read_response()
+        # A plain release that removed a waiter's mark owes the wake-up the script would have
+        # published: at once.
+        owes = by_command and reply != 3
+        line.post(
+            lambda: target.released_off_loop(owner, began, reply, by_command=by_command),
+            urgent=owes,
+        )
+        unknown = False
+    except ResponseError:
+        # A reply (NOSCRIPT, a replica's refusal): nothing changed; the loop path sends it.
+        line.post(
+            lambda: target.release_failed_off_loop(
+                owner, request, began, None, by_command=by_command
+            ),
+            urgent=True,
+        )
+        return False
+    except BaseException as error:
+        conn.disconnect()
+        taken[target.registry_key] = _released(token)
+        if not unknown:  # interrupted on the way out, its outcome posted: the release is done
+            raise
+        failure = _Unknown(f"a thread's own release failed: {error!r}")
+        line.post(
+            lambda: target.release_failed_off_loop(
+                owner, request, began, failure, by_command=by_command
+            ),
+            urgent=True,
+        )
+        if not isinstance(error, Exception):  # an interrupt: nothing may stay behind
+            settle([client], lambda: target.services.holds.wait_pending(target.keys.lock, owner))
+        raise
+    finally:
+        line.give_back(conn)
+    taken[target.registry_key] = _released(token)
+    if (int(reply) < 3) if by_command else (reply is None):
+        raise LockNotOwnedError(f"lock {target.name!r} is not held by this owner")
+    return True
+
+
+def _releasable(
+    target: ReentrantKind, owner: str, mine: Taken | None
+) -> tuple[int, Hold | None] | None:
+    """The token of the owner's one hold that the thread may release itself, and the loop's
+    record of it if the loop has one yet; ``None`` when the loop path must release."""
+    hold = target.hold(owner)
+    if mine is not None:
+        if mine.released:
+            return None  # released already: the loop path says so
+        if hold is not None and hold.token < mine.token:
+            hold = None  # an earlier hold of the thread's, whose release the loop has yet to read
+        if hold is not None and (hold.token != mine.token or hold.count != 1):
+            return None
+        return mine.token, hold
+    if hold is None or hold.count != 1 or hold.resent:
+        # The loop's record of a hold it made is up to date: the thread's call that made it
+        # returned once it was written.
+        return None
+    return hold.token, hold
+
+
+def _released(token: int) -> Taken:
+    """The thread's record of a hold whose release it sent (the loop may not have read it)."""
+    taken = Taken(token, 0.0)
+    taken.released = True
+    return taken

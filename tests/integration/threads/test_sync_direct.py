@@ -1,0 +1,421 @@
+"""The plain lock's first try and release sent by the calling thread itself (``aiolock.sync``'s
+``_direct.py``): taken without a hop to the loop, recorded there all the same (renewed by the
+watchdog), one lock with the async face, and nothing left behind by an interrupt or a fault
+in the middle of such a call."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from types import FrameType
+from typing import Any
+
+import pytest
+import redis
+
+import aiolock
+import aiolock.sync
+from aiolock.sync._loop import Call
+from aiolock.testing.pytest_plugin import ServerInfo
+from tests.helpers import keys_of
+
+# A script that keeps the server busy (it runs one command at a time) for a while, so that a
+# call sent meanwhile waits for its reply.
+BUSY = """
+local t = redis.call('TIME')
+local stop = tonumber(t[1]) * 1000000 + tonumber(t[2]) + tonumber(ARGV[1])
+repeat
+    t = redis.call('TIME')
+until tonumber(t[1]) * 1000000 + tonumber(t[2]) >= stop
+return 1
+"""
+
+
+class Interrupted(BaseException):
+    """What the test's signal handler raises in the main thread (as Ctrl-C raises
+    ``KeyboardInterrupt``), without touching pytest's own handling of Ctrl-C."""
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s: {predicate}")
+        time.sleep(0.002)
+
+
+@pytest.fixture
+def plain(aiolock_server: ServerInfo) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(aiolock_server.url)
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def hops(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """How many calls went to the loop thread (``Call.run``, the hop), counted."""
+    counted = [0]
+    run = Call.run
+
+    def counting(self: Call[Any], *args: Any, **kwargs: Any) -> Any:
+        counted[0] += 1
+        return run(self, *args, **kwargs)
+
+    monkeypatch.setattr(Call, "run", counting)
+    return counted
+
+
+def calls_of(plain: redis.Redis, command: str) -> int:
+    stats: dict[str, Any] = plain.info("commandstats")
+    return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+def test_an_uncontended_cycle_from_a_thread_is_one_evalsha_and_one_hdel_and_no_hop(
+    aiolock_sync_client: aiolock.sync.Client, plain: redis.Redis, hops: list[int]
+) -> None:
+    lock = aiolock_sync_client.lock(f"direct:{uuid.uuid4().hex}")
+    assert lock.try_lock(1)  # the first call starts the client on the loop
+    lock.unlock()
+    before = {command: calls_of(plain, command) for command in ("evalsha", "hdel", "eval")}
+    hopped = hops[0]
+    for _ in range(50):
+        assert lock.try_lock(1)
+        lock.unlock()
+        lock.lock(lease=5)
+        lock.unlock()
+    assert hops[0] == hopped  # never went through the loop thread
+    after = {command: calls_of(plain, command) for command in ("evalsha", "hdel", "eval")}
+    # The INFO calls of this test are the only other commands; nothing else ran.
+    assert {c: after[c] - before[c] for c in after} == {"evalsha": 100, "hdel": 100, "eval": 0}
+    # The loop recorded every grant and release, as if it had made them.
+    wait_until(lambda: lock.statistics().acquisitions == 101 and lock.statistics().held == 0)
+    assert not lock.is_locked()
+
+
+def test_the_loop_path_finds_the_threads_own_calls_recorded(
+    aiolock_sync_client: aiolock.sync.Client, hops: list[int]
+) -> None:
+    lock = aiolock_sync_client.lock(f"direct:{uuid.uuid4().hex}")
+    assert lock.try_lock(1)
+    lock.unlock()
+    hopped = hops[0]
+    for held in range(1, 20):
+        assert lock.try_lock(0)  # the thread's own grant, posted to the loop in a batch
+        assert hops[0] == hopped
+        # A call through the loop runs after what the thread posted: no waiting for it.
+        stats = lock.statistics()
+        hopped = hops[0]
+        assert (stats.held, stats.acquisitions) == (1, 1 + held)
+        lock.unlock()
+        assert lock.statistics().held == 0
+        hopped = hops[0]
+
+
+def test_a_re_entry_and_a_contended_try_go_through_the_loop(
+    aiolock_sync_client: aiolock.sync.Client, hops: list[int]
+) -> None:
+    lock = aiolock_sync_client.lock(f"direct:{uuid.uuid4().hex}")
+    assert lock.try_lock(1)
+    hopped = hops[0]
+    assert lock.try_lock(0)  # a re-entry: the loop's
+    assert hops[0] == hopped + 1
+    assert lock.hold_count() == 2
+    hopped = hops[0]
+    lock.unlock()  # an inner release: the loop's
+    assert hops[0] == hopped + 1
+    assert lock.hold_count() == 1
+    hopped = hops[0]
+    lock.unlock()  # the thread's one hold left: its own release again
+    assert hops[0] == hopped
+    assert not lock.is_locked()
+    with ThreadPoolExecutor(1) as other:
+        assert other.submit(lambda: lock.try_lock(1, lease=5)).result(timeout=30)
+        hopped = hops[0]
+        assert not lock.try_lock(0.05)  # refused on the thread, then the loop's wait
+        assert hops[0] == hopped + 1
+        other.submit(lock.unlock).result(timeout=30)
+    assert lock.try_lock(1)
+    lock.unlock()
+    assert not lock.is_locked()
+
+
+def test_a_hold_taken_by_the_thread_is_renewed_by_the_watchdog(
+    aiolock_server: ServerInfo, plain: redis.Redis, hops: list[int]
+) -> None:
+    with aiolock.sync.Client.from_url(
+        aiolock_server.url, key_prefix=f"direct-{uuid.uuid4().hex}", watchdog_timeout=0.3
+    ) as client:
+        lock = client.lock("renewed")
+        client.lock("warm").try_lock(0)  # starts the client: the try below is the thread's
+        hopped = hops[0]
+        assert lock.try_lock(0)  # lease=None: the watchdog's
+        assert hops[0] == hopped
+        # Renewed well past the lease it was granted with (0.3 s), never lost.
+        wait_until(lambda: lock.statistics().renewals >= 4)
+        assert lock.statistics().held == 1
+        assert lock.statistics().losses == 0
+        assert 0 < plain.pttl(keys_of(lock.target()).lock) <= 300
+        lock.unlock()
+        assert not lock.is_locked()
+        assert lock.statistics().losses == 0
+
+
+@pytest.mark.anyio
+async def test_threads_and_tasks_exclude_each_other_on_one_lock(
+    aiolock_server: ServerInfo, aiolock_client: aiolock.Client
+) -> None:
+    name = f"direct:{uuid.uuid4().hex}"
+    sync = aiolock.sync.Client.from_url(aiolock_server.url, key_prefix=aiolock_client.key_prefix)
+    inside = 0
+    most = 0
+    counted = threading.Lock()
+
+    def enter() -> None:
+        nonlocal inside, most
+        with counted:
+            inside += 1
+            most = max(most, inside)
+
+    def leave() -> None:
+        nonlocal inside
+        with counted:
+            inside -= 1
+
+    def thread_side() -> None:
+        lock = sync.lock(name)
+        for _ in range(60):
+            assert lock.try_lock(30)
+            enter()
+            time.sleep(0)
+            leave()
+            lock.unlock()
+
+    async def task_side() -> None:
+        lock = aiolock_client.lock(name)
+        for _ in range(60):
+            assert await lock.try_lock(30)
+            enter()
+            await asyncio.sleep(0)
+            leave()
+            await lock.unlock()
+
+    try:
+        await asyncio.gather(
+            *(asyncio.to_thread(thread_side) for _ in range(3)), task_side(), task_side()
+        )
+    finally:
+        await asyncio.to_thread(sync.close)
+    assert most == 1
+    assert not await aiolock_client.lock(name).is_locked()
+
+
+@contextlib.contextmanager
+def interrupt_in_read(started: Callable[[], None]) -> Iterator[None]:
+    """Raise :class:`Interrupted` in the main thread once it reads a reply on its own
+    connection (``started()`` has sent the server to sleep first, so the reply waits)."""
+    main = threading.main_thread()
+    assert threading.current_thread() is main
+    assert main.ident is not None
+
+    def raise_interrupted(signum: int, frame: FrameType | None) -> None:
+        raise Interrupted
+
+    def reading() -> bool:
+        frame: FrameType | None = sys._current_frames().get(main.ident or 0)
+        while frame is not None:
+            if frame.f_code.co_name == "read_response":
+                return True
+            frame = frame.f_back
+        return False
+
+    def interrupt() -> None:
+        wait_until(reading)
+        signal.pthread_kill(main.ident or 0, signal.SIGUSR1)
+
+    previous = signal.signal(signal.SIGUSR1, raise_interrupted)
+    started()
+    interrupter = threading.Thread(target=interrupt)
+    interrupter.start()
+    try:
+        yield
+    finally:
+        interrupter.join()
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def busy_server(url: str, microseconds: int) -> Callable[[], None]:
+    """A ``started()`` for :func:`interrupt_in_read`: the server runs :data:`BUSY` for that
+    long, from another thread (started once a probe finds the server not answering)."""
+
+    def start() -> None:
+        worker = redis.Redis.from_url(url, socket_timeout=30)
+
+        def run() -> None:
+            with worker:
+                worker.eval(BUSY, 0, microseconds)
+
+        threading.Thread(target=run, daemon=True).start()
+        probe = redis.Redis.from_url(url, socket_timeout=0.05)
+
+        def busy() -> bool:
+            try:
+                probe.ping()
+            except redis.TimeoutError:
+                return True
+            return False
+
+        wait_until(busy)
+        probe.close()
+
+    return start
+
+
+@pytest.mark.parametrize("call", ["try_lock", "unlock"])
+def test_an_interrupt_in_a_threads_own_call_leaves_nothing_behind(
+    aiolock_sync_client: aiolock.sync.Client,
+    aiolock_server: ServerInfo,
+    plain: redis.Redis,
+    hops: list[int],
+    call: str,
+) -> None:
+    lock = aiolock_sync_client.lock(f"direct:{uuid.uuid4().hex}")
+    key = keys_of(lock.target()).lock
+    lock.try_lock(0)  # warm: the line's connection is made
+    lock.unlock()
+    if call == "unlock":
+        hopped = hops[0]
+        assert lock.try_lock(0, lease=30)
+        assert hops[0] == hopped  # the thread's own grant
+    with pytest.raises(Interrupted):
+        with interrupt_in_read(busy_server(aiolock_server.url, 400_000)):
+            getattr(lock, call)()
+    # Settled before the interrupt was raised: an acquire undone, a release completed.
+    assert not plain.exists(key)
+    assert lock.statistics().held == 0
+    with ThreadPoolExecutor(1) as other:  # anyone can take it now
+        assert other.submit(lambda: lock.try_lock(0)).result(timeout=30)
+        other.submit(lock.unlock).result(timeout=30)
+    assert lock.try_lock(0)  # and the thread too, afresh
+    assert lock.hold_count() == 1
+    lock.unlock()
+    assert not plain.exists(key)
+
+
+@pytest.mark.parametrize("call", ["try_lock", "unlock"])
+def test_a_connection_fault_in_a_threads_own_call_is_settled(
+    aiolock_server: ServerInfo, plain: redis.Redis, hops: list[int], call: str
+) -> None:
+    # The reply of a call sent while the server is busy times out: its outcome is unknown.
+    with aiolock.sync.Client.from_url(
+        aiolock_server.url, key_prefix=f"direct-{uuid.uuid4().hex}", socket_timeout=0.1
+    ) as client:
+        lock = client.lock("faulty")
+        key = keys_of(lock.target()).lock
+        lock.try_lock(0)
+        lock.unlock()
+        hopped = hops[0]
+        if call == "try_lock":
+            busy_server(aiolock_server.url, 400_000)()
+            # The thread's own try times out; its grant (applied once the server is free) is
+            # undone exactly, and the loop path, which waits for that first, takes the lock
+            # once.
+            assert lock.try_lock(10)
+            assert hops[0] == hopped + 1
+            assert lock.hold_count() == 1
+            lock.unlock()
+        else:
+            assert lock.try_lock(0)
+            assert hops[0] == hopped  # the thread's own grant
+            busy_server(aiolock_server.url, 400_000)()
+            # A release that times out raises (as the async unlock does); it is completed.
+            with pytest.raises(redis.TimeoutError):
+                lock.unlock()
+            assert hops[0] == hopped
+        wait_until(lambda: not plain.exists(key))
+        wait_until(lambda: lock.statistics().held == 0)
+        assert lock.try_lock(0)  # the thread's next hold is a fresh one
+        assert lock.hold_count() == 1
+        lock.unlock()
+        assert not plain.exists(key)
+        assert lock.statistics().losses == 0
+
+
+def test_a_wait_bounds_the_threads_own_try_against_a_stalled_server(
+    aiolock_sync_client: aiolock.sync.Client, aiolock_server: ServerInfo, plain: redis.Redis
+) -> None:
+    lock = aiolock_sync_client.lock(f"direct:{uuid.uuid4().hex}")
+    key = keys_of(lock.target()).lock
+    lock.try_lock(0)
+    lock.unlock()
+    busy_server(aiolock_server.url, 2_000_000)()
+    began = time.monotonic()
+    assert lock.try_lock(0.2) is False  # its own try's reply is waited for 0.2 s at most
+    assert time.monotonic() - began < 1.5  # well before the server answers again
+    # The grant the server made once it was free again is undone: nothing stays.
+    wait_until(lambda: plain.exists(key) == 0 and lock.statistics().held == 0)
+    assert lock.try_lock(0)
+    lock.unlock()
+
+
+def test_a_guard_block_is_the_threads_own_first_try_and_release(
+    aiolock_sync_client: aiolock.sync.Client, plain: redis.Redis, hops: list[int]
+) -> None:
+    lock = aiolock_sync_client.lock(f"direct:{uuid.uuid4().hex}")
+    with lock.acquire(wait=1) as first:  # starts the client
+        pass
+    before = {command: calls_of(plain, command) for command in ("evalsha", "hdel")}
+    hopped = hops[0]
+    tokens = []
+    for _ in range(10):
+        with lock.acquire(wait=5, lease=5) as guard:
+            tokens.append(guard.fencing_token)
+        with lock as guard:  # ``with lock:`` too
+            tokens.append(guard.fencing_token)
+    assert hops[0] == hopped
+    after = {command: calls_of(plain, command) for command in ("evalsha", "hdel")}
+    assert {c: after[c] - before[c] for c in after} == {"evalsha": 20, "hdel": 20}
+    assert tokens == sorted(tokens)
+    assert tokens[0] > first.fencing_token
+    # The guard's reads go to the loop, which has recorded the hold by then.
+    with lock.acquire(wait=5, lease=5) as guard:
+        assert not guard.lost
+        assert 0 < guard.valid_for() <= 5
+        assert lock.statistics().held == 1
+    assert not lock.is_locked()
+
+
+def test_a_guard_the_thread_took_reports_a_loss_on_leaving(
+    aiolock_sync_client: aiolock.sync.Client, plain: redis.Redis
+) -> None:
+    lock = aiolock_sync_client.lock(f"direct:{uuid.uuid4().hex}")
+    key = keys_of(lock.target()).lock
+    lock.try_lock(0)
+    lock.unlock()
+    # Taken from under the holder: its own release finds nothing, and says so.
+    with pytest.raises(aiolock.LockLostError, match="no longer held"):
+        with lock.acquire(wait=5) as guard:
+            plain.delete(key)
+    assert guard.lost
+    # Its lease ran out in the block: nothing is sent at the exit (a new holder may hold it).
+    with pytest.raises(aiolock.LockLostError, match="lease ran out"):
+        with lock.acquire(wait=5, lease=0.05) as guard:
+            wait_until(lambda: guard.lost)
+            with ThreadPoolExecutor(1) as other:  # someone else takes it meanwhile
+                assert other.submit(lambda: lock.try_lock(5, lease=30)).result(timeout=30)
+    assert plain.exists(key)  # the new holder's hold is untouched
+    assert lock.force_unlock()
+    # A loss in a block that raised is a note on its exception.
+    with pytest.raises(KeyError) as raised:
+        with lock.acquire(wait=5) as guard:
+            plain.delete(key)
+            raise KeyError("in the block")
+    assert any("was lost while held" in note for note in raised.value.__notes__)
+    assert lock.try_lock(0)
+    lock.unlock()
