@@ -36,7 +36,7 @@ from .._scripts import Script
 from .auth import asked_for_password
 from .redispy import has_data
 from .tasks import Background
-from .wire import evaluate, read_replies, read_wait, wait_args, write
+from .wire import evaluate, read_replies, read_wait, wait_args
 
 __all__ = [
     "Calls",
@@ -45,7 +45,6 @@ __all__ = [
     "Orphan",
     "Runner",
     "not_sent",
-    "write",
 ]
 
 # At most this many connections of its own per client, and never more than the pool allows.

@@ -14,7 +14,7 @@ from redis.asyncio import Redis
 
 import aiolock
 from aiolock import _scripts
-from aiolock._redis import calls
+from aiolock._redis import wire
 from tests.helpers import assert_clean, eventually, services_of
 
 pytestmark = pytest.mark.anyio
@@ -176,7 +176,7 @@ class _Stall:
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, seconds: float) -> None:
         self.armed = False
-        write = calls.write
+        write = wire.write
 
         async def stalling(conn: Any, *commands: tuple[Any, ...]) -> None:
             await write(conn, *commands)
@@ -184,7 +184,7 @@ class _Stall:
                 self.armed = False
                 asyncio.get_running_loop().call_soon(time.sleep, seconds)
 
-        monkeypatch.setattr(calls, "write", stalling)
+        monkeypatch.setattr(wire, "write", stalling)
 
 
 @pytest.mark.parametrize("kind", ["lock", "fair_lock", "semaphore"])

@@ -26,7 +26,7 @@ from redis.exceptions import ResponseError
 import aiolock
 from aiolock import _scripts
 from aiolock._core.transaction import Transaction
-from aiolock._redis import calls
+from aiolock._redis import wire
 from aiolock.testing.pytest_plugin import ServerInfo
 from tests.helpers import assert_clean, evalsha_calls, eventually, keys_of, rw_keys_of
 
@@ -135,7 +135,7 @@ def pause_the_next_transaction(
     transaction call's bytes leave: start ``rival`` (another client, in a thread) and stand
     this event loop still (no timer, no renewal runs) until it has taken the lock (``taken``),
     the holder's lease having run out on the server."""
-    write = calls.write
+    write = wire.write
 
     async def paused(conn: Any, *commands: tuple[Any, ...]) -> None:
         transact = any(_TRANSACT_SHAS & {str(arg) for arg in command} for command in commands)
@@ -144,7 +144,7 @@ def pause_the_next_transaction(
             assert taken.wait(10)
         await write(conn, *commands)
 
-    monkeypatch.setattr(calls, "write", paused)
+    monkeypatch.setattr(wire, "write", paused)
 
 
 @pytest.mark.parametrize(
