@@ -22,6 +22,7 @@ import redis
 
 import aiolock
 import aiolock.sync
+from aiolock._core.metrics import Tracing
 from aiolock.sync._loop import Call
 from aiolock.testing.pytest_plugin import ServerInfo
 from tests.helpers import keys_of
@@ -49,6 +50,14 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout}s: {predicate}")
         time.sleep(0.002)
+
+
+@pytest.fixture(autouse=True)
+def no_recording_tracer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A span per call needs the loop: a thread sends its own calls only while no tracer
+    provider may record.  One set by an earlier test (the process keeps the first provider
+    set) would send every call here through the loop."""
+    monkeypatch.setattr(Tracing, "recording", lambda self: False)
 
 
 @pytest.fixture
