@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
@@ -309,3 +310,17 @@ def documented_acl_commands() -> str:
     text = (Path(__file__).parent.parent / "docs" / "deployment.md").read_text()
     block = text[text.index("ACL SETUSER aiolock") :].split("```")[0]
     return " ".join(word for word in block.split() if word.startswith("+"))
+
+
+class Interrupted(BaseException):
+    """What a test's signal handler raises in a thread (as Ctrl-C raises ``KeyboardInterrupt``),
+    without touching pytest's own handling of Ctrl-C."""
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    """:func:`eventually` for a thread: block until ``predicate()`` is true, or fail."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {timeout}s: {predicate}")
+        time.sleep(0.002)

@@ -30,29 +30,27 @@ def run(
     thread running an event loop should make instead.
     """
     refuse_in_loop(api)
-    acting = []
-    loop: asyncio.AbstractEventLoop | None = None
-    for client in clients:
-        made, loop = client.engine()
-        client.flush()  # the loop runs the thread's own posts first
-        acting.append((owners_of(made), client.thread_owner(made)))
-    assert loop is not None, "a call needs a client"
-
-    def act(task: asyncio.Task[T]) -> None:
-        for owners, owner in acting:
-            owners.act_for(task, owner)
-
+    loop, act = _acting(clients)
     return Call[T]().run(loop, work, act, undo)
 
 
 def settle(clients: Sequence[Client], work: Callable[[], Awaitable[object]]) -> None:
     """Run ``work()`` on the loop as the calling thread and wait for its end, uninterrupted
     (what an interrupted call leaves to the loop: its settlement)."""
+    loop, act = _acting(clients)
+    Call[object]().settle_after(loop, work, act)
+
+
+def _acting(
+    clients: Sequence[Client],
+) -> tuple[asyncio.AbstractEventLoop, Callable[[asyncio.Task[Any]], None]]:
+    """The loop of ``clients``, and what makes a task on it act for the calling thread with
+    each of them (the loop runs the thread's own posts first)."""
     acting = []
     loop: asyncio.AbstractEventLoop | None = None
     for client in clients:
         made, loop = client.engine()
-        client.flush()  # the loop runs the thread's own posts first
+        client.flush()
         acting.append((owners_of(made), client.thread_owner(made)))
     assert loop is not None, "a call needs a client"
 
@@ -60,4 +58,4 @@ def settle(clients: Sequence[Client], work: Callable[[], Awaitable[object]]) -> 
         for owners, owner in acting:
             owners.act_for(task, owner)
 
-    Call[object]().settle_after(loop, work, act)
+    return loop, act

@@ -25,7 +25,7 @@ import aiolock.sync
 from aiolock._core.metrics import Tracing
 from aiolock.sync._loop import Call
 from aiolock.testing.pytest_plugin import ServerInfo
-from tests.helpers import keys_of
+from tests.helpers import Interrupted, keys_of, wait_until
 
 # A script that keeps the server busy (it runs one command at a time) for a while, so that a
 # call sent meanwhile waits for its reply.
@@ -37,19 +37,6 @@ repeat
 until tonumber(t[1]) * 1000000 + tonumber(t[2]) >= stop
 return 1
 """
-
-
-class Interrupted(BaseException):
-    """What the test's signal handler raises in the main thread (as Ctrl-C raises
-    ``KeyboardInterrupt``), without touching pytest's own handling of Ctrl-C."""
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s: {predicate}")
-        time.sleep(0.002)
 
 
 @pytest.fixture(autouse=True)

@@ -8,8 +8,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from types import FrameType
 
@@ -19,20 +17,7 @@ import redis
 import aiolock
 import aiolock.sync
 from aiolock.testing.pytest_plugin import ServerInfo
-from tests.helpers import keys_of
-
-
-class Interrupted(BaseException):
-    """What the test's signal handler raises in the waiting thread (as Ctrl-C raises
-    ``KeyboardInterrupt``), without touching pytest's own handling of Ctrl-C."""
-
-
-def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s: {predicate}")
-        time.sleep(0.005)
+from tests.helpers import Interrupted, keys_of, wait_until
 
 
 def loop_threads() -> list[threading.Thread]:
