@@ -79,8 +79,9 @@ class AsyncFairLock(LockKind):
 
     Create it with :meth:`aiolock.Client.fair_lock`; it offers every call of
     :class:`~aiolock.AsyncRLock` with the same semantics.  Choose it when waiters in many
-    processes contend for one lock: each hand-off costs one message to one client, where the
-    plain lock wakes one waiter in every client and lets them race.
+    processes contend for one lock, or when the order matters: its release grants the lock to
+    the next waiter and tells that waiter's client in one message, where the plain lock's
+    names one waiting client, whose waiter then tries (and a newcomer may take it first).
 
     A waiter that gives up leaves the queue at once; one that vanished (its process killed)
     delays those behind it by at most the client's ``fair_wait_timeout``.  Deadlines in the
