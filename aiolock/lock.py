@@ -1,17 +1,20 @@
 """``AsyncRLock``: the reentrant distributed lock, Redisson's ``RLock`` for asyncio.
 
 A kind on the shared engine (:mod:`aiolock._core.kind`): the scripts in ``scripts/lock/``, and
-waiters parked on the lock's pub/sub channel; a release names the one client that wakes one
-of its waiters (:class:`~aiolock._core.waiting.ClientWait`, ``scripts/lock/_waiting.lua``).  A
-release published before the subscription existed is not missed: the SUBSCRIBE's confirmation
-wakes one waiter too (see :mod:`aiolock._redis.pubsub`).
+waiters parked on the lock's pub/sub channel; a release grants the lock to the first owner of
+its waiting set and tells its client, one message in all, whose waiting call starts with no
+further try (:mod:`aiolock._core.line`, ``scripts/lock/_waiting.lua``).  A grant published
+before the subscription existed is not missed: the SUBSCRIBE's confirmation wakes the owners
+that have a place, whose try takes it (see :mod:`aiolock._redis.pubsub`).
 """
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import logging
 import time
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Final
 
 from redis.exceptions import RedisError
 
@@ -21,21 +24,37 @@ from ._core.holds import Hold
 from ._core.hooks import Call, release_args
 from ._core.keys import LockKeys
 from ._core.kind import LockKind
+from ._core.line import ClientWait, Line, LineGrant
 from ._core.services import Services
 from ._core.settlement import Attempt
 from ._core.state import LockStatistics
-from ._core.waiting import ClientWait, WaitStrategy
+from ._core.waiting import MessageGrant, WaitStrategy
 
 __all__ = ["AsyncRLock", "LockGuard", "LockStatistics", "ReentrantKind"]
 
 logger = logging.getLogger("aiolock.lock")
 
+# A grant from the waiting set with less lease left than this (or a third of it) by the
+# client's clock is taken by a try instead, whose reply tells the lease left.
+_SHORTEST_GRANT: Final = 0.05
+# The longest lease a grant from the waiting set gets (ms): a grant to a waiter whose client
+# died blocks the lock no longer.  A waiter that asked for more takes it by a try, which sets
+# the lease it asked for; a lease=None hold is renewed early.
+_GRANT_LEASE_MS: Final = 5000
+
+
+def wake_prefix(lock_key: str) -> str:
+    """The prefix of the plain lock's channels, ``<prefix><client id>``: a release tells the
+    client it grants the lock to, and no other (the lock's hash tag keeps them in its slot)."""
+    return f"{lock_key}:c:"
+
 
 def command_release_fields(owner: str) -> tuple[str, ...]:
     """The fields of the lock hash the release by a bare ``HDEL`` removes: ``owner``'s hold
-    (its count, ``f:``, ``r:``, and ``x:`` and ``:late:`` if a fault left them) and ``:w``; the
-    same list as ``fair/last.lua``'s (``scripts/common/_hold.lua`` says which fields a hold has)."""
-    return (owner, f"f:{owner}", f"r:{owner}", ":w", f"x:{owner}", f":late:{owner}")
+    (its count, ``f:``, ``r:``, ``q:`` if it was granted from the waiting set, and ``x:`` and
+    ``:late:`` if a fault left them) and ``:w``; the same list as ``fair/last.lua``'s
+    (``scripts/common/_hold.lua`` says which fields a hold has)."""
+    return (owner, f"f:{owner}", f"r:{owner}", ":w", f"x:{owner}", f":late:{owner}", f"q:{owner}")
 
 
 class ReentrantKind(LockKind):
@@ -47,8 +66,9 @@ class ReentrantKind(LockKind):
     _renew = _scripts.LOCK_RENEW
 
     def _published(self) -> tuple[str, ...]:
-        """The channel a release publishes on, as script keys: none if nobody subscribes."""
-        return (self._keys.channel,)
+        """The prefix of the channels a release publishes on (``<prefix><client id>``: one
+        per client), as script keys: none if nobody subscribes."""
+        return (wake_prefix(self._keys.lock),)
 
     def attempt_call(self, owner: str, request: int, lease_ms: int) -> Call:
         keys = self._keys
@@ -61,48 +81,54 @@ class ReentrantKind(LockKind):
         return (
             _scripts.LOCK_ACQUIRE,
             (keys.lock, keys.meta, keys.fence, keys.waiting),
-            (lease_ms, owner, request, self._entering(), *self._late_args(owner)),
+            (
+                lease_ms,
+                owner,
+                request,
+                self._entering(owner, request, lease_ms),
+                *self._late_args(owner),
+            ),
         )
 
-    def _entering(self) -> str:
-        """How a refusal of this try enters the client in the lock's waiting set
-        (``lock/acquire.lua``'s ARGV[4]): ``0`` if no call of this client will park (a
-        ``try_lock()`` with no wait); ``!`` first if a grant must name the next client at its
-        release (calls of this client have parked, or others are after the lock), ``~`` if it
-        must also take the client out of the set (this call, which parked, is its last)."""
-        counters = self._counters
-        if not counters.contenders:
-            return "0"
-        if counters.contenders > 1:
-            mark = "!"
-        elif counters.waiters:
-            mark = "~"
-        else:
-            mark = ""
-        return f"{mark}{time.time_ns() // 1_000} {self._client} {self._kept_ms()}"
+    def _line(self) -> Line | None:
+        """This client's line of waiting calls on the lock, if one is alive."""
+        line = self._services.peek_name_state("lock-line", self.name)
+        return line if isinstance(line, Line) else None
 
-    @property
-    def _client(self) -> str:
-        return self._services.owners.client_id
+    def _entering(self, owner: str, request: int, lease_ms: int) -> str:
+        """How a refusal of this try enters the owner in the lock's waiting set
+        (``lock/acquire.lua``'s ARGV[4]): ``0`` if no call of the owner waits (a
+        ``try_lock()`` with no wait, a composite's part); ``!`` first if a grant must hand the
+        lock over at its release (other calls of this client wait), ``~`` if it must also take
+        the owner's member out of the set (the owner has a place already)."""
+        line = self._line()
+        if line is None or not line.waits(owner):
+            return "0"
+        member, placed = line.place_for(owner, request, min(lease_ms, _GRANT_LEASE_MS))
+        mark = "~" if placed else "!" if self._counters.contenders > 1 else ""
+        return f"{mark}{time.time_ns() // 1_000} {self._kept_ms()} {member}"
 
     def _kept_ms(self) -> int:
         """How long an entry of this client keeps the waiting set alive: its waiters park
         under a watchdog lease at most (a fixed lease's refusal keeps it for that lease)."""
         return round(self._services.watchdog_timeout * 1000) + 2000
 
-    def _more(self) -> str:
-        """``lock/release.lua``'s ARGV[3]: this client enters the waiting set behind the
-        others if calls of its own wait (and keeps the set alive, now and then)."""
-        counters = self._counters
-        if not counters.contenders or not self._published():
+    def _more(self, owner: str) -> str:
+        """``lock/release.lua``'s ARGV[3]: the first call of this client waiting behind
+        ``owner``'s hold enters the waiting set if no owner of this client has a place (and
+        keeps the set alive, now and then).  From any thread (aiolock.sync's releases)."""
+        line = self._line()
+        if line is None or not self._counters.contenders:
             return ""
-        more = f"{time.time_ns() // 1_000} {self._client}"
+        counters = self._counters
+        kept = "-"
         now = time.monotonic()
         if now >= counters.waiting_kept_until:
-            kept = self._kept_ms()
-            counters.waiting_kept_until = now + kept / 2000
-            more = f"{more} {kept}"
-        return more
+            kept_ms = self._kept_ms()
+            counters.waiting_kept_until = now + kept_ms / 2000
+            kept = str(kept_ms)
+        order = time.time_ns() // 1_000
+        return line.next_entry(owner, order, kept, self._services.owners.next_request())
 
     def grant_of(self, reply: Any, lease_ms: int) -> list[Any] | None:
         # ``lock/acquire.lua`` answers a fault-free fresh hold with its token alone, and a
@@ -112,6 +138,9 @@ class ReentrantKind(LockKind):
         return reply if len(reply) == 3 else None
 
     def _refusal_pause(self, attempt: Attempt, reply: Any) -> float:
+        line = self._line()
+        if line is not None:
+            line.refused(attempt.owner, attempt.sent_at)
         return super()._refusal_pause(attempt, reply[0])
 
     def release_call(self, owner: str, request: int, undo: int | None) -> Call:
@@ -121,12 +150,15 @@ class ReentrantKind(LockKind):
             return _scripts.LOCK_RELEASE, (keys.lock, keys.meta), (*args[:2], "", *args[2:])
         return (
             _scripts.LOCK_RELEASE,
-            (keys.lock, keys.meta, keys.channel, keys.waiting),
-            (*args[:2], self._more(), *args[2:]),
+            (keys.lock, keys.meta, *self._published(), keys.waiting, keys.fence),
+            (*args[:2], self._more(owner), *args[2:]),
         )
 
     def _force_call(self) -> Call:
-        return _scripts.LOCK_FORCE, (self._keys.lock, *self._published()), ()
+        keys = self._keys
+        if not self._published():
+            return _scripts.LOCK_FORCE, (keys.lock,), ()
+        return _scripts.LOCK_FORCE, (keys.lock, *self._published(), keys.waiting), ()
 
     def _last_release_command(self, hold: Hold) -> tuple[Any, ...] | None:
         """``HDEL`` of the owner's fields (its count, ``f:``, ``r:``, and ``x:`` and ``:late:``
@@ -164,11 +196,11 @@ class AsyncRLock(ReentrantKind):
 
     ``lease=None`` (the default) keeps the lock alive with the client's watchdog for as long as
     the owner holds it; a number of seconds makes the lock expire that long after it was taken,
-    unless it is released first.  Waiting does not poll: a waiter parks on the lock's pub/sub
-    channel, and a release wakes one waiter in all, in the client it names.  The remaining
-    lease bounds every wait, so a lost message only delays a waiter.  Waiters of one client
-    are served in order; clients take turns, and a newcomer may take a free lock first (see
-    :meth:`aiolock.Client.fair_lock` for a queue across clients).
+    unless it is released first.  Waiting does not poll: a waiter parks on its client's pub/sub
+    channel of the lock, and a release grants the lock to one waiter in all, whose client it
+    tells.  The remaining lease bounds every wait, so a lost message only delays a waiter.
+    Waiters of one client are served in order; clients take turns, and a newcomer may take a
+    lock that is free first (see :meth:`aiolock.Client.fair_lock` for a queue across clients).
 
     Not to be confused with :class:`asyncio.Lock`: this lock lives in Redis, its leases can run
     out, and leaving a :class:`LockGuard` block after a loss raises :class:`LockLostError`.
@@ -180,43 +212,89 @@ class AsyncRLock(ReentrantKind):
 
     @classmethod
     def _build_keys(cls, services: Services, name: str) -> LockKeys:
-        # The first kind: its keys carry no kind segment.
-        return LockKeys.build(services.key_prefix, name, cluster=services.cluster)
+        # The first kind: its keys carry no kind segment.  Its waiters hear of grants on a
+        # channel of their client's own, so a release wakes no other client.
+        keys = LockKeys.build(services.key_prefix, name, cluster=services.cluster)
+        return dataclasses.replace(keys, channel=wake_prefix(keys.lock) + services.owners.client_id)
 
     def _channels(self) -> tuple[str, ...]:
         return (self._keys.channel,)
 
-    def _wait_strategy(self, owner: str) -> WaitStrategy:
+    def _wait_strategy(self, owner: str, lease: float | None) -> WaitStrategy:
         services = self._services
         reentering = services.holds.get(self._registry_key, owner) is not None
+        loop = asyncio.get_running_loop()
+        line = services.name_state(
+            "lock-line", self.name, lambda: Line(services.owners.client_id, loop.time)
+        )
         return ClientWait(
             services,
             self._keys.channel,
             self._counters,
             reentering=reentering,
-            lock=self,
+            line=line,
             owner=owner,
+            lease_ms=min(
+                round((services.watchdog_timeout if lease is None else lease) * 1000),
+                _GRANT_LEASE_MS,
+            ),
         )
 
-    def hand_on(self, owner: str) -> None:
-        """The last waiting call of this client left without the lock (see ``ClientWait``)."""
-        self._services.holds.defer(self._keys.lock, owner, self._hand_on(self._client))
+    def _accept(
+        self,
+        owner: str,
+        task: asyncio.Task[Any] | None,
+        lease: float | None,
+        started: float,
+        grant: MessageGrant,
+    ) -> Hold | None:
+        """Record a grant from the waiting set its message brought, its lease counted from
+        before the call that last entered the owner or kept it in (the grant came after it);
+        ``None`` when it cannot be counted on (then the next try takes it on the server)."""
+        assert isinstance(grant, LineGrant)
+        services = self._services
+        if services.holds.get(self._registry_key, owner) is not None:
+            return None  # an explicit owner another task holds with: a try re-enters
+        line = self._line()
+        if line is not None and line.trying(owner):
+            # Another call of the owner has a try out, which may take this grant on the
+            # server: a try of this call then re-enters the lock, or takes the grant itself.
+            return None
+        asked = round((services.watchdog_timeout if lease is None else lease) * 1000)
+        if grant.lease_ms > asked or (grant.lease_ms < asked and lease is not None):
+            return None  # capped (_GRANT_LEASE_MS): a try gets the lease asked for
+        now = asyncio.get_running_loop().time()
+        left = grant.since + grant.lease_ms / 1000 - now
+        if left < max(grant.lease_ms / 3000, _SHORTEST_GRANT):
+            return None
+        attempt = Attempt(owner, grant.request, asked / 1000, grant.since)
+        hold = self._record(
+            attempt, [grant.token, 1, grant.lease_ms], task, started, watchdog=lease is None
+        )
+        if grant.lease_ms < asked:  # a lease=None hold, granted for the capped lease
+            services.watchdog.renew_by(now + left / 3)
+        return hold
+
+    def withdraw_call(self, owner: str) -> Call | None:
+        # The owner's place, if it has one: taken out of the set, or its grant given back.
+        line = self._line()
+        member = None if line is None else line.withdraw(owner)
+        if member is None:
+            return None
+        keys = self._keys
+        return (
+            _scripts.LOCK_WAKE,
+            (keys.lock, keys.waiting, *self._published(), keys.fence),
+            (member,),
+        )
 
     async def wake_others(self) -> None:
-        """Name the next client to wake, as the release script would have (a release by a bare
-        command removed ``:w``)."""
-        await self._hand_on(None)
-
-    async def _hand_on(self, client: str | None) -> None:
-        """Take ``client`` (the last of its calls left the wait) out of the waiting set, or
-        hand on the wake-up a release sent it; with no client, name the next one
-        (``lock/wake.lua``)."""
+        """Hand the lock over to the first owner of its waiting set, as the release script
+        would have (a release by a bare command removed ``:w``)."""
         keys = self._keys
         try:
             await self._services.calls.run(
-                _scripts.LOCK_WAKE,
-                (keys.lock, keys.waiting, keys.channel),
-                () if client is None else (client,),
+                _scripts.LOCK_WAKE, (keys.lock, keys.waiting, *self._published(), keys.fence), ()
             )
         except RedisError as exc:  # the waiters' own pause bounds their wait
-            logger.warning("could not wake the next waiter of %r: %r", self.name, exc)
+            logger.warning("could not hand over %r: %r", self.name, exc)

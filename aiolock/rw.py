@@ -188,7 +188,7 @@ class AsyncReadLock(_Mode):
             release_args(owner, request, undo),
         )
 
-    def _wait_strategy(self, owner: str) -> WaitStrategy:
+    def _wait_strategy(self, owner: str, lease: float | None) -> WaitStrategy:
         return ChannelWait(
             self._services,
             self._keys.channel,
@@ -298,7 +298,7 @@ class AsyncWriteLock(_Mode):
         await services.holds.wait_pending(self._keys.lock, owner)
         return dropped == [True]
 
-    def _wait_strategy(self, owner: str) -> WaitStrategy:
+    def _wait_strategy(self, owner: str, lease: float | None) -> WaitStrategy:
         return ChannelWait(
             self._services,
             self._keys.channel,

@@ -103,7 +103,7 @@ class _Permits(HoldKind):
     def _channels(self) -> tuple[str, ...]:
         return (self._keys.channel,)
 
-    def _wait_strategy(self, owner: str) -> WaitStrategy:
+    def _wait_strategy(self, owner: str, lease: float | None) -> WaitStrategy:
         return ChannelWait(
             self._services, self._keys.channel, self._counters, reentering=False, shared=True
         )

@@ -48,7 +48,7 @@ class AsyncSpinLock(ReentrantKind):
     def _published(self) -> tuple[str, ...]:
         return ()  # nobody subscribes: a release publishes nothing
 
-    def _wait_strategy(self, owner: str) -> WaitStrategy:
+    def _wait_strategy(self, owner: str, lease: float | None) -> WaitStrategy:
         return Backoff(
             self._services, self._counters, initial=self._initial_delay, maximum=self._max_delay
         )

@@ -20,14 +20,24 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Final
 
 from redis.asyncio import Redis, RedisCluster
+from redis.asyncio.client import Pipeline
 from redis.exceptions import ResponseError
 
 from .. import rw, semaphore
-from .._core.inspection import Holder, Reads, ServerState, Snapshot, Waiter, describe_holds
+from .._core.inspection import (
+    Holder,
+    Reads,
+    ServerState,
+    Snapshot,
+    Waiter,
+    as_str,
+    describe_holds,
+)
 from .._redis.cluster import node_of
 from ..client import Client
 from ..fair import queue as fair_queue
 from ..fair.queue import FairKeys
+from ..lock import wake_prefix
 from ..rw import RWKeys
 
 __all__ = ["KINDS", "Holder", "Report", "Waiter", "inspect"]
@@ -105,7 +115,16 @@ Described = tuple[str, ServerState]
 async def _lock(client: Client, name: str, permits: int | None) -> Described:
     keys = client.lock(name).keys
     snapshot = _snapshot_of(client, keys.lock)
-    return keys.lock, await describe_holds(keys, snapshot, (keys.channel,))
+
+    # Each client's waiters park on a channel of its own: those of the clients in the waiting
+    # set (one waiting owner per client at a time) are counted.
+    def waiting(pipe: Pipeline) -> None:
+        pipe.zrange(keys.waiting, 0, -1)
+
+    (members,), _ = await snapshot(waiting)
+    clients = sorted({as_str(member).split(" ")[2] for member in members})
+    channels = tuple(wake_prefix(keys.lock) + client_id for client_id in clients)
+    return keys.lock, await describe_holds(keys, snapshot, channels)
 
 
 async def _spin(client: Client, name: str, permits: int | None) -> Described:

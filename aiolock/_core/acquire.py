@@ -111,7 +111,7 @@ class Acquiring(Releasing):
         owner, task = self.current_owner() if who is None else who
         started = asyncio.get_running_loop().time()
         await self._services.holds.wait_pending(self._keys.lock, owner)
-        waiting = self._wait_strategy(owner)
+        waiting = self._wait_strategy(owner, lease)
         explicit = who is None and self._explicit_owner is not None
         if explicit:
             self._state.join(owner, waiting)
@@ -152,8 +152,10 @@ class Acquiring(Releasing):
                     raise
                 grant = waiting.woken()
                 if grant is not None:
-                    granted = self._accept(owner, task, lease, started, grant) is not None
-                    if granted:
+                    hold = self._accept(owner, task, lease, started, grant)
+                    if hold is not None:
+                        granted = True
+                        waiting.granted(hold.expires_at)
                         return
         finally:
             self._left(owner, waiting, granted=granted, explicit=explicit)

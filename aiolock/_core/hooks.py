@@ -100,8 +100,9 @@ class KindHooks(Protocol):
         pttl = int(reply)
         return float("inf") if pttl < 0 else pttl / 1000
 
-    def _wait_strategy(self, owner: str) -> WaitStrategy:
-        """How one waiting call of ``owner`` parks and is woken (:mod:`aiolock._core.waiting`)."""
+    def _wait_strategy(self, owner: str, lease: float | None) -> WaitStrategy:
+        """How one waiting call of ``owner`` (for ``lease``) parks and is woken
+        (:mod:`aiolock._core.waiting`)."""
         ...
 
     def _accept(
@@ -112,8 +113,8 @@ class KindHooks(Protocol):
         started: float,
         grant: MessageGrant,
     ) -> Hold | None:
-        """Record a grant a message brought the waiting ``owner`` (the fair lock's hand-off),
-        if it can be counted on: the hold, or ``None`` to try instead."""
+        """Record a grant a message brought the waiting ``owner`` (the hand-off of the plain
+        and fair locks), if it can be counted on: the hold, or ``None`` to try instead."""
         return None
 
     def _single_try(self, owner: str) -> AbstractContextManager[None]:
@@ -130,8 +131,8 @@ class KindHooks(Protocol):
     async def wake_others(self) -> None:
         """Wake the waiters a release that could not do so itself owes (a command removed the
         owner's fields, or a resend found nothing to say so): by default a message on the
-        lock's channels, for the waiters of every client; the plain lock names the next
-        client of its waiting set instead."""
+        lock's channels, for the waiters of every client; the plain lock hands the lock
+        over to the first owner of its waiting set instead."""
         for channel in self._channels():
             try:
                 await self._services.calls.publish(channel, "released")

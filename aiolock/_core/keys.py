@@ -157,8 +157,8 @@ class LockKeys:
     ``fence``: the fencing token counter, one for every name under the key prefix: a lock
     leaves no key behind once released, however many names are used (per-entity names such
     as ``orders:{id}``), and tokens still strictly increase per name.
-    ``waiting``: the plain lock's waiting clients, a sorted set that lives while clients wait
-    (``scripts/lock/_waiting.lua``).
+    ``waiting``: the plain lock's waiting owners (one per client at a time), a sorted set that
+    lives while clients wait (``scripts/lock/_waiting.lua``).
     """
 
     lock: str

@@ -5,8 +5,8 @@ on the future it gets for a pause, and tells it when it leaves.  Every method is
 parked task carries no extra coroutine frame.
 
 - :class:`ChannelWait`: park on the lock's pub/sub channel, one wake-up per release, FIFO among
-  the tasks of this client (the read-write lock, the semaphore); :class:`ClientWait` on a
-  :class:`ClientEntry` for the plain lock, whose release names the one client that wakes.
+  the tasks of this client (the read-write lock, the semaphore); the plain lock's
+  :class:`~aiolock._core.line.ClientWait` is one, in its client's line, woken by a grant.
 - :class:`~aiolock.fair.waiting.NamedWait` (in the fair lock's package): park on the lock's
   channel for this client; a hand-off message names the one waiter it wakes, or grants it the
   lock (:class:`MessageGrant`).
@@ -16,7 +16,6 @@ parked task carries no extra coroutine frame.
 from __future__ import annotations
 
 import asyncio
-import functools
 import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
@@ -27,31 +26,21 @@ from .holds import NameCounters
 if TYPE_CHECKING:
     from .services import Services
 
-__all__ = [
-    "Backoff",
-    "ChannelWait",
-    "ClientEntry",
-    "ClientWait",
-    "HandsOn",
-    "MessageGrant",
-    "WaitStrategy",
-]
+__all__ = ["Backoff", "ChannelWait", "MessageGrant", "WaitStrategy"]
 
 
 class MessageGrant(Protocol):
-    """A grant of the lock a message brought a waiting call (the fair lock's hand-off): the
-    wait loop passes it from :meth:`WaitStrategy.woken` to the kind, which records it if it can
-    count on it.  The lock was granted at ``server_ms`` of the server's clock, for
-    ``lease_ms``, with fencing token ``token``, on behalf of the acquire request ``request``."""
+    """A grant of the lock a message brought a waiting call (the hand-off of the plain and
+    fair locks): the wait loop passes it from :meth:`WaitStrategy.woken` to the kind, which
+    records it if it can count on it.  The lock was granted for ``lease_ms``, with fencing
+    token ``token``, on behalf of the acquire request ``request``; each kind's grant says
+    when, in its own terms."""
 
     @property
     def token(self) -> int: ...
 
     @property
     def lease_ms(self) -> int: ...
-
-    @property
-    def server_ms(self) -> int: ...
 
     @property
     def request(self) -> int: ...
@@ -208,82 +197,6 @@ class ChannelWait:
             self._counters.waiters -= 1
         self._counters.contenders -= 1
         pubsub.left(self._channel, granted=granted and not self._shared)
-
-
-class ClientEntry(Entry):
-    """The plain lock's channel in one client: a release names the one client whose waiter
-    tries next (``><client id>``, ``scripts/lock/_waiting.lua``), and only that client wakes
-    one; any other message (``released``: no client was in the lock's waiting set;
-    ``forced``) wakes one here, as in every client."""
-
-    __slots__ = ("named",)
-
-    def __init__(self, channel: bytes, contention: Contention | None, client: bytes) -> None:
-        super().__init__(channel, contention)
-        self.named = b">" + client
-
-    def deliver(self, payload: bytes) -> None:
-        if payload[:1] != b">" or payload == self.named:
-            self.wake_one()
-
-
-class HandsOn(Protocol):
-    """What a :class:`ClientWait` asks of its lock when the client's last call leaves."""
-
-    def hand_on(self, owner: str) -> None:
-        """Take this client out of the lock's waiting set, or hand on the wake-up a release
-        may have sent it meanwhile (in the background; ``owner``'s next call waits for it)."""
-        ...
-
-
-@functools.cache
-def _client_entries(client: bytes) -> Callable[[bytes, Contention | None], Entry]:
-    """The entry factory of a client's plain locks: one per client, not one per waiter."""
-    return functools.partial(ClientEntry, client=client)
-
-
-class ClientWait(ChannelWait):
-    """:class:`ChannelWait` on a :class:`ClientEntry`: the last call of this client to leave
-    the wait without the lock has its lock hand on (:meth:`HandsOn.hand_on`)."""
-
-    __slots__ = ("_in_flight", "_lock", "_owner")
-
-    def __init__(
-        self,
-        services: Services,
-        channel: str,
-        counters: NameCounters,
-        *,
-        reentering: bool,
-        lock: HandsOn,
-        owner: str,
-    ) -> None:
-        super().__init__(
-            services,
-            channel,
-            counters,
-            reentering=reentering,
-            entry_type=_client_entries(services.owners.client_id.encode()),
-        )
-        self._lock = lock
-        self._owner = owner
-        self._in_flight = False  # a try went out and was not answered yet
-
-    def turn(self) -> asyncio.Future[None] | None:
-        self._in_flight = True
-        return None
-
-    def park(self, pause: float) -> asyncio.Future[Any]:
-        self._in_flight = False  # refused (or parked before its first try)
-        return super().park(pause)
-
-    def leave(self, granted: bool) -> None:
-        # A refusal entered its client in the set: the call parked since, or left with a try
-        # unanswered (its deadline ran out, it was cancelled, the connection failed).
-        entered = self._entry is not None or self._in_flight
-        super().leave(granted)
-        if entered and not granted and self._counters.contenders == 0:
-            self._lock.hand_on(self._owner)
 
 
 class Backoff:

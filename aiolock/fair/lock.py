@@ -59,6 +59,7 @@ from .._core.services import Services
 from .._core.settlement import Attempt
 from .._core.waiting import MessageGrant, WaitStrategy
 from .alive import AliveKey
+from .entry import Grant
 from .queue import FairKeys
 from .waiting import NamedWait, Turns
 from .watch import QueueWatch
@@ -190,6 +191,7 @@ class AsyncFairLock(LockKind):
         """Record a grant from the queue its message brought, counting its lease from a lower
         bound of the moment the server made it; ``None`` when it cannot be counted on (the
         wait loop then tries, which adopts it: see the module docstring)."""
+        assert isinstance(grant, Grant)
         services = self._services
         if services.holds.get(self._registry_key, owner) is not None:
             return None  # an explicit owner another task holds with: a try re-enters
@@ -241,7 +243,7 @@ class AsyncFairLock(LockKind):
 
         return services.name_state("fair-watch", self.name, build)
 
-    def _wait_strategy(self, owner: str) -> WaitStrategy:
+    def _wait_strategy(self, owner: str, lease: float | None) -> WaitStrategy:
         return NamedWait(self._services, self._keys.channel, self._counters, owner, self._watch())
 
     def withdraw_call(self, owner: str) -> Call | None:

@@ -23,6 +23,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from aiolock import AsyncRLock, AsyncSemaphore, LockNotOwnedError, LockSyncError
 from aiolock._core.services import Services
+from aiolock.lock import wake_prefix
 from aiolock.semaphore import permits_of
 from tests.unit.fake_runner import (
     Fail,
@@ -472,10 +473,10 @@ async def test_a_release_whose_reply_was_lost_is_no_longer_held_and_is_resent(
     assert first.args == resend.args  # the same request
     assert held_count(lock) == 1
     # The first copy may have deleted the lock and the mark of a waiter refused meanwhile,
-    # whose wake-up it owed: a resend cannot tell, so it names the next waiting client.
+    # whose hand-over it owed: a resend cannot tell, so it hands the lock over (if it is free).
     [wake] = runner.named(WAKE)
     keys = lock.keys
-    assert wake.keys == (keys.lock, keys.waiting, keys.channel)
+    assert wake.keys == (keys.lock, keys.waiting, wake_prefix(keys.lock), keys.fence)
 
 
 async def test_a_last_plain_release_whose_reply_was_lost_leaves_nothing_held(

@@ -20,6 +20,7 @@ from redis.exceptions import NoPermissionError
 
 from aiolock._core.clock import DRIFT, ServerClock
 from aiolock._core.holds import NameCounters
+from aiolock._core.line import ClientWait, Line
 from aiolock._core.owners import Owners
 from aiolock._core.waiting import Backoff, ChannelWait
 from aiolock._redis.pubsub import Home, PubSub
@@ -462,3 +463,50 @@ async def test_turns_bound_the_tries_in_flight_and_pass_over_one_cancelled() -> 
     assert turns.take() is None
     assert turns.take() is None
     assert turns.take() is not None
+
+
+# -- ClientWait in a Line: the plain lock's grants from the waiting set --------------------------
+
+
+def client_wait(services: Any, counters: NameCounters, line: Line, owner: str) -> ClientWait:
+    return ClientWait(
+        services, CHANNEL, counters, reentering=False, line=line, owner=owner, lease_ms=5000
+    )
+
+
+async def test_a_line_enters_one_owner_per_client_and_a_grant_wakes_that_owner(
+    services: Any,
+) -> None:
+    loop = asyncio.get_running_loop()
+    line, counters = Line("c", loop.time), NameCounters()
+    first = client_wait(services, counters, line, "c:t1")
+    behind = client_wait(services, counters, line, "c:t2")
+    # The first's try enters its owner; a second try of it carries the same member.
+    member, placed = line.place_for("c:t1", 7, 5000)
+    assert (member, placed) == ("5000 7 c c:t1", False)
+    assert line.place_for("c:t1", 9, 5000) == (member, True)
+    # A release of this client while both wait enters nobody more: an owner has a place.
+    assert line.next_entry("c:t0", 1, "-", 10) == "+"
+    parked = first.park(60)
+    behind_parked = behind.park(60)
+    # A grant to another client, or to an earlier place of this owner, wakes nobody here.
+    line.deliver_grant(b"=41 5000 7 other c:t1")
+    line.deliver_grant(b"=41 5000 6 c c:t1")
+    assert not parked.done()
+    assert first.woken() is None
+    line.deliver_grant(b"=42 5000 7 c c:t1")
+    assert parked.result() is True
+    assert not behind_parked.done()
+    grant = first.woken()
+    assert grant is not None
+    assert (grant.token, grant.lease_ms, grant.request) == (42, 5000, 7)
+    assert first.woken() is None  # taken once
+    first.granted(loop.time() + 5)
+    first.leave(granted=True)
+    # The holder's release enters the next call of its client, with a request id of its own.
+    assert line.next_entry("c:t1", 123, "32000", 11) == "123 32000 5000 11 c c:t2"
+    assert line.next_entry("c:t1", 124, "-", 12) == "+"
+    assert line.withdraw("c:t2") == "5000 11 c c:t2"  # gives up: its member to withdraw
+    assert line.withdraw("c:t2") is None
+    behind.leave(granted=False)
+    assert line.next_entry("c:t1", 125, "-", 13) == ""  # nobody waits behind

@@ -5,18 +5,19 @@
 -- KEYS[2]  the meta hash: '<owner>/<n>' -> an acquire undone before it arrived or voided
 --          (see common/_requests.lua); it exists only for a resend window after a fault
 -- KEYS[3]  the fencing token counter, shared by every lock name (never expires)
--- KEYS[4]  optional: the lock's waiting clients (a sorted set, see lock/_waiting.lua); given
+-- KEYS[4]  optional: the lock's waiting owners (a sorted set, see lock/_waiting.lua); given
 --          when a refused caller parks on the lock's channel (the spin lock's never do)
 -- ARGV[1]  lease in milliseconds
 -- ARGV[2]  owner id (client UUID + task or explicit token)
 -- ARGV[3]  request id, unique per call of this owner; a resent call carries the same id
--- ARGV[4]  '0' if a refused caller does not park; else '[!]<order> <client> <ms>': a refusal
---          enters the client in the waiting set (at <order>, kept at least <ms>) and marks this
---          incarnation of the lock as waited for (':w'), so that its last release names the
---          next client to wake; '!' marks a grant so too (the caller was refused or woken
---          before, or other calls of its client wait: the set may name more clients), and '~'
---          marks it and takes the client out of the set (the caller, refused before, is the
---          last call of its client after the lock: a name nobody would hear must not stay)
+-- ARGV[4]  '0' if a refused caller does not park; else '[!~]<order> <ms> <member>': a refusal
+--          enters the member ('<lease ms> <n> <client> <owner>') in the waiting set (at
+--          <order>, the set kept at least <ms>) and marks this incarnation of the lock as
+--          waited for (':w'), so that its last release grants it to the first member; '!'
+--          marks a grant so too (other calls of its client wait: the set may name more
+--          owners), and '~' marks it and takes the member out of the set (the owner entered
+--          before); a grant from the set to this member that its client did not take yet
+--          ('q:<owner>' = the member's n) is taken by this try, as its one hold
 -- ARGV[5..] optional, neither there on the fault-free path: 'late:<ids>', the request ids of
 --          releases of this owner that its client resent lately (comma-separated; the hold
 --          this call makes or re-enters keeps them as ':late:<owner>', and their late copies
@@ -36,7 +37,8 @@
 -- case) EXISTS of the lock and the meta hash at once, INCR, HSET, PEXPIRE; a fresh grant
 -- after a recent fault adds PTTL of the lock and HMGET of the meta hash; a refusal EXISTS,
 -- PTTL (its reply), HMGET, ZADD and PEXPIRE of the waiting set, and HSET of ':w' for the
--- first waiter refused; a re-entry EXISTS, PTTL, HMGET, HSET, and PEXPIRE only to lengthen.
+-- first waiter refused; a re-entry EXISTS, PTTL, HMGET, HSET, and PEXPIRE only to lengthen;
+-- taking a grant from the set EXISTS, PTTL, HMGET, HSET, HDEL.
 local lease = tonumber(ARGV[1])
 -- Checked before any write: a PEXPIRE that fails after HSET would leave a lock that never
 -- expires.  Digits only, so that the fast path below can pass ARGV[1] on as it came.
@@ -49,19 +51,41 @@ end
 -- command tells it: the lock is free and no marker of a recent fault exists (a late copy can
 -- exist only after a fault, which writes one: common/_requests).  A call with optional ARGV
 -- (a fault path) takes the general path.
--- A refused caller that parks enters its client in the waiting set, which the last release
--- of the lock reads to name the one client that tries next (lock/_waiting.lua).
+-- A refused caller that parks enters its owner in the waiting set, which the last release
+-- of the lock reads to grant it to the first member (lock/_waiting.lua).
+local function parse_entry()
+    return string.match(ARGV[4] or '', '^([!~]?)(%d+) (%d+) ((%d+) (%d+) .+)$')
+end
+
 local function wait_behind(pttl, marked)
-    local order, client, ms = string.match(ARGV[4] or '', '^[!~]?(%d+) (%S+) (%d+)$')
-    if not client then
+    local _, order, ms, member = parse_entry()
+    if not member then
         return
     end
-    redis.call('ZADD', KEYS[4], 'NX', order, client)
+    redis.call('ZADD', KEYS[4], 'NX', order, member)
     -- The set outlives the waiters it names: they park until this lease ends at the latest.
     redis.call('PEXPIRE', KEYS[4], math.max(tonumber(ms), pttl + 2000))
     if not marked then
-        redis.call('HSET', KEYS[1], ':w', '1')  -- the release that deletes it wakes the next
+        redis.call('HSET', KEYS[1], ':w', '1')  -- the release that deletes it grants the next
     end
+end
+
+-- A grant from the set to this try's member that its client has not taken: this try takes
+-- it, as the owner's one hold (its request is now the hold's last), with the lease it asks
+-- for if that is longer (a grant's lease is capped).  held: the owner's fields as HMGET read
+-- them (count, 'r:', 'f:', 'x:', ':w', 'q:').
+local function take_granted(held, pttl)
+    local _, _, _, _, _, n = parse_entry()
+    if held[1] ~= '1' or not n or held[6] ~= n then
+        return nil
+    end
+    redis.call('HSET', KEYS[1], 'r:' .. ARGV[2], ARGV[2] .. '/' .. ARGV[3])
+    redis.call('HDEL', KEYS[1], 'q:' .. ARGV[2])
+    if pttl < lease then
+        redis.call('PEXPIRE', KEYS[1], lease)
+        pttl = lease
+    end
+    return {tonumber(held[3]), 1, pttl}
 end
 
 local present, pttl, held
@@ -73,11 +97,11 @@ if #ARGV == 4 then
         -- Strings where a number would do: a Lua number passed to redis.call is formatted
         -- with snprintf on Redis 7.0, a cost on every acquisition (benchmarks/README).
         local mark = string.byte(ARGV[4])
-        if mark == 33 or mark == 126 then  -- '!' or '~': its release names the next client
+        if mark == 33 or mark == 126 then  -- '!' or '~': its release hands the lock over
             redis.call('HSET', KEYS[1], owner, '1', 'f:' .. owner, token, 'r:' .. owner,
                 owner .. '/' .. ARGV[3], ':w', '1')
             if mark == 126 then
-                redis.call('ZREM', KEYS[4], string.match(ARGV[4], ' (%S+) '))
+                redis.call('ZREM', KEYS[4], string.match(ARGV[4], '^~%d+ %d+ (.+)$'))
             end
         else
             redis.call('HSET', KEYS[1], owner, '1', 'f:' .. owner, token, 'r:' .. owner,
@@ -92,7 +116,7 @@ if #ARGV == 4 then
     if pttl ~= -2 then
         local owner = ARGV[2]
         held = redis.call('HMGET', KEYS[1], owner, 'r:' .. owner, 'f:' .. owner, 'x:' .. owner,
-            ':w')
+            ':w', 'q:' .. owner)
         if not held[1] then
             wait_behind(pttl, held[5])
             return {pttl}
@@ -112,7 +136,7 @@ local function granted(reply)
     if mark == 33 or mark == 126 then
         redis.call('HSET', KEYS[1], ':w', '1')
         if mark == 126 then
-            redis.call('ZREM', KEYS[4], string.match(ARGV[4], ' (%S+) '))
+            redis.call('ZREM', KEYS[4], string.match(ARGV[4], '^~%d+ %d+ (.+)$'))
         end
     end
     return reply
@@ -131,7 +155,12 @@ local function attempt()
         end
         return granted(grant(KEYS[1], KEYS[3], owner, request, lease, late))
     end
-    held = held or redis.call('HMGET', KEYS[1], owner, 'r:' .. owner, 'f:' .. owner, 'x:' .. owner, ':w')
+    held = held or redis.call('HMGET', KEYS[1], owner, 'r:' .. owner, 'f:' .. owner, 'x:' .. owner,
+        ':w', 'q:' .. owner)
+    local taken = held[6] and take_granted(held, pttl)
+    if taken then
+        return taken
+    end
     local again = reenter_read(KEYS[1], held, owner, request, lease, pttl, late)
     if again then
         return again

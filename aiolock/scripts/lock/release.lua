@@ -3,31 +3,35 @@
 -- KEYS[1]  the lock hash
 -- KEYS[2]  the meta hash: an undo of an acquire that was not applied marks '<owner>/<n>'
 --          there (see common/_requests.lua); nothing else is written to it
--- KEYS[3]  optional: the lock's channel (a key, so Cluster routes it with the lock); a kind
---          whose waiters do not subscribe (the spin lock) passes none, and nothing is published
--- KEYS[4]  with KEYS[3]: the lock's waiting clients (lock/_waiting.lua)
+-- KEYS[3]  optional: the prefix of the lock's channels, one per client (a key, so Cluster
+--          routes it with the lock); a kind whose waiters do not subscribe (the spin lock)
+--          passes none, and nothing is published
+-- KEYS[4]  with KEYS[3]: the lock's waiting owners (lock/_waiting.lua)
+-- KEYS[5]  with KEYS[3]: the fencing token counter (a grant from the set takes a token)
 -- ARGV[1]  owner id
 -- ARGV[2]  request id, unique per call of this owner; a resent call carries the same id
--- ARGV[3]  '' or, when other calls of the owner's client wait for the lock,
---          '<order> <client>[ <ms>]': the client enters the waiting set before the next is
---          named (and the set is kept <ms> longer)
+-- ARGV[3]  '' or, when other calls of the owner's client wait for the lock, '+' if one of
+--          their owners is in the set, else '<order> <ms or -> <member>': that owner enters
+--          the waiting set (and the set is kept <ms> longer), by this release whether it is
+--          the owner's last or not; either way, the last release hands the lock over, marked
+--          waited for or not
 -- ARGV[4]  optional: undo mode, the id of an acquire request whose outcome the caller never
 --          saw (it was cancelled); release only if that acquire was the owner's last request
 -- ARGV[5]  with ARGV[4]: the client's resend window in ms, how long the marker of an undo that
 --          was not applied lives
 --
 -- Returns the holds the owner has left (0: the lock was deleted), or nil when the owner does
--- not hold the lock.  The release that deletes the lock names the next client to wake
--- (lock/_waiting.lua) if it was marked waited for (':w': a waiter was refused by this
--- incarnation, or it was granted to a waiter, who may have left others in the set), or if
+-- not hold the lock.  The release that deletes the lock grants it to the first member of the
+-- waiting set (lock/_waiting.lua) if it was marked waited for (':w': a waiter was refused by
+-- this incarnation, or it was granted to a waiter, who may have left others in the set), or if
 -- other calls of the owner's client wait.
 --
 -- Idempotent: a resend of an applied request never releases twice.  A resend of the release
 -- that deleted the lock answers nil (no marker outlives the lock); its client knows it
 -- resent and takes that for released.  A late copy of a resent release, arriving once the
 -- owner acquired again (':late:<owner>' names it, see common/_hold), changes nothing and
--- answers the holds left.  Commands: HMGET, then DEL (and ZADD, ZPOPMIN and the publish if
--- the next client is named) for the last hold, HSET for an inner one.
+-- answers the holds left.  Commands: HMGET, then DEL (and ZADD, ZPOPMIN, and INCR, HSET,
+-- PEXPIRE and the publish if a member is granted) for the last hold, HSET for an inner one.
 --@include lock/_waiting
 local owner, request = ARGV[1], ARGV[1] .. '/' .. ARGV[2]
 local held = redis.call('HMGET', KEYS[1], owner, 'r:' .. owner, ':w', ':late:' .. owner)
@@ -37,7 +41,8 @@ local held = redis.call('HMGET', KEYS[1], owner, 'r:' .. owner, ':w', ':late:' .
 if held[1] == '1' and not ARGV[4] and held[2] ~= request and not held[4] then
     redis.call('DEL', KEYS[1])
     if (held[3] or ARGV[3] ~= '') and KEYS[4] then
-        name_next(KEYS[4], KEYS[3], ARGV[3])
+        enter(KEYS[4], ARGV[3])
+        hand_over(KEYS[1], KEYS[4], KEYS[3], KEYS[5])
     end
     return 0
 end
@@ -47,7 +52,11 @@ end
 --@include common/_hold
 local undo = ARGV[4] and owner .. '/' .. ARGV[4]
 local left, deleted, waited = release_one(KEYS[1], KEYS[2], owner, request, undo, held, 5)
-if deleted and (waited or ARGV[3] ~= '') and KEYS[4] then
-    name_next(KEYS[4], KEYS[3], ARGV[3])
+if KEYS[4] then
+    -- Entered by any release that carries it, the last or not: the client counts it entered.
+    enter(KEYS[4], ARGV[3])
+    if deleted and (waited or ARGV[3] ~= '') then
+        hand_over(KEYS[1], KEYS[4], KEYS[3], KEYS[5])
+    end
 end
 return left

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from aiolock._core.waiting import ClientEntry
+from aiolock._core.line import LineEntry
 from tests.helpers import entry_of, eventually, services_of, settled
 
 pytestmark = pytest.mark.anyio
@@ -73,7 +73,7 @@ async def test_a_reader_that_fails_is_restarted_and_its_waiter_served(
     lock = waiter.lock("reader-fails", owner="waiter")  # granted in a task, released here
     waiting = asyncio.create_task(lock.lock())
     await eventually(lambda: settled(waiter, lock), what="the waiter parked, subscribed")
-    failed = fail_once_in(monkeypatch, "aiolock-pubsub-reader", ClientEntry, "deliver")
+    failed = fail_once_in(monkeypatch, "aiolock-pubsub-reader", LineEntry, "deliver")
     await held.unlock()
     await asyncio.wait_for(failed.wait(), timeout=5)
     await asyncio.wait_for(waiting, timeout=5)  # granted: the restarted reader woke it

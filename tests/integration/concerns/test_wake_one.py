@@ -1,8 +1,8 @@
-"""The plain lock wakes one waiter per release across all clients, not one per client.
+"""The plain lock hands over to one waiter per release across all clients, not one per client.
 
-Each client with a waiter is in the lock's waiting set (``scripts/lock/_waiting.lua``); the
-release names the first, and only that client's waiter tries.  Counted with the server's own
-command statistics, on both servers.
+One owner per client with a waiter is in the lock's waiting set (``scripts/lock/_waiting.lua``);
+the release grants the lock to the first and tells its client, whose waiter starts with no
+further call.  Counted with the server's own command statistics, on both servers.
 """
 
 from __future__ import annotations
@@ -53,9 +53,42 @@ def client_id_of(client: aiolock.Client) -> str:
     return services_of(client).owners.client_id
 
 
-async def waiting_clients(redis: Redis, lock: aiolock.AsyncRLock) -> list[str]:
+async def waiting_members(redis: Redis, lock: aiolock.AsyncRLock) -> list[str]:
+    """The members of the lock's waiting set, first first: '<lease ms> <n> <client> <owner>'."""
     found = await redis.zrange(keys_of(lock).waiting, 0, -1)
     return [member.decode() if isinstance(member, bytes) else str(member) for member in found]
+
+
+async def waiting_clients(redis: Redis, lock: aiolock.AsyncRLock) -> list[str]:
+    """The clients of the members of the lock's waiting set, first first."""
+    return [member.split(" ")[2] for member in await waiting_members(redis, lock)]
+
+
+async def grant_unheard(redis: Redis, lock: aiolock.AsyncRLock) -> str:
+    """Free the lock and grant it to the first member of its waiting set, as a release would,
+    but publish nothing: a grant whose message its client never reads.  Returns the member."""
+    keys = keys_of(lock)
+    member = (await waiting_members(redis, lock))[0]
+    ms, n, _, owner = member.split(" ", 3)
+    await redis.zrem(keys.waiting, member)
+    await redis.delete(keys.lock)
+    # The hold as lock/_waiting.lua's hand_over writes it (token 1: nobody checks it here).
+    fields = (
+        owner,
+        "1",
+        f"f:{owner}",
+        "1",
+        f"r:{owner}",
+        f"{owner}/{n}",
+        f"q:{owner}",
+        n,
+        ":w",
+        "1",
+    )
+    for field, value in zip(fields[::2], fields[1::2], strict=True):
+        await redis.hset(keys.lock, field, value)
+    await redis.pexpire(keys.lock, int(ms))
+    return member
 
 
 async def parked_in_order(redis: Redis, holder: aiolock.AsyncRLock, waiters: list[Waiter]) -> None:
@@ -86,9 +119,11 @@ async def test_a_release_makes_exactly_one_client_try(
         await lock.unlock()
         await waiters[0].holding.wait()
 
-    # One release and one try: two scripts, whatever the number of clients that wait.
+    # The first holder, never refused, releases by a bare HDEL, which removes the waiters' mark:
+    # its client hands over by one script.  No waiter tries, whatever the number that wait.
     commands = await counted(redis, hand_off)
-    assert commands["evalsha"] == 2, commands
+    assert commands["evalsha"] == 1, commands
+    assert commands["hdel"] == 1, commands
     assert await waiting_clients(redis, lock) == clients[1:]
     assert all(not w.holding.is_set() for w in waiters[1:])
     for before, after in itertools.pairwise(waiters):
@@ -97,8 +132,12 @@ async def test_a_release_makes_exactly_one_client_try(
             before.release.set()
             await after.holding.wait()
 
+        # The release script grants the lock to the next (INCR, HSET, PEXPIRE, PUBLISH): one
+        # script in all, and no try (which would refuse, enter or grant: EXISTS first).
         commands = await counted(redis, next_hand_off)
-        assert commands["evalsha"] == 2, commands
+        assert commands["evalsha"] == 1, commands
+        assert commands["publish"] == 1, commands
+        assert "exists" not in commands, commands
     waiters[-1].release.set()
     assert all(await asyncio.gather(*(w.task for w in waiters)))
     await assert_clean(redis, aiolock_client)
@@ -134,21 +173,19 @@ async def test_a_client_whose_calls_all_wait_is_named_again_after_its_own_releas
         await assert_clean(redis, client)
 
 
-async def test_a_named_client_whose_waiter_left_hands_the_wake_up_on(
+async def test_a_grant_whose_waiter_left_is_given_back_to_the_next(
     aiolock_client: aiolock.Client, make_client: Callable[..., aiolock.Client], redis: Redis
 ) -> None:
     holder = aiolock_client.lock("hand-on")
     await holder.lock()
     gone, staying = Waiter(make_client(), "hand-on"), Waiter(make_client(), "hand-on")
     await parked_in_order(redis, holder, [gone, staying])
-    # As a release would: the first client is named (popped), the lock is free; the wake-up
-    # never reaches its waiter, which is cancelled instead.
-    keys = keys_of(holder)
-    assert await redis.zrem(keys.waiting, client_id_of(gone.client)) == 1
-    await redis.delete(keys.lock)
+    # As a release would: the lock is granted to the first waiter; its message never reaches
+    # it, and it is cancelled instead.
+    await grant_unheard(redis, holder)
     gone.task.cancel()
-    # Its client hands the wake-up on: the other waiter tries now, not when the lease it
-    # parked under (the watchdog's, 30 s) ends.
+    # Its client gives the grant back, which hands the lock over: the other waiter holds it
+    # now, not when the lease it parked under (the watchdog's, 30 s) ends.
     await asyncio.wait_for(staying.holding.wait(), 10)
     staying.release.set()
     assert await staying.task
@@ -156,6 +193,23 @@ async def test_a_named_client_whose_waiter_left_hands_the_wake_up_on(
         await gone.task
     for waiter in (gone, staying):
         await assert_clean(redis, waiter.client)
+
+
+async def test_a_grant_whose_message_was_lost_is_taken_by_a_try(
+    aiolock_client: aiolock.Client, make_client: Callable[..., aiolock.Client], redis: Redis
+) -> None:
+    # A waiter whose grant message never came tries when the lease it parked under ends, and
+    # its try takes the grant on the server (the lock was its own all along).
+    holder = aiolock_client.lock("lost-grant")
+    await holder.lock(lease=1.0)
+    waiter = Waiter(make_client(), "lost-grant", wait=10)
+    await parked_in_order(redis, holder, [waiter])
+    await grant_unheard(redis, holder)
+    await asyncio.wait_for(waiter.holding.wait(), 5)
+    assert waiter.lock.statistics().acquisitions == 1
+    waiter.release.set()
+    assert await waiter.task
+    await assert_clean(redis, waiter.client)
 
 
 async def test_a_waiter_that_gives_up_takes_its_client_out_of_the_set(
@@ -214,19 +268,21 @@ async def test_a_first_try_cancelled_in_flight_leaves_no_name_behind(
     await assert_clean(redis, leaving)
 
 
-async def test_a_named_client_that_died_strands_nobody_past_the_lease(
+async def test_a_grant_to_a_client_that_died_strands_nobody_past_the_lease(
     aiolock_client: aiolock.Client, make_client: Callable[..., aiolock.Client], redis: Redis
 ) -> None:
     holder = aiolock_client.lock("dead-first")
     await holder.lock(lease=1.0)
     staying = Waiter(make_client(), "dead-first", wait=10)
     await parked_in_order(redis, holder, [staying])
-    # A client killed while in the set, ahead of the live one: the release names it, and
-    # nobody hears its name.
-    await redis.zadd(keys_of(holder).waiting, {"a-client-that-died": 0})
+    # A client killed while in the set, ahead of the live one: the release grants it the lock
+    # for its lease (a grant's at most 5 s; 1 s here), and nobody takes it.
+    await redis.zadd(keys_of(holder).waiting, {"1000 7 a-client-that-died job": 0})
     await holder.unlock()
+    assert await redis.hget(keys_of(holder).lock, "q:job") in ("7", b"7")
     assert await waiting_clients(redis, holder) == [client_id_of(staying.client)]
-    # The live waiter parked under the holder's lease (1 s): it tries when that ends.
+    # The live waiter parked under the holder's lease (1 s): it tries when that ends, and
+    # again when the dead one's grant ends.
     await asyncio.wait_for(staying.holding.wait(), 5)
     staying.release.set()
     assert await staying.task
@@ -241,16 +297,17 @@ async def test_a_newcomer_still_barges_into_a_free_lock_in_one_call(
     waiter = Waiter(make_client(), "barge")
     await parked_in_order(redis, holder, [waiter])
     newcomer = make_client().lock("barge")
-    await newcomer.try_lock()  # refused once: its subscription is not made (no wait)
-    # A dead client is named first: the lock stays free, and the newcomer takes it at once.
-    await redis.zadd(keys_of(holder).waiting, {"a-client-that-died": 0})
-    await holder.unlock()
+    assert not await newcomer.try_lock()  # no wait: its refusal enters nobody in the set
+    assert await waiting_clients(redis, holder) == [client_id_of(waiter.client)]
+    # The lease runs out, which publishes nothing: the lock is free with a waiter in the set,
+    # and a newcomer takes it in one call.
+    await redis.delete(keys_of(holder).lock)
     commands = await counted(redis, newcomer.try_lock)
     assert commands["evalsha"] == 1, commands
     assert await newcomer.is_held()
     await newcomer.unlock()
-    # Nobody named the waiter (the release that could was the dead client's): it tries when
-    # the lease it parked under (the first holder's, 1 s) ends.
+    # Its release was a bare HDEL (it was never refused), and nobody was marked waiting on
+    # its hold: the waiter tries when the lease it parked under (1 s) ends.
     await asyncio.wait_for(waiter.holding.wait(), 5)
     waiter.release.set()
     assert await waiter.task

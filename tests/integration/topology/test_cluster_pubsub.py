@@ -150,7 +150,7 @@ async def test_one_server_keeps_classic_pubsub(
     await eventually(
         lambda: any(e.confirmed for e in entries_of(aiolock_client).values()), what="parked"
     )
-    channel = keys_of(holder).channel
+    channel = keys_of(aiolock_client.lock("classic")).channel  # the waiter's client's
     assert await redis.execute_command("PUBSUB", "NUMSUB", channel) == [channel, 1]  # type: ignore[no-untyped-call]
     if redis_version(aiolock_server.url) >= (7, 0):  # Redis 6 has no shard channels at all
         assert await redis.execute_command("PUBSUB", "SHARDNUMSUB", channel) == [channel, 0]  # type: ignore[no-untyped-call]

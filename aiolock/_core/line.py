@@ -1,0 +1,252 @@
+"""The plain lock's waiters in one client, and their owners' places in the lock's waiting set.
+
+A release of the plain lock grants it to the first member of the lock's waiting set itself
+(``scripts/lock/_waiting.lua``) and publishes ``=<token> <member>`` on the lock's channel, where
+a member is ``<lease ms> <n> <client id> <owner>``: the owner's client takes the grant with no
+further call.  A client keeps one :class:`Line` per plain lock it waits for:
+
+- the **calls** waiting in it, in the order they entered (:class:`ClientWait`, the wait loop's
+  strategy: the tasks of one client are served in order, and a task that arrives while others
+  wait parks behind them instead of trying);
+- the **places** its owners have in the set (:class:`Place`): an owner enters by a refused try
+  of its own, or by the release of a holder of this client while it waits behind (the release
+  names the first waiting call whose owner has no place, when none has one: one member per
+  client, not one per waiting task).
+
+A grant message wakes the calls of the owner it names, and the first of them takes it
+(:class:`LineGrant`, recorded by the kind if it can count on it; else its try takes the grant on
+the server).  An owner whose last call leaves without the lock withdraws its place
+(``lock/wake.lua``), which also gives back a grant its client never took.
+
+A holder's release may be sent from another thread (``aiolock.sync``), and enters the next
+owner there: a line's records change under its mutex.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, NamedTuple
+
+from .._redis.entry import Contention, Entry
+from .holds import NameCounters
+from .waiting import ChannelWait
+
+if TYPE_CHECKING:
+    from .services import Services
+
+__all__ = ["ClientWait", "Line", "LineEntry", "LineGrant", "Place"]
+
+
+class LineGrant(NamedTuple):
+    """A grant from the waiting set, as its message told it: fencing token ``token``, for
+    ``lease_ms``, on behalf of the owner's request ``request``; granted after loop time
+    ``since`` (when the client last sent a call that entered the owner, or kept it in)."""
+
+    token: int
+    lease_ms: int
+    request: int
+    since: float
+
+
+class Place:
+    """An owner's member in the lock's waiting set, as this client entered it."""
+
+    __slots__ = ("grant", "member", "request", "since")
+
+    def __init__(self, member: str, request: int, since: float) -> None:
+        self.member = member
+        self.request = request
+        self.since = since  # loop time before the call that entered (or kept) it was sent
+        self.grant: LineGrant | None = None  # a grant a message brought, not taken yet
+
+
+class Line:
+    """A client's waiting calls on one plain lock, and its owners' places (module docstring)."""
+
+    __slots__ = ("__weakref__", "_calls", "_client", "_entry_type", "_mutex", "_places", "_time")
+
+    def __init__(self, client: str, time: Callable[[], float]) -> None:
+        self._client = client
+        self._time = time  # the loop's clock, which any thread may read
+        self._mutex = threading.Lock()
+        self._calls: dict[ClientWait, None] = {}  # in the order they entered
+        self._places: dict[str, Place] = {}
+        self._entry_type = functools.partial(LineEntry, line=self)
+
+    @property
+    def entry_type(self) -> Callable[[bytes, Contention | None], Entry]:
+        """The factory of this line's entry on the lock's channel."""
+        return self._entry_type
+
+    def join(self, call: ClientWait) -> None:
+        with self._mutex:
+            self._calls[call] = None
+
+    def leave(self, call: ClientWait) -> None:
+        with self._mutex:
+            self._calls.pop(call, None)
+
+    def waits(self, owner: str) -> bool:
+        """Whether a call of ``owner`` waits in this line."""
+        with self._mutex:
+            return any(call.owner == owner for call in self._calls)
+
+    def place_for(self, owner: str, request: int, lease_ms: int) -> tuple[str, bool]:
+        """``owner``'s member for a try with ``request`` (made from it if the owner has no
+        place yet), and whether the owner had a place already."""
+        with self._mutex:
+            place = self._places.get(owner)
+            if place is not None:
+                return place.member, True
+            member = f"{lease_ms} {request} {self._client} {owner}"
+            self._places[owner] = Place(member, request, self._time())
+            return member, False
+
+    def refused(self, owner: str, sent_at: float) -> None:
+        """A try of ``owner`` sent at ``sent_at`` was refused: a grant to its place came
+        after it (one that came before, the try would have taken)."""
+        with self._mutex:
+            place = self._places.get(owner)
+            if place is not None:
+                place.since = max(place.since, sent_at)
+
+    def granted(self, owner: str) -> None:
+        """``owner`` holds the lock: its place (if any) is used up."""
+        with self._mutex:
+            self._places.pop(owner, None)
+
+    def withdraw(self, owner: str) -> str | None:
+        """``owner`` stops waiting: its member to withdraw, if it has a place."""
+        with self._mutex:
+            place = self._places.pop(owner, None)
+        return None if place is None else place.member
+
+    def next_entry(self, releasing: str, order: int, kept: str, next_request: int) -> str:
+        """For a release by ``releasing``: the entry (``<order> <kept> <member>``) of the
+        first waiting call whose owner should enter the set; ``+`` when an owner of this line
+        has a place already (the release hands over, marked waited for or not); ``''`` when no
+        call waits behind."""
+        with self._mutex:
+            if self._places:
+                return "+"
+            for call in self._calls:
+                if call.owner != releasing and not call.reentering:
+                    member = f"{call.lease_ms} {next_request} {self._client} {call.owner}"
+                    self._places[call.owner] = Place(member, next_request, self._time())
+                    return f"{order} {kept} {member}"
+        return ""
+
+    def deliver_grant(self, payload: bytes) -> bool:
+        """Read a grant message (``=<token> <member>``): wake the calls of the owner it names
+        in this client.  ``False`` if it is no grant message."""
+        token, _, member = payload[1:].partition(b" ")
+        fields = member.split(b" ", 3)
+        if len(fields) != 4 or not token.isdigit() or not fields[0].isdigit():
+            return False
+        if fields[2].decode(errors="replace") != self._client:
+            return True  # another client's
+        owner = fields[3].decode(errors="replace")
+        with self._mutex:
+            place = self._places.get(owner)
+            if place is None or str(place.request).encode() != fields[1]:
+                return True  # given up: its withdraw gives the grant back
+            place.grant = LineGrant(int(token), int(fields[0]), place.request, place.since)
+            calls = [call for call in self._calls if call.owner == owner]
+        for call in calls:
+            call.nudge()
+        return True
+
+    def trying(self, owner: str) -> bool:
+        """Whether a try of ``owner`` is out: it may take a grant to the owner on the server
+        (its place), so a message's grant must be taken by a try too (see ``_accept``)."""
+        with self._mutex:
+            return any(call.trying for call in self._calls if call.owner == owner)
+
+    def take_grant(self, owner: str) -> LineGrant | None:
+        """The grant a message brought ``owner``, if any (taken once)."""
+        with self._mutex:
+            place = self._places.get(owner)
+            if place is None or place.grant is None:
+                return None
+            grant, place.grant = place.grant, None
+            return grant
+
+    def wake_placed(self) -> bool:
+        """Wake the calls of the owners with a place: a grant published before this client's
+        subscription was lost, and their try takes it.  ``False`` if none has a place."""
+        with self._mutex:
+            calls = [call for call in self._calls if call.owner in self._places]
+        for call in calls:
+            call.nudge()
+        return bool(calls)
+
+
+class LineEntry(Entry):
+    """The plain lock's channel in one client: a grant message names the owner it wakes
+    (:meth:`Line.deliver_grant`); any other message (``forced``) wakes one waiter here, as in
+    every client; the confirmation of the SUBSCRIBE also wakes the owners with a place."""
+
+    __slots__ = ("line",)
+
+    def __init__(self, channel: bytes, contention: Contention | None, line: Line) -> None:
+        super().__init__(channel, contention)
+        self.line = line
+
+    def deliver(self, payload: bytes) -> None:
+        if payload[:1] != b"=" or not self.line.deliver_grant(payload):
+            self.wake_one()
+
+    def confirm(self) -> None:
+        # The owners with a place try (a grant may have been published before); with none,
+        # one waiter tries, as after any message.
+        self.confirmed = True
+        if not self.line.wake_placed():
+            self.wake_one()
+
+
+class ClientWait(ChannelWait):
+    """:class:`ChannelWait` in a :class:`Line`: woken by a grant to its owner, which
+    :meth:`woken` hands to the wait loop."""
+
+    __slots__ = ("lease_ms", "line", "owner", "reentering", "trying")
+
+    def __init__(
+        self,
+        services: Services,
+        channel: str,
+        counters: NameCounters,
+        *,
+        reentering: bool,
+        line: Line,
+        owner: str,
+        lease_ms: int,
+    ) -> None:
+        super().__init__(
+            services, channel, counters, reentering=reentering, entry_type=line.entry_type
+        )
+        self.line = line
+        self.owner = owner
+        self.lease_ms = lease_ms
+        self.reentering = reentering
+        self.trying = False  # a try of this call is out
+        line.join(self)
+
+    def turn(self) -> None:
+        self.trying = True
+
+    def tried(self) -> None:
+        self.trying = False
+
+    def woken(self) -> LineGrant | None:
+        super().woken()
+        return self.line.take_grant(self.owner)
+
+    def granted(self, until: float) -> None:
+        super().granted(until)
+        self.line.granted(self.owner)
+
+    def leave(self, granted: bool) -> None:
+        self.line.leave(self)
+        super().leave(granted)
