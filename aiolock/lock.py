@@ -256,7 +256,7 @@ class AsyncRLock(ReentrantKind):
         if services.holds.get(self._registry_key, owner) is not None:
             return None  # an explicit owner another task holds with: a try re-enters
         line = self._line()
-        if line is not None and line.trying(owner):
+        if line is not None and line.owner_trying(owner):
             # Another call of the owner has a try out, which may take this grant on the
             # server: a try of this call then re-enters the lock, or takes the grant itself.
             return None

@@ -8,8 +8,7 @@ p50 of each step from a holder's release to the next grant:
 - ``sent -> message``: the server runs the release and publishes; the message reaches the
   next holder's process, which wakes and reads it;
 - ``message -> granted``: that process, from the message read to the acquire returning (the
-  plain lock's woken task sends a try first, a round trip more; the fair lock's message is the
-  grant).
+  message is the grant, for both locks).
 
 A diagnostic, not a scenario of ``run.py``: it wraps three of aiolock's internal functions
 (the socket write, the message delivery, the fair lock's grant by message) to timestamp them,
@@ -29,7 +28,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from aiolock import _scripts
-from aiolock._redis import calls, pubsub
+from aiolock._core.line import LineEntry
+from aiolock._redis import pubsub, wire
 from aiolock.fair.entry import NamedEntry
 from aiolock.testing.embedded import EmbeddedServer
 from benchmarks.scenarios.contended import HOLD_S, contend
@@ -39,16 +39,16 @@ Log = list[tuple[str, int]]
 
 
 def _instrument(log: Log) -> None:
-    releases = {_scripts.FAIR_RELEASE.sha, _scripts.LOCK_RELEASE.sha}
-    write = calls.write
+    releases = {_scripts.FAIR_RELEASE.sha, _scripts.FAIR_LAST.sha, _scripts.LOCK_RELEASE.sha}
+    write = wire.write
 
     async def traced_write(conn: Any, *commands: tuple[Any, ...]) -> None:
         if commands[0][0] == "EVALSHA" and commands[0][1] in releases:
             log.append(("sent", time.perf_counter_ns()))
         await write(conn, *commands)
 
-    calls.write = traced_write
-    for entry in (pubsub.Entry, NamedEntry):
+    wire.write = traced_write
+    for entry in (pubsub.Entry, NamedEntry, LineEntry):
         deliver = entry.deliver
 
         def traced_deliver(self: Any, payload: bytes, deliver: Any = deliver) -> None:

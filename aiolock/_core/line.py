@@ -65,7 +65,16 @@ class Place:
 class Line:
     """A client's waiting calls on one plain lock, and its owners' places (module docstring)."""
 
-    __slots__ = ("__weakref__", "_calls", "_client", "_entry_type", "_mutex", "_places", "_time")
+    __slots__ = (
+        "__weakref__",
+        "_calls",
+        "_client",
+        "_entry_type",
+        "_mutex",
+        "_places",
+        "_time",
+        "trying",
+    )
 
     def __init__(self, client: str, time: Callable[[], float]) -> None:
         self._client = client
@@ -73,6 +82,7 @@ class Line:
         self._mutex = threading.Lock()
         self._calls: dict[ClientWait, None] = {}  # in the order they entered
         self._places: dict[str, Place] = {}
+        self.trying = 0  # calls of this line with a try out
         self._entry_type = functools.partial(LineEntry, line=self)
 
     @property
@@ -158,9 +168,11 @@ class Line:
             call.nudge()
         return True
 
-    def trying(self, owner: str) -> bool:
+    def owner_trying(self, owner: str) -> bool:
         """Whether a try of ``owner`` is out: it may take a grant to the owner on the server
         (its place), so a message's grant must be taken by a try too (see ``_accept``)."""
+        if not self.trying:
+            return False
         with self._mutex:
             return any(call.trying for call in self._calls if call.owner == owner)
 
@@ -235,9 +247,11 @@ class ClientWait(ChannelWait):
 
     def turn(self) -> None:
         self.trying = True
+        self.line.trying += 1
 
     def tried(self) -> None:
         self.trying = False
+        self.line.trying -= 1
 
     def woken(self) -> LineGrant | None:
         super().woken()
