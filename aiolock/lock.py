@@ -102,11 +102,13 @@ class ReentrantKind(LockKind):
         lock over at its release (other calls of this client wait), ``~`` if it must also take
         the owner's member out of the set (the owner has a place already)."""
         line = self._line()
-        if line is None or not line.waits(owner):
+        lease_ms = min(lease_ms, _GRANT_LEASE_MS)
+        place = None if line is None else line.place_for(owner, request, lease_ms)
+        if place is None:
             return "0"
-        member, placed = line.place_for(owner, request, min(lease_ms, _GRANT_LEASE_MS))
+        order, member, placed = place
         mark = "~" if placed else "!" if self._counters.contenders > 1 else ""
-        return f"{mark}{time.time_ns() // 1_000} {self._kept_ms()} {member}"
+        return f"{mark}{order} {self._kept_ms()} {member}"
 
     def _kept_ms(self) -> int:
         """How long an entry of this client keeps the waiting set alive: its waiters park
@@ -127,8 +129,7 @@ class ReentrantKind(LockKind):
             kept_ms = self._kept_ms()
             counters.waiting_kept_until = now + kept_ms / 2000
             kept = str(kept_ms)
-        order = time.time_ns() // 1_000
-        return line.next_entry(owner, order, kept, self._services.owners.next_request())
+        return line.next_entry(owner, kept, self._services.owners.next_request())
 
     def grant_of(self, reply: Any, lease_ms: int) -> list[Any] | None:
         # ``lock/acquire.lua`` answers a fault-free fresh hold with its token alone, and a

@@ -1,9 +1,10 @@
 """The plain lock's waiters in one client, and their owners' places in the lock's waiting set.
 
 A release of the plain lock grants it to the first member of the lock's waiting set itself
-(``scripts/lock/_waiting.lua``) and publishes ``=<token> <member>`` on the lock's channel, where
-a member is ``<lease ms> <n> <client id> <owner>``: the owner's client takes the grant with no
-further call.  A client keeps one :class:`Line` per plain lock it waits for:
+(``scripts/lock/_waiting.lua``) and publishes ``=<token> <member>`` on the channel of the
+member's client (``<lock>:c:<client id>``), where a member is ``<lease ms> <n> <client id>
+<owner>``: the owner's client takes the grant with no further call, and no other client wakes.
+A client keeps one :class:`Line` per plain lock it waits for:
 
 - the **calls** waiting in it, in the order they entered (:class:`ClientWait`, the wait loop's
   strategy: the tasks of one client are served in order, and a task that arrives while others
@@ -11,7 +12,9 @@ further call.  A client keeps one :class:`Line` per plain lock it waits for:
 - the **places** its owners have in the set (:class:`Place`): an owner enters by a refused try
   of its own, or by the release of a holder of this client while it waits behind (the release
   names the first waiting call whose owner has no place, when none has one: one member per
-  client, not one per waiting task).
+  client, not one per waiting task).  A member's order is when its call began to wait, by its
+  client's clock: across clients, waiters are served about in the order they came (nothing is
+  promised: clocks differ, and a newcomer may take a lock that is free).
 
 A grant message wakes the calls of the owner it names, and the first of them takes it
 (:class:`LineGrant`, recorded by the kind if it can count on it; else its try takes the grant on
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import threading
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -98,21 +102,20 @@ class Line:
         with self._mutex:
             self._calls.pop(call, None)
 
-    def waits(self, owner: str) -> bool:
-        """Whether a call of ``owner`` waits in this line."""
+    def place_for(self, owner: str, request: int, lease_ms: int) -> tuple[int, str, bool] | None:
+        """For a try of ``owner`` with ``request``: the order and member of the owner's place
+        (made from them if it has none yet), and whether it had one already; ``None`` when no
+        call of the owner waits here (a try that parks nobody)."""
         with self._mutex:
-            return any(call.owner == owner for call in self._calls)
-
-    def place_for(self, owner: str, request: int, lease_ms: int) -> tuple[str, bool]:
-        """``owner``'s member for a try with ``request`` (made from it if the owner has no
-        place yet), and whether the owner had a place already."""
-        with self._mutex:
+            first = next((call for call in self._calls if call.owner == owner), None)
+            if first is None:
+                return None
             place = self._places.get(owner)
             if place is not None:
-                return place.member, True
+                return first.entered, place.member, True
             member = f"{lease_ms} {request} {self._client} {owner}"
             self._places[owner] = Place(member, request, self._time())
-            return member, False
+            return first.entered, member, False
 
     def refused(self, owner: str, sent_at: float) -> None:
         """A try of ``owner`` sent at ``sent_at`` was refused: a grant to its place came
@@ -133,11 +136,11 @@ class Line:
             place = self._places.pop(owner, None)
         return None if place is None else place.member
 
-    def next_entry(self, releasing: str, order: int, kept: str, next_request: int) -> str:
+    def next_entry(self, releasing: str, kept: str, next_request: int) -> str:
         """For a release by ``releasing``: the entry (``<order> <kept> <member>``) of the
-        first waiting call whose owner should enter the set; ``+`` when an owner of this line
-        has a place already (the release hands over, marked waited for or not); ``''`` when no
-        call waits behind."""
+        first waiting call whose owner should enter the set, in the order of when it began to
+        wait; ``+`` when an owner of this line has a place already (the release hands over,
+        marked waited for or not); ``''`` when no call waits behind."""
         with self._mutex:
             if self._places:
                 return "+"
@@ -145,7 +148,7 @@ class Line:
                 if call.owner != releasing and not call.reentering:
                     member = f"{call.lease_ms} {next_request} {self._client} {call.owner}"
                     self._places[call.owner] = Place(member, next_request, self._time())
-                    return f"{order} {kept} {member}"
+                    return f"{call.entered} {kept} {member}"
         return ""
 
     def deliver_grant(self, payload: bytes) -> bool:
@@ -222,7 +225,7 @@ class ClientWait(ChannelWait):
     """:class:`ChannelWait` in a :class:`Line`: woken by a grant to its owner, which
     :meth:`woken` hands to the wait loop."""
 
-    __slots__ = ("lease_ms", "line", "owner", "reentering", "trying")
+    __slots__ = ("entered", "lease_ms", "line", "owner", "reentering", "trying")
 
     def __init__(
         self,
@@ -243,6 +246,8 @@ class ClientWait(ChannelWait):
         self.lease_ms = lease_ms
         self.reentering = reentering
         self.trying = False  # a try of this call is out
+        # When it began to wait (the client's clock, µs): its owner's order in the waiting set.
+        self.entered = time.time_ns() // 1_000
         line.join(self)
 
     def turn(self) -> None:

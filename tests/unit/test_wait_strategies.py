@@ -481,12 +481,15 @@ async def test_a_line_enters_one_owner_per_client_and_a_grant_wakes_that_owner(
     line, counters = Line("c", loop.time), NameCounters()
     first = client_wait(services, counters, line, "c:t1")
     behind = client_wait(services, counters, line, "c:t2")
-    # The first's try enters its owner; a second try of it carries the same member.
-    member, placed = line.place_for("c:t1", 7, 5000)
-    assert (member, placed) == ("5000 7 c c:t1", False)
-    assert line.place_for("c:t1", 9, 5000) == (member, True)
+    assert first.entered <= behind.entered
+    # A try of an owner with no waiting call here parks nobody: no place.
+    assert line.place_for("c:t9", 6, 5000) is None
+    # The first's try enters its owner, in the order of when it began to wait; a second try of
+    # it carries the same member.
+    assert line.place_for("c:t1", 7, 5000) == (first.entered, "5000 7 c c:t1", False)
+    assert line.place_for("c:t1", 9, 5000) == (first.entered, "5000 7 c c:t1", True)
     # A release of this client while both wait enters nobody more: an owner has a place.
-    assert line.next_entry("c:t0", 1, "-", 10) == "+"
+    assert line.next_entry("c:t0", "-", 10) == "+"
     parked = first.park(60)
     behind_parked = behind.park(60)
     # A grant to another client, or to an earlier place of this owner, wakes nobody here.
@@ -504,9 +507,9 @@ async def test_a_line_enters_one_owner_per_client_and_a_grant_wakes_that_owner(
     first.granted(loop.time() + 5)
     first.leave(granted=True)
     # The holder's release enters the next call of its client, with a request id of its own.
-    assert line.next_entry("c:t1", 123, "32000", 11) == "123 32000 5000 11 c c:t2"
-    assert line.next_entry("c:t1", 124, "-", 12) == "+"
+    assert line.next_entry("c:t1", "32000", 11) == f"{behind.entered} 32000 5000 11 c c:t2"
+    assert line.next_entry("c:t1", "-", 12) == "+"
     assert line.withdraw("c:t2") == "5000 11 c c:t2"  # gives up: its member to withdraw
     assert line.withdraw("c:t2") is None
     behind.leave(granted=False)
-    assert line.next_entry("c:t1", 125, "-", 13) == ""  # nobody waits behind
+    assert line.next_entry("c:t1", "-", 13) == ""  # nobody waits behind

@@ -145,23 +145,24 @@ async def test_a_release_makes_exactly_one_client_try(
         await assert_clean(redis, waiter.client)
 
 
-async def test_a_client_whose_calls_all_wait_is_named_again_after_its_own_release(
+async def test_waiters_of_several_clients_are_served_in_the_order_they_began_to_wait(
     aiolock_client: aiolock.Client, make_client: Callable[..., aiolock.Client], redis: Redis
 ) -> None:
-    # Two waiting calls in one client, one in another: the client that releases while a call
-    # of its own waits goes behind the others, and its second call is still woken.
+    # Two calls in one client, one in another that began to wait between them: the client
+    # whose holder releases while a call of its own waits enters that call at the time it
+    # began to wait, behind the other client's, and its own call is served after.
     lock = aiolock_client.lock("rotate")
     await lock.lock()
     first_client, other_client = make_client(), make_client()
     first = Waiter(first_client, "rotate")
     await parked_in_order(redis, lock, [first])
-    second = Waiter(first_client, "rotate")
-    await eventually(lambda: settled(first_client, first.lock, 2), what="both calls parked")
     other = Waiter(other_client, "rotate")
     await parked_in_order(redis, lock, [first, other])
+    second = Waiter(first_client, "rotate")
+    await eventually(lambda: settled(first_client, first.lock, 2), what="both calls parked")
     await lock.unlock()
     await first.holding.wait()
-    first.release.set()  # its client still waits (second): it goes behind other_client
+    first.release.set()  # its client still waits (second), which began after other
     await other.holding.wait()
     assert not second.holding.is_set()
     assert await waiting_clients(redis, lock) == [client_id_of(first_client)]
