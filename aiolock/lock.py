@@ -200,8 +200,9 @@ class AsyncRLock(ReentrantKind):
     unless it is released first.  Waiting does not poll: a waiter parks on its client's pub/sub
     channel of the lock, and a release grants the lock to one waiter in all, whose client it
     tells.  The remaining lease bounds every wait, so a lost message only delays a waiter.
-    Waiters of one client are served in order; clients take turns, and a newcomer may take a
-    lock that is free first (see :meth:`aiolock.Client.fair_lock` for a queue across clients).
+    Waiters are served about in the order they began to wait (by each client's clock), and a
+    newcomer may take a lock that is free first (see :meth:`aiolock.Client.fair_lock` for a
+    queue that promises the order).
 
     Not to be confused with :class:`asyncio.Lock`: this lock lives in Redis, its leases can run
     out, and leaving a :class:`LockGuard` block after a loss raises :class:`LockLostError`.
