@@ -91,8 +91,8 @@ class ReentrantKind(LockKind):
         )
 
     def _line(self) -> Line | None:
-        """This client's line of waiting calls on the lock, if one is alive."""
-        line = self._services.peek_name_state("lock-line", self.name)
+        """This client's line of waiting calls on the lock, if a call has waited."""
+        line = self._state.line
         return line if isinstance(line, Line) else None
 
     def _entering(self, owner: str, request: int, lease_ms: int) -> str:
@@ -225,10 +225,10 @@ class AsyncRLock(ReentrantKind):
     def _wait_strategy(self, owner: str, lease: float | None) -> WaitStrategy:
         services = self._services
         reentering = services.holds.get(self._registry_key, owner) is not None
-        loop = asyncio.get_running_loop()
-        line = services.name_state(
-            "lock-line", self.name, lambda: Line(services.owners.client_id, loop.time)
-        )
+        line = self._line()
+        if line is None:
+            line = Line(services.owners.client_id, asyncio.get_running_loop().time)
+            self._state.line = line
         return ClientWait(
             services,
             self._keys.channel,

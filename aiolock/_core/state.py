@@ -44,6 +44,9 @@ class NameState:
     # owner -> its calls in the wait loop, for the explicit owners that have some: two tasks
     # may share an owner, and a grant to one of its calls is a reentrant grant for the others.
     waiting: dict[str, list[WaitStrategy]] | None = None
+    # The plain lock's line of waiting calls (``_core/line.py``), made by the name's first call
+    # of the wait loop and kept with the name, not made again for every acquire.
+    line: object | None = None
 
     def join(self, owner: str, waiting: WaitStrategy) -> None:
         calls = self.waiting
