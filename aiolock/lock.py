@@ -34,9 +34,6 @@ __all__ = ["AsyncRLock", "LockGuard", "LockStatistics", "ReentrantKind"]
 
 logger = logging.getLogger("aiolock.lock")
 
-# A grant from the waiting set with less lease left than this (or a third of it) by the
-# client's clock is taken by a try instead, whose reply tells the lease left.
-_SHORTEST_GRANT: Final = 0.05
 # The longest lease a grant from the waiting set gets (ms): a grant to a waiter whose client
 # died blocks the lock no longer.  A waiter that asked for more takes it by a try, which sets
 # the lease it asked for; a lease=None hold is renewed early.
@@ -262,20 +259,7 @@ class AsyncRLock(ReentrantKind):
             # Another call of the owner has a try out, which may take this grant on the
             # server: a try of this call then re-enters the lock, or takes the grant itself.
             return None
-        asked = round((services.watchdog_timeout if lease is None else lease) * 1000)
-        if grant.lease_ms > asked or (grant.lease_ms < asked and lease is not None):
-            return None  # capped (_GRANT_LEASE_MS): a try gets the lease asked for
-        now = asyncio.get_running_loop().time()
-        left = grant.since + grant.lease_ms / 1000 - now
-        if left < max(grant.lease_ms / 3000, _SHORTEST_GRANT):
-            return None
-        attempt = Attempt(owner, grant.request, asked / 1000, grant.since)
-        hold = self._record(
-            attempt, [grant.token, 1, grant.lease_ms], task, started, watchdog=lease is None
-        )
-        if grant.lease_ms < asked:  # a lease=None hold, granted for the capped lease
-            services.watchdog.renew_by(now + left / 3)
-        return hold
+        return self.record_message_grant(owner, task, lease, started, grant, granted_at=grant.since)
 
     def withdraw_call(self, owner: str) -> Call | None:
         # The owner's place, if it has one: taken out of the set, or its grant given back.

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Coroutine
-from typing import Any
+from typing import Any, Final
 
 from redis.exceptions import RedisError, ResponseError
 
@@ -24,9 +24,13 @@ from .._scripts import Call
 from .holds import Hold
 from .release import Releasing
 from .settlement import Attempt, until_it_lands
-from .waiting import WaitStrategy
+from .waiting import MessageGrant, WaitStrategy
 
 __all__ = ["Acquiring", "OwnerTask"]
+
+# A grant a message brought with less lease left than this (or a third of it) by the client's
+# clock is taken by a try instead, whose reply tells the lease left.
+_SHORTEST_GRANT: Final = 0.05
 
 logger = logging.getLogger("aiolock.lock")
 
@@ -285,6 +289,35 @@ class Acquiring(Releasing):
         no later acquire re-enters: its attempts carry none."""
         late = self._services.holds.late_releases(self._keys.lock, owner)
         return (f"late:{','.join(map(str, late))}",) if late else ()
+
+    def record_message_grant(
+        self,
+        owner: str,
+        task: asyncio.Task[Any] | None,
+        lease: float | None,
+        started: float,
+        grant: MessageGrant,
+        *,
+        granted_at: float,
+    ) -> Hold | None:
+        """Record a grant a message brought (a kind's ``_accept``), its lease counted from
+        ``granted_at`` (loop time, a lower bound of when the server made it); ``None`` when it
+        cannot be counted on: a lease other than the one asked (a kind caps a grant's lease;
+        a ``lease=None`` hold so granted is renewed early), or too little of it left."""
+        services = self._services
+        asked = round((services.watchdog_timeout if lease is None else lease) * 1000)
+        if grant.lease_ms > asked or (grant.lease_ms < asked and lease is not None):
+            return None  # capped: a try gets the lease asked for
+        now = asyncio.get_running_loop().time()
+        left = granted_at + grant.lease_ms / 1000 - now
+        if left < max(grant.lease_ms / 3000, _SHORTEST_GRANT):
+            return None
+        attempt = Attempt(owner, grant.request, asked / 1000, granted_at)
+        reply = [grant.token, 1, grant.lease_ms]
+        hold = self._record(attempt, reply, task, started, watchdog=lease is None)
+        if grant.lease_ms < asked:  # a lease=None hold, granted for the capped lease
+            services.watchdog.renew_by(now + left / 3)
+        return hold
 
     def _record(
         self,

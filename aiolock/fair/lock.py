@@ -70,10 +70,6 @@ _TRIES_IN_FLIGHT = 16
 """Tries of the fair locks of one slot (one server) a client's waiting calls have in flight
 at once (see :class:`~aiolock.fair.waiting.Turns`)."""
 
-_SHORTEST_GRANT = 0.05
-"""The least lease (s), as the client counts it, a grant by message must have left to be taken
-without a try (and at least a third of its lease)."""
-
 
 class AsyncFairLock(LockKind):
     """A reentrant lock granted in the order waiters first asked, across all clients.
@@ -199,18 +195,8 @@ class AsyncFairLock(LockKind):
         granted_at = self._watch().clock.lower_bound(grant.server_ms, now)
         if granted_at is None:
             return None
-        asked = round((services.watchdog_timeout if lease is None else lease) * 1000)
-        if grant.lease_ms > asked or (grant.lease_ms < asked and lease is not None):
-            return None  # capped at the wait timeout: a try gets the lease asked for
-        left = granted_at + grant.lease_ms / 1000 - now
-        if left < max(grant.lease_ms / 3000, _SHORTEST_GRANT):
-            return None
-        attempt = Attempt(owner, grant.request, asked / 1000, granted_at)
-        reply = [grant.token, 1, grant.lease_ms]
-        hold = self._record(attempt, reply, task, started, watchdog=lease is None)
-        if grant.lease_ms < asked:  # a lease=None hold, granted for the wait timeout
-            services.watchdog.renew_by(now + left / 3)
-        return hold
+        # Capped at the wait timeout: see Acquiring.record_message_grant.
+        return self.record_message_grant(owner, task, lease, started, grant, granted_at=granted_at)
 
     def release_call(self, owner: str, request: int, undo: int | None) -> Call:
         args = release_args(owner, request, undo)
