@@ -123,9 +123,15 @@ class Client:
             for channel in hold.channels:
                 pubsub.wake(channel)
 
+        # Waiters parked behind a hold of their own client may count on it to tell them of the
+        # hold's end (the plain lock's behind a renewed hold: see LineEntry.hold_ended).
+        def on_end(hold: Hold) -> None:
+            for channel in hold.channels:
+                pubsub.hold_ended(channel)
+
         recorder = metrics()  # None without opentelemetry: nothing is recorded
         tracer = tracing(options.trace_names)  # None without opentelemetry too
-        holds = Holds(on_loss=on_loss, metrics=recorder, tracing=tracer)
+        holds = Holds(on_loss=on_loss, metrics=recorder, tracing=tracer, on_end=on_end)
         sync = (options.sync_replicas, options.sync_timeout) if options.sync_replicas else None
         self._services = Services(
             redis=redis,

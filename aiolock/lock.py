@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import logging
 import time
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar
 
 from redis.exceptions import RedisError
 
@@ -24,7 +25,7 @@ from ._core.holds import Hold
 from ._core.hooks import Call, release_args
 from ._core.keys import LockKeys
 from ._core.kind import LockKind
-from ._core.line import ClientWait, Line, LineGrant
+from ._core.line import GRANT_LEASE_MS, ClientWait, Line, LineGrant
 from ._core.services import Services
 from ._core.settlement import Attempt
 from ._core.state import LockStatistics
@@ -33,11 +34,6 @@ from ._core.waiting import MessageGrant, WaitStrategy
 __all__ = ["AsyncRLock", "LockGuard", "LockStatistics", "ReentrantKind"]
 
 logger = logging.getLogger("aiolock.lock")
-
-# The longest lease a grant from the waiting set gets (ms): a grant to a waiter whose client
-# died blocks the lock no longer.  A waiter that asked for more takes it by a try, which sets
-# the lease it asked for; a lease=None hold is renewed early.
-_GRANT_LEASE_MS: Final = 5000
 
 
 def wake_prefix(lock_key: str) -> str:
@@ -99,7 +95,7 @@ class ReentrantKind(LockKind):
         lock over at its release (other calls of this client wait), ``~`` if it must also take
         the owner's member out of the set (the owner has a place already)."""
         line = self._line()
-        lease_ms = min(lease_ms, _GRANT_LEASE_MS)
+        lease_ms = min(lease_ms, GRANT_LEASE_MS)
         place = None if line is None else line.place_for(owner, request, lease_ms)
         if place is None:
             return "0"
@@ -108,8 +104,10 @@ class ReentrantKind(LockKind):
         return f"{mark}{order} {self._kept_ms()} {member}"
 
     def _kept_ms(self) -> int:
-        """How long an entry of this client keeps the waiting set alive: its waiters park
-        under a watchdog lease at most (a fixed lease's refusal keeps it for that lease)."""
+        """How long an entry of this client keeps the waiting set alive: behind another
+        client's hold its waiters try again within a watchdog lease (a fixed lease's refusal
+        keeps it for that lease); behind a hold of this client they try no more, and its
+        release enters their place again if the set may have expired (``Line.next_entry``)."""
         return round(self._services.watchdog_timeout * 1000) + 2000
 
     def _more(self, owner: str) -> str:
@@ -126,7 +124,9 @@ class ReentrantKind(LockKind):
             kept_ms = self._kept_ms()
             counters.waiting_kept_until = now + kept_ms / 2000
             kept = str(kept_ms)
-        return line.next_entry(owner, kept, self._services.owners.next_request())
+        hold = self._services.holds.get(self._registry_key, owner)
+        held = None if hold is None else (hold.confirmed_at, hold.token)
+        return line.next_entry(owner, kept, self._services.owners.next_request(), held)
 
     def grant_of(self, reply: Any, lease_ms: int) -> list[Any] | None:
         # ``lock/acquire.lua`` answers a fault-free fresh hold with its token alone, and a
@@ -224,7 +224,11 @@ class AsyncRLock(ReentrantKind):
         reentering = services.holds.get(self._registry_key, owner) is not None
         line = self._line()
         if line is None:
-            line = Line(services.owners.client_id, asyncio.get_running_loop().time)
+            line = Line(
+                services.owners.client_id,
+                asyncio.get_running_loop().time,
+                functools.partial(services.holds.watched_on, self._registry_key),
+            )
             self._state.line = line
         return ClientWait(
             services,
@@ -235,8 +239,9 @@ class AsyncRLock(ReentrantKind):
             owner=owner,
             lease_ms=min(
                 round((services.watchdog_timeout if lease is None else lease) * 1000),
-                _GRANT_LEASE_MS,
+                GRANT_LEASE_MS,
             ),
+            watchdog=lease is None,
         )
 
     def _accept(

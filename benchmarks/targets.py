@@ -58,6 +58,7 @@ TARGETS: tuple[Target, ...] = (
     Target("wake_plain_flat", 1.15, "wake 1", "sweep: plain commands/acq at 16 / at 4 processes"),
     Target("wake_plain_gap_x_fair", 1.0, "wake 1", "contended: plain gap p50 / the fair lock's"),
     Target("wake_plain_rate_x_fair", 1.0, "wake 1", "contended: plain acq/s / the fair lock's"),
+    Target("wake_fanin_tries", 0, "wake 1", "fan-in: the plain lock's tries while waiting"),
 )
 # The semaphore's peak holders are checked against the run's own permits, and the fan-in's
 # channels against its own number of locks: limits of the run, not of this table.
@@ -296,6 +297,20 @@ def _wake(scenarios: dict[str, Any]) -> list[Check]:
                     >= LIMIT["wake_plain_rate_x_fair"] * fair["acquisitions_per_s"],
                 )
             )
+    ours = medians(scenarios["fanin"]).get("aiolock", {}) if "fanin" in scenarios else {}
+    if "commands_waiting" in ours:
+        # Every try runs lock/acquire.lua, which starts with EXISTS (no other script the
+        # plain lock runs while it waits does); the holders' renewals are in both windows.
+        tries = ours["commands_waiting"].get("exists", 0)
+        checks.append(
+            (
+                "wake 1: fan-in: the plain lock's waiters make no command while they wait "
+                "(tries in the window; commands/s beside the holders' alone)",
+                f"{tries} tries; {ours['commands_per_s_waiting']:.1f}/s vs "
+                f"{ours['commands_per_s_holding']:.1f}/s",
+                tries <= LIMIT["wake_fanin_tries"],
+            )
+        )
     return checks
 
 

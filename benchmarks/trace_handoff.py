@@ -29,7 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from aiolock import _scripts
 from aiolock._core.line import LineEntry
-from aiolock._redis import pubsub, wire
+from aiolock._redis import wire
+from aiolock._redis.entry import Entry
 from aiolock.fair.entry import NamedEntry
 from aiolock.testing.embedded import EmbeddedServer
 from benchmarks.scenarios.contended import HOLD_S, contend
@@ -48,7 +49,7 @@ def _instrument(log: Log) -> None:
         await write(conn, *commands)
 
     wire.write = traced_write
-    for entry in (pubsub.Entry, NamedEntry, LineEntry):
+    for entry in (Entry, NamedEntry, LineEntry):
         deliver = entry.deliver
 
         def traced_deliver(self: Any, payload: bytes, deliver: Any = deliver) -> None:

@@ -196,13 +196,16 @@ class Holds(PendingWork):
         on_loss: Callable[[Hold], object] | None = None,
         metrics: Metrics | None = None,
         tracing: Tracing | None = None,
+        on_end: Callable[[Hold], object] | None = None,
     ) -> None:
         self._on_loss = on_loss  # told of every loss, after the hold's own listeners
+        self._on_end = on_end  # told of every hold no longer tracked (released, lost, ...)
         # Every event below that a NameCounters counts is recorded here too, at the same line.
         self.metrics = metrics
         self.tracing = tracing
-        # By (registry key, owner).
+        # By (registry key, owner); and the same holds by registry key, then owner.
         self._holds: dict[At, Hold] = {}
+        self._keyed: dict[str, dict[str, Hold]] = {}
         self._owners: dict[At, OwnerRecord] = {}
         super().__init__(self._holds_as)  # the work of each (lock key, owner)
         self.changed = asyncio.Event()  # set when a watchdog hold is added
@@ -233,7 +236,12 @@ class Holds(PendingWork):
         return None if record is None else record.lost_token
 
     def by_key(self, registry_key: str) -> list[Hold]:
-        return [hold for (k, _), hold in self._holds.items() if k == registry_key]
+        return list(self._keyed.get(registry_key, {}).values())
+
+    def watched_on(self, registry_key: str) -> bool:
+        """Whether an owner of this client holds the lock with the watchdog: its hold ends
+        only by a release or a loss, both of which this client hears of."""
+        return any(hold.watchdog for hold in self._keyed.get(registry_key, {}).values())
 
     def _holds_as(self, lock_key: str, owner: str) -> bool:
         """Whether ``owner`` has a hold on the lock ``lock_key`` (in any mode)."""
@@ -308,6 +316,7 @@ class Holds(PendingWork):
             hold.confirmed_at = sent_at
             hold.contended = counters.refused_sent_at >= started
             self._holds[at] = hold
+            self._keyed.setdefault(registry_key, {})[owner] = hold
             counters.acquisitions += 1
             counters.last_lost = False
             if self.metrics is not None:
@@ -403,13 +412,20 @@ class Holds(PendingWork):
             tied.pop(hold, None)
         hold.ended = True
         at = (hold.registry_key, hold.owner)
-        if self._holds.get(at) is hold:
+        tracked = self._holds.get(at) is hold
+        if tracked:
             del self._holds[at]
+            keyed = self._keyed[hold.registry_key]
+            del keyed[hold.owner]
+            if not keyed:
+                del self._keyed[hold.registry_key]
             if self.metrics is not None:
                 self.metrics.ended(hold.kind)
         if hold.timer is not None:
             hold.timer.cancel()
             hold.timer = None
+        if tracked and self._on_end is not None:
+            self._on_end(hold)
 
     def lose(self, hold: Hold, reason: str) -> None:
         """Mark ``hold`` lost, once: log it, forget it, and tell its listeners."""

@@ -21,17 +21,26 @@ A grant message wakes the calls of the owner it names, and the first of them tak
 the server).  An owner whose last call leaves without the lock withdraws its place
 (``lock/wake.lua``), which also gives back a grant its client never took.
 
+A waiting call parked behind a hold of its own client that the watchdog renews needs no
+deadline: the client hears of that hold's end (its release hands the lock over, its loss wakes
+one), and the call makes no command while it waits.  Once it ended, they wait no longer than a
+grant's lease (:data:`GRANT_LEASE_MS`): the release may have granted the lock to another client
+that then died.  Behind another client's hold, a call tries again when the lease its try met
+runs out, as an expiry publishes nothing.
+
 A holder's release may be sent from another thread (``aiolock.sync``), and enters the next
 owner there: a line's records change under its mutex.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
+import math
 import threading
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 from .._redis.entry import Contention, Entry
 from .holds import NameCounters
@@ -40,7 +49,12 @@ from .waiting import ChannelWait
 if TYPE_CHECKING:
     from .services import Services
 
-__all__ = ["ClientWait", "Line", "LineEntry", "LineGrant", "Place"]
+__all__ = ["GRANT_LEASE_MS", "ClientWait", "Line", "LineEntry", "LineGrant", "Place"]
+
+# The longest lease a grant from the waiting set gets (ms): a grant to a waiter whose client
+# died blocks the lock no longer.  A waiter that asked for more takes it by a try, which sets
+# the lease it asked for; a lease=None hold is renewed early.
+GRANT_LEASE_MS: Final = 5000
 
 
 class LineGrant(NamedTuple):
@@ -57,12 +71,15 @@ class LineGrant(NamedTuple):
 class Place:
     """An owner's member in the lock's waiting set, as this client entered it."""
 
-    __slots__ = ("grant", "member", "request", "since")
+    __slots__ = ("floor", "grant", "member", "request", "since")
 
     def __init__(self, member: str, request: int, since: float) -> None:
         self.member = member
         self.request = request
-        self.since = since  # loop time before the call that entered (or kept) it was sent
+        # A grant to it comes after loop time ``since`` (before the call that entered or kept
+        # it was sent), with a token above ``floor`` (see Line.next_entry).
+        self.since = since
+        self.floor = 0
         self.grant: LineGrant | None = None  # a grant a message brought, not taken yet
 
 
@@ -77,12 +94,17 @@ class Line:
         "_mutex",
         "_places",
         "_time",
+        "held_here",
         "trying",
     )
 
-    def __init__(self, client: str, time: Callable[[], float]) -> None:
+    def __init__(
+        self, client: str, time: Callable[[], float], held_here: Callable[[], bool]
+    ) -> None:
         self._client = client
         self._time = time  # the loop's clock, which any thread may read
+        # Whether an owner of this client holds the lock with the watchdog (module docstring).
+        self.held_here = held_here
         self._mutex = threading.Lock()
         self._calls: dict[ClientWait, None] = {}  # in the order they entered
         self._places: dict[str, Place] = {}
@@ -136,14 +158,31 @@ class Line:
             place = self._places.pop(owner, None)
         return None if place is None else place.member
 
-    def next_entry(self, releasing: str, kept: str, next_request: int) -> str:
+    def next_entry(
+        self, releasing: str, kept: str, next_request: int, held: tuple[float, int] | None
+    ) -> str:
         """For a release by ``releasing``: the entry (``<order> <kept> <member>``) of the
         first waiting call whose owner should enter the set, in the order of when it began to
         wait; ``+`` when an owner of this line has a place already (the release hands over,
-        marked waited for or not); ``''`` when no call waits behind."""
+        marked waited for or not), or that place's entry again when the release keeps the set
+        alive (``kept`` is no ``-``): a call parked behind a hold of its client tries no more,
+        so the set its try entered may have expired since; ``''`` when no call waits behind.
+
+        ``held``: when the releasing hold was last found on the server (loop time) and its
+        token.  No grant to a place here was alive then (the lock was that hold's): a grant
+        that is, or will be, came after, with a greater token, and a message of one with a
+        lesser token is stale (its lease ran out untaken)."""
         with self._mutex:
+            if held is not None:
+                for place in self._places.values():
+                    place.since = max(place.since, held[0])
+                    place.floor = max(place.floor, held[1])
             if self._places:
-                return "+"
+                owner, place = next(iter(self._places.items()))  # one owner per client
+                first = next((call for call in self._calls if call.owner == owner), None)
+                if kept == "-" or first is None:
+                    return "+"
+                return f"{first.entered} {kept} {place.member}"
             for call in self._calls:
                 if call.owner != releasing and not call.reentering:
                     member = f"{call.lease_ms} {next_request} {self._client} {call.owner}"
@@ -165,6 +204,8 @@ class Line:
             place = self._places.get(owner)
             if place is None or str(place.request).encode() != fields[1]:
                 return True  # given up: its withdraw gives the grant back
+            if int(token) <= place.floor:
+                return True  # stale: made before a hold of this client that has ended since
             place.grant = LineGrant(int(token), int(fields[0]), place.request, place.since)
             calls = [call for call in self._calls if call.owner == owner]
         for call in calls:
@@ -220,12 +261,18 @@ class LineEntry(Entry):
         if not self.line.wake_placed():
             self.wake_one()
 
+    def hold_ended(self) -> None:
+        # Its release granted the lock to the first owner of the set, which may be another
+        # client's: the calls parked behind it with no deadline wait no longer than that
+        # grant's lease (its client may have died); a grant to this client wakes them first.
+        self.bound(asyncio.get_running_loop().time() + GRANT_LEASE_MS / 1000)
+
 
 class ClientWait(ChannelWait):
     """:class:`ChannelWait` in a :class:`Line`: woken by a grant to its owner, which
     :meth:`woken` hands to the wait loop."""
 
-    __slots__ = ("entered", "lease_ms", "line", "owner", "reentering", "trying")
+    __slots__ = ("entered", "lease_ms", "line", "owner", "reentering", "trying", "watchdog")
 
     def __init__(
         self,
@@ -237,13 +284,15 @@ class ClientWait(ChannelWait):
         line: Line,
         owner: str,
         lease_ms: int,
+        watchdog: bool,
     ) -> None:
         super().__init__(
             services, channel, counters, reentering=reentering, entry_type=line.entry_type
         )
         self.line = line
         self.owner = owner
-        self.lease_ms = lease_ms
+        self.lease_ms = lease_ms  # the lease a grant to it from the set gets
+        self.watchdog = watchdog  # the hold it gets is renewed (lease=None)
         self.reentering = reentering
         self.trying = False  # a try of this call is out
         # When it began to wait (the client's clock, µs): its owner's order in the waiting set.
@@ -258,12 +307,17 @@ class ClientWait(ChannelWait):
         self.trying = False
         self.line.trying -= 1
 
+    def park(self, pause: float) -> asyncio.Future[Any]:
+        # Behind a hold of this client that the watchdog renews: no deadline (module docstring).
+        return super().park(math.inf if self.line.held_here() else pause)
+
     def woken(self) -> LineGrant | None:
         super().woken()
         return self.line.take_grant(self.owner)
 
     def granted(self, until: float) -> None:
-        super().granted(until)
+        # A renewed hold: the others wait for its end, which this client hears of.
+        super().granted(math.inf if self.watchdog else until)
         self.line.granted(self.owner)
 
     def leave(self, granted: bool) -> None:

@@ -16,6 +16,7 @@ parked task carries no extra coroutine frame.
 from __future__ import annotations
 
 import asyncio
+import math
 import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
@@ -178,9 +179,13 @@ class ChannelWait:
         return None
 
     def granted(self, until: float) -> None:
-        # The others of this client wait behind this hold: no longer than its lease.
+        # The others of this client wait behind this hold: no longer than its lease (``inf``:
+        # until its end, which the client hears of).
         if self._entry is not None:
-            self._entry.bound(until)
+            if until == math.inf:
+                self._entry.unbound()
+            else:
+                self._entry.bound(until)
 
     def nudge(self) -> None:
         waiter = self._parked

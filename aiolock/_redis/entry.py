@@ -3,7 +3,7 @@
 :class:`Entry` wakes one waiter per message and per confirmation of its SUBSCRIBE;
 :class:`BroadcastEntry` wakes them all.  A message is the entry's to read
 (:meth:`Entry.deliver`): a kind whose messages carry more subclasses it in its own module (the
-plain lock's :class:`~aiolock._core.waiting.ClientEntry`, the fair lock's
+plain lock's :class:`~aiolock._core.line.LineEntry`, the fair lock's
 :class:`~aiolock.fair.entry.NamedEntry`), so the transport knows no kind's message format.
 :class:`~aiolock._redis.pubsub.PubSub` keeps the entries and their subscriptions.
 """
@@ -204,6 +204,21 @@ class Entry:
         silently wakes one through its loss, but a release's message can be lost)."""
         if self.expires_one and self._parked and until < self._timer_at:
             self._arm(asyncio.get_running_loop(), until)
+
+    def unbound(self) -> None:
+        """A task of this client got the lock with the watchdog, which renews it: the parked
+        ones try at its end, which the client hears of (:meth:`hold_ended`, or a loss that wakes
+        one), and no deadline of theirs counts any more."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer, self._timer_at = None, math.inf
+        self._waiters = deque((w, math.inf, t) for w, _, t in self._waiters if not w.done())
+
+    def hold_ended(self) -> None:
+        """A hold of this client on the lock is no longer tracked (released, lost, or given
+        up to its lease).  Nothing to do here: a release publishes on this channel, and a loss
+        wakes one; a kind whose release may tell another client only overrides it (the plain
+        lock's :class:`~aiolock._core.line.LineEntry`)."""
 
     def wake(self, waiter: asyncio.Future[bool]) -> None:
         """Wake one parked waiter out of turn (another call of its owner got the lock)."""

@@ -200,6 +200,12 @@ class PubSub:
         if entry is not None:
             entry.wake_one()
 
+    def hold_ended(self, channel: str) -> None:
+        """A hold of this client ended whose waiters park on ``channel`` (Entry.hold_ended)."""
+        entry = self._entries.get(channel.encode())
+        if entry is not None:
+            entry.hold_ended()
+
     @property
     def entries(self) -> Mapping[bytes, Entry]:
         """The cached entries by channel (a read-only view: reading one takes no reference)."""

@@ -470,7 +470,14 @@ async def test_turns_bound_the_tries_in_flight_and_pass_over_one_cancelled() -> 
 
 def client_wait(services: Any, counters: NameCounters, line: Line, owner: str) -> ClientWait:
     return ClientWait(
-        services, CHANNEL, counters, reentering=False, line=line, owner=owner, lease_ms=5000
+        services,
+        CHANNEL,
+        counters,
+        reentering=False,
+        line=line,
+        owner=owner,
+        lease_ms=5000,
+        watchdog=True,
     )
 
 
@@ -478,7 +485,7 @@ async def test_a_line_enters_one_owner_per_client_and_a_grant_wakes_that_owner(
     services: Any,
 ) -> None:
     loop = asyncio.get_running_loop()
-    line, counters = Line("c", loop.time), NameCounters()
+    line, counters = Line("c", loop.time, lambda: False), NameCounters()
     first = client_wait(services, counters, line, "c:t1")
     behind = client_wait(services, counters, line, "c:t2")
     assert first.entered <= behind.entered
@@ -489,7 +496,7 @@ async def test_a_line_enters_one_owner_per_client_and_a_grant_wakes_that_owner(
     assert line.place_for("c:t1", 7, 5000) == (first.entered, "5000 7 c c:t1", False)
     assert line.place_for("c:t1", 9, 5000) == (first.entered, "5000 7 c c:t1", True)
     # A release of this client while both wait enters nobody more: an owner has a place.
-    assert line.next_entry("c:t0", "-", 10) == "+"
+    assert line.next_entry("c:t0", "-", 10, None) == "+"
     parked = first.park(60)
     behind_parked = behind.park(60)
     # A grant to another client, or to an earlier place of this owner, wakes nobody here.
@@ -507,9 +514,23 @@ async def test_a_line_enters_one_owner_per_client_and_a_grant_wakes_that_owner(
     first.granted(loop.time() + 5)
     first.leave(granted=True)
     # The holder's release enters the next call of its client, with a request id of its own.
-    assert line.next_entry("c:t1", "32000", 11) == f"{behind.entered} 32000 5000 11 c c:t2"
-    assert line.next_entry("c:t1", "-", 12) == "+"
+    assert line.next_entry("c:t1", "32000", 11, None) == f"{behind.entered} 32000 5000 11 c c:t2"
+    assert line.next_entry("c:t1", "-", 12, None) == "+"
+    # A release that keeps the set alive enters that place again (the set may have expired
+    # while its call waited silently behind this client's hold).
+    assert line.next_entry("c:t1", "32000", 12, None) == f"{behind.entered} 32000 5000 11 c c:t2"
+    # A release of a hold last found on the server at loop time ``found``, token 50: a grant to
+    # the place comes after both, and the message of one with a lesser token is stale.
+    found = loop.time() + 100
+    assert line.next_entry("c:t1", "-", 12, (found, 50)) == "+"
+    line.deliver_grant(b"=49 5000 11 c c:t2")
+    assert not behind_parked.done()
+    line.deliver_grant(b"=51 5000 11 c c:t2")
+    assert behind_parked.result() is True
+    grant = behind.woken()
+    assert grant is not None
+    assert (grant.token, grant.since) == (51, found)
     assert line.withdraw("c:t2") == "5000 11 c c:t2"  # gives up: its member to withdraw
     assert line.withdraw("c:t2") is None
     behind.leave(granted=False)
-    assert line.next_entry("c:t1", "-", 13) == ""  # nobody waits behind
+    assert line.next_entry("c:t1", "-", 13, None) == ""  # nobody waits behind

@@ -313,3 +313,64 @@ async def test_a_newcomer_still_barges_into_a_free_lock_in_one_call(
     waiter.release.set()
     assert await waiter.task
     await assert_clean(redis, waiter.client)
+
+
+async def test_waiters_behind_a_renewed_hold_of_their_own_client_make_no_call(
+    make_client: Callable[..., aiolock.Client], redis: Redis
+) -> None:
+    # The client hears of its own hold's end (its release hands the lock over, its loss wakes
+    # one): its waiters park with no deadline while the watchdog renews the hold, however many
+    # leases pass, and the release hands over by message even after the waiting set expired.
+    client = make_client(watchdog_timeout=0.6)
+    holder = client.lock("quiet")
+    await holder.lock()
+    waiters = [Waiter(client, "quiet") for _ in range(3)]
+    await eventually(lambda: settled(client, holder, 3), what="three waiters parked")
+    renewed = holder.statistics().renewals
+
+    async def leases_pass() -> None:
+        # The set lives 2.6 s past its last entry here (a watchdog lease and 2 s).
+        async def passed() -> bool:
+            gone = await redis.pttl(keys_of(holder).waiting) == -2
+            return gone and holder.statistics().renewals >= renewed + 6
+
+        await eventually(passed, timeout=15, what="the set expired and the hold renewed")
+
+    commands = await counted(redis, leases_pass)
+    # The renewals' script alone (HEXISTS, PTTL, PEXPIRE, one hold a call): no try, which
+    # runs EXISTS first.
+    assert "exists" not in commands, commands
+    assert commands["evalsha"] == commands["hexists"], commands
+
+    async def hand_off() -> None:
+        await holder.unlock()
+        await waiters[0].holding.wait()
+
+    # Its release enters the first waiter's place again and grants it: no try.
+    commands = await counted(redis, hand_off)
+    assert "exists" not in commands, commands
+    for before, after in itertools.pairwise(waiters):
+        before.release.set()
+        await after.holding.wait()
+    waiters[-1].release.set()
+    assert all(await asyncio.gather(*(w.task for w in waiters)))
+    await assert_clean(redis, client)
+
+
+async def test_waiters_behind_their_own_client_are_not_stranded_by_a_grant_to_a_dead_one(
+    make_client: Callable[..., aiolock.Client], redis: Redis
+) -> None:
+    # Parked with no deadline behind a hold of their client, whose release grants the lock to
+    # a client killed while in the set: they try within a grant's lease (5 s at most).
+    client = make_client()
+    holder = client.lock("dead-next")
+    await holder.lock()
+    waiter = Waiter(client, "dead-next", wait=20)
+    await parked_in_order(redis, holder, [waiter])
+    await redis.zadd(keys_of(holder).waiting, {"300 7 a-client-that-died job": 0})
+    await holder.unlock()
+    assert await redis.hget(keys_of(holder).lock, "q:job") in ("7", b"7")
+    await asyncio.wait_for(waiter.holding.wait(), 10)
+    waiter.release.set()
+    assert await waiter.task
+    await assert_clean(redis, client)
