@@ -47,7 +47,7 @@ __all__ = [
 
 POOL_SIZE = 128
 KEY_PREFIX = "bench"  # the aiolock clients' key_prefix
-LEASE_S = 60  # the lease of every polling lock (aiolock uses its watchdog, lease=None)
+LEASE_S = 120  # every polling lock's lease, past the fan-in's two windows (aiolock: lease=None)
 PERMITS = 5  # the semaphores' limit in the ``shared`` scenario
 
 
