@@ -63,8 +63,9 @@ local function reenter_read(lock, held, owner, request, lease, pttl, late)
 end
 
 -- Release one hold of owner.  Returns the holds left (nil: the owner holds none), whether
--- this call deleted the lock (the caller then wakes its waiters), and whether a waiter was
--- refused by it (':w').  With undo (an acquire request id), release only if that acquire was
+-- this call deleted the lock (the caller then wakes its waiters), whether a waiter was
+-- refused by it (':w'), and whether this call released a hold (not a resend, a late copy or
+-- an undo that was not applied).  With undo (an acquire request id), release only if that acquire was
 -- the last request applied; an undo that was not applied writes a marker for the window its
 -- release script got as ARGV[window] (ARGV[4] unless given: the release scripts of these
 -- kinds take owner, request, undo, window; the plain lock's has one more before undo).  A resend of a non-last release returns the same count ('r:<owner>' names
@@ -100,8 +101,8 @@ local function release_one(lock, meta, owner, request, undo, held, window)
     count = count - 1
     if count > 0 then
         redis.call('HSET', lock, owner, count, 'r:' .. owner, request)
-        return count, false
+        return count, false, false, true
     end
     redis.call('DEL', lock)
-    return 0, true, held[3] ~= false
+    return 0, true, held[3] ~= false, true
 end

@@ -13,8 +13,8 @@
 -- ARGV[3]  '' or, when other calls of the owner's client wait for the lock, '+' if one of
 --          their owners is in the set, else '<order> <ms or -> <member>': that owner enters
 --          the waiting set (and the set is kept <ms> longer), by this release whether it is
---          the owner's last or not; either way, the last release hands the lock over, marked
---          waited for or not
+--          the owner's last or not (if it releases: not a resend or a late copy); either way,
+--          the last release hands the lock over, marked waited for or not
 -- ARGV[4]  optional: undo mode, the id of an acquire request whose outcome the caller never
 --          saw (it was cancelled); release only if that acquire was the owner's last request
 -- ARGV[5]  with ARGV[4]: the client's resend window in ms, how long the marker of an undo that
@@ -51,10 +51,13 @@ end
 --@include common/_requests
 --@include common/_hold
 local undo = ARGV[4] and owner .. '/' .. ARGV[4]
-local left, deleted, waited = release_one(KEYS[1], KEYS[2], owner, request, undo, held, 5)
+local left, deleted, waited, applied = release_one(KEYS[1], KEYS[2], owner, request, undo, held, 5)
 if KEYS[4] then
     -- Entered by any release that carries it, the last or not: the client counts it entered.
-    enter(KEYS[4], ARGV[3])
+    -- Not by a resend or a late copy, whose member a grant may have taken since.
+    if applied then
+        enter(KEYS[4], ARGV[3])
+    end
     if deleted and (waited or ARGV[3] ~= '') then
         hand_over(KEYS[1], KEYS[4], KEYS[3], KEYS[5])
     end

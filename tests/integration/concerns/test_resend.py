@@ -23,6 +23,7 @@ import aiolock
 from aiolock import _scripts
 from aiolock._core.settlement import ReleaseCopies
 from aiolock.fair.queue import FairKeys
+from aiolock.lock import wake_prefix
 from aiolock.semaphore import permits_of
 from aiolock.testing.pytest_plugin import ServerInfo
 from tests.helpers import (
@@ -100,6 +101,34 @@ async def test_undo_releases_exactly_the_named_grant(aiolock_client: aiolock.Cli
     assert await calls.run(_scripts.LOCK_RELEASE, release, (owner, 4, "", 3)) == 1
     assert await calls.run(_scripts.LOCK_RELEASE, release, (owner, 4, "", 3)) == 1  # resent undo
     assert await calls.run(_scripts.LOCK_RELEASE, release, (owner, 5, "")) == 0
+
+
+async def test_a_resent_release_enters_no_waiting_member_again(
+    aiolock_client: aiolock.Client, redis: Redis
+) -> None:
+    # A plain-lock release that carries a waiting member enters it and, the last, grants it
+    # the lock.  Its resend must not enter the member again: granted once already, it would be
+    # granted twice (a second grant its client no longer waits for).
+    lock = aiolock_client.lock("resent-entry")
+    keys = keys_of(lock)
+    calls = services_of(aiolock_client).calls
+    owner = f"{aiolock_client.id}:x:holder"
+    acquire = (keys.lock, keys.meta, keys.fence)
+    release = (keys.lock, keys.meta, wake_prefix(keys.lock), keys.waiting, keys.fence)
+    entry = f"1 32000 5000 9 {aiolock_client.id} waiter"
+    await calls.run(_scripts.LOCK_ACQUIRE, acquire, (30000, owner, 1))
+    assert await calls.run(_scripts.LOCK_RELEASE, release, (owner, 2, entry)) == 0
+    assert await redis.hget(keys.lock, "q:waiter") == "9"
+    assert await redis.zcard(keys.waiting) == 0
+    assert await calls.run(_scripts.LOCK_RELEASE, release, (owner, 2, entry)) is None
+    assert await redis.zcard(keys.waiting) == 0
+    # An inner release of a hold enters it, as before.
+    await redis.delete(keys.lock)
+    await calls.run(_scripts.LOCK_ACQUIRE, acquire, (30000, owner, 3))
+    await calls.run(_scripts.LOCK_ACQUIRE, acquire, (30000, owner, 4))
+    assert await calls.run(_scripts.LOCK_RELEASE, release, (owner, 5, entry)) == 1
+    assert await redis.zcard(keys.waiting) == 1
+    await redis.delete(keys.lock, keys.waiting)
 
 
 async def test_redis_py_resends_do_not_double_count(
