@@ -209,9 +209,10 @@ class Entry:
         """A task of this client got the lock with the watchdog, which renews it: the parked
         ones try at its end, which the client hears of (:meth:`hold_ended`, or a loss that wakes
         one), and no deadline of theirs counts any more."""
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer, self._timer_at = None, math.inf
+        if self._timer is None:
+            return  # no deadline armed: every parked one's is inf already (see park, bound)
+        self._timer.cancel()
+        self._timer, self._timer_at = None, math.inf
         self._waiters = deque((w, math.inf, t) for w, _, t in self._waiters if not w.done())
 
     def hold_ended(self) -> None:
