@@ -119,14 +119,25 @@ class ReentrantKind(LockKind):
             return ""
         counters = self._counters
         kept = "-"
+        kept_ms = self._kept_ms()
         now = time.monotonic()
         if now >= counters.waiting_kept_until:
-            kept_ms = self._kept_ms()
             counters.waiting_kept_until = now + kept_ms / 2000
             kept = str(kept_ms)
         hold = self._services.holds.get(self._registry_key, owner)
         held = None if hold is None else (hold.confirmed_at, hold.token)
-        return line.next_entry(owner, kept, self._services.owners.next_request(), held)
+        return line.next_entry(
+            owner, kept, self._services.owners.next_request(), held, kept_ms=kept_ms
+        )
+
+    def release_unapplied(self, call: Call) -> None:
+        """A release ``call`` (:meth:`release_call`'s) surely changed nothing: refused, or the
+        owner held nothing.  The owner it entered in the waiting set (``_more``) is not there.
+        From any thread (aiolock.sync's releases)."""
+        line = self._line()
+        args = call[2]
+        if line is not None and len(args) > 2 and args[2] not in ("", "+"):
+            line.not_entered(str(args[2]))
 
     def grant_of(self, reply: Any, lease_ms: int) -> list[Any] | None:
         # ``lock/acquire.lua`` answers a fault-free fresh hold with its token alone, and a

@@ -172,6 +172,12 @@ class KindHooks(Protocol):
         acquire request was applied (see :func:`release_args`)."""
         ...
 
+    def release_unapplied(self, call: Call) -> None:
+        """A :meth:`release_call` ``call`` surely changed nothing (refused, or the owner held
+        nothing): what the kind's client counted on it doing is undone (the plain lock's
+        entry of a waiting owner)."""
+        return
+
     def _last_release_command(self, hold: Hold) -> tuple[Any, ...] | None:
         """A bare command (not a script) that ends ``hold``, its owner's last and fault-free,
         when every field of the kind's holds is named by its owner; it answers the number of

@@ -71,9 +71,9 @@ class LineGrant(NamedTuple):
 class Place:
     """An owner's member in the lock's waiting set, as this client entered it."""
 
-    __slots__ = ("floor", "grant", "member", "request", "since")
+    __slots__ = ("entered", "floor", "grant", "member", "request", "since")
 
-    def __init__(self, member: str, request: int, since: float) -> None:
+    def __init__(self, member: str, request: int, since: float, *, entered: bool) -> None:
         self.member = member
         self.request = request
         # A grant to it comes after loop time ``since`` (before the call that entered or kept
@@ -81,6 +81,9 @@ class Place:
         self.since = since
         self.floor = 0
         self.grant: LineGrant | None = None  # a grant a message brought, not taken yet
+        # Whether a call that enters it was answered (or is in flight): a place whose call
+        # failed is entered by the next release of this client, not taken as in the set.
+        self.entered = entered
 
 
 class Line:
@@ -136,7 +139,7 @@ class Line:
             if place is not None:
                 return first.entered, place.member, True
             member = f"{lease_ms} {request} {self._client} {owner}"
-            self._places[owner] = Place(member, request, self._time())
+            self._places[owner] = Place(member, request, self._time(), entered=False)
             return first.entered, member, False
 
     def refused(self, owner: str, sent_at: float) -> None:
@@ -146,6 +149,7 @@ class Line:
             place = self._places.get(owner)
             if place is not None:
                 place.since = max(place.since, sent_at)
+                place.entered = True
 
     def granted(self, owner: str) -> None:
         """``owner`` holds the lock: its place (if any) is used up."""
@@ -159,14 +163,21 @@ class Line:
         return None if place is None else place.member
 
     def next_entry(
-        self, releasing: str, kept: str, next_request: int, held: tuple[float, int] | None
+        self,
+        releasing: str,
+        kept: str,
+        next_request: int,
+        held: tuple[float, int] | None,
+        *,
+        kept_ms: int,
     ) -> str:
         """For a release by ``releasing``: the entry (``<order> <kept> <member>``) of the
         first waiting call whose owner should enter the set, in the order of when it began to
         wait; ``+`` when an owner of this line has a place already (the release hands over,
         marked waited for or not), or that place's entry again when the release keeps the set
         alive (``kept`` is no ``-``): a call parked behind a hold of its client tries no more,
-        so the set its try entered may have expired since; ``''`` when no call waits behind.
+        so the set its try entered may have expired since; also when no call that entered the
+        place was answered (``kept_ms`` then keeps the set); ``''`` when no call waits behind.
 
         ``held``: when the releasing hold was last found on the server (loop time) and its
         token.  No grant to a place here was alive then (the lock was that hold's): a grant
@@ -180,15 +191,28 @@ class Line:
             if self._places:
                 owner, place = next(iter(self._places.items()))  # one owner per client
                 first = next((call for call in self._calls if call.owner == owner), None)
-                if kept == "-" or first is None:
+                if first is None or owner == releasing or (kept == "-" and place.entered):
                     return "+"
-                return f"{first.entered} {kept} {place.member}"
+                place.entered = True
+                return f"{first.entered} {kept_ms if kept == '-' else kept} {place.member}"
             for call in self._calls:
                 if call.owner != releasing and not call.reentering:
                     member = f"{call.lease_ms} {next_request} {self._client} {call.owner}"
-                    self._places[call.owner] = Place(member, next_request, self._time())
+                    place = Place(member, next_request, self._time(), entered=True)
+                    self._places[call.owner] = place
                     return f"{call.entered} {kept} {member}"
         return ""
+
+    def not_entered(self, entry: str) -> None:
+        """A release carrying ``entry`` (:meth:`next_entry`'s) surely entered nobody: it was
+        refused (``NOSCRIPT`` after a restart, say) or released nothing.  The place it made
+        is entered by the next release of this client, or by its owner's next try; taken as
+        in the set, it would leave the owner out of every hand-off."""
+        member = entry.split(" ", 2)[-1]
+        with self._mutex:
+            for place in self._places.values():
+                if place.member == member:
+                    place.entered = False
 
     def deliver_grant(self, payload: bytes) -> bool:
         """Read a grant message (``=<token> <member>``): wake the calls of the owner it names

@@ -21,7 +21,7 @@ import logging
 from collections.abc import Awaitable
 from typing import Any
 
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from .._redis.calls import Orphan, not_sent
 from .._redis.info import uptime
@@ -104,9 +104,14 @@ class Releasing(KindHooks):
             elif script is not None:
                 reply = await self._release_by_script(script, owner, request, copies)
             else:
-                reply = await services.calls.run(
-                    *self.release_call(owner, request, None), orphan=unknown, on_send=copies.sending
-                )
+                call = self.release_call(owner, request, None)
+                try:
+                    reply = await services.calls.run(*call, orphan=unknown, on_send=copies.sending)
+                except ResponseError:
+                    self.release_unapplied(call)
+                    raise
+                if reply is None and not copies.resent:  # a resend's nil: its first copy ran
+                    self.release_unapplied(call)
         settlement.released_copies(owner, request, copies)
         remaining = holds_left(reply)
         # No marker outlives the lock, so a resend of the release that deleted it finds it

@@ -388,10 +388,11 @@ def release(client: Client, target: ReentrantKind) -> bool:
         line.give_back(conn)
         return False
     by_command = command is not None
+    call = None
     if command is None:
         # The script the loop would send (it also keeps the lock's waiting set alive now and
         # then: a time the thread may write as well as the loop, either keeps it).
-        script, keys, args = target.release_call(owner, request, None)
+        call = script, keys, args = target.release_call(owner, request, None)
         command = ("EVALSHA", script.sha, len(keys), *keys, *args)
     # Until the outcome is posted, an interrupt or a fault once written leaves it unknown.
     unknown = False
@@ -409,6 +410,8 @@ def release(client: Client, target: ReentrantKind) -> bool:
         unknown = False
     except ResponseError:
         # A reply (NOSCRIPT, a replica's refusal): nothing changed; the loop path sends it.
+        if call is not None:
+            target.release_unapplied(call)
         line.post(
             lambda: target.release_failed_off_loop(
                 owner, request, began, None, by_command=by_command
@@ -434,6 +437,8 @@ def release(client: Client, target: ReentrantKind) -> bool:
     finally:
         line.give_back(conn)
     taken[target.registry_key] = _released(token)
+    if call is not None and reply is None:
+        target.release_unapplied(call)
     if (int(reply) < 3) if by_command else (reply is None):
         raise LockNotOwnedError(f"lock {target.name!r} is not held by this owner")
     return True

@@ -495,8 +495,13 @@ async def test_a_line_enters_one_owner_per_client_and_a_grant_wakes_that_owner(
     # it carries the same member.
     assert line.place_for("c:t1", 7, 5000) == (first.entered, "5000 7 c c:t1", False)
     assert line.place_for("c:t1", 9, 5000) == (first.entered, "5000 7 c c:t1", True)
+    # Until a try of it is answered, a release of this client enters that place itself.
+    assert line.next_entry("c:t0", "-", 10, None, kept_ms=32000) == (
+        f"{first.entered} 32000 5000 7 c c:t1"
+    )
+    line.refused("c:t1", loop.time())
     # A release of this client while both wait enters nobody more: an owner has a place.
-    assert line.next_entry("c:t0", "-", 10, None) == "+"
+    assert line.next_entry("c:t0", "-", 10, None, kept_ms=32000) == "+"
     parked = first.park(60)
     behind_parked = behind.park(60)
     # A grant to another client, or to an earlier place of this owner, wakes nobody here.
@@ -514,15 +519,23 @@ async def test_a_line_enters_one_owner_per_client_and_a_grant_wakes_that_owner(
     first.granted(loop.time() + 5)
     first.leave(granted=True)
     # The holder's release enters the next call of its client, with a request id of its own.
-    assert line.next_entry("c:t1", "32000", 11, None) == f"{behind.entered} 32000 5000 11 c c:t2"
-    assert line.next_entry("c:t1", "-", 12, None) == "+"
+    entry = f"{behind.entered} 32000 5000 11 c c:t2"
+    assert line.next_entry("c:t1", "32000", 11, None, kept_ms=32000) == entry
+    assert line.next_entry("c:t1", "-", 12, None, kept_ms=32000) == "+"
+    # A release that carried it and surely entered nobody (refused): the next one enters it.
+    line.not_entered(entry)
+    assert line.next_entry("c:t1", "-", 12, None, kept_ms=32000) == entry
+    assert line.next_entry("c:t1", "-", 12, None, kept_ms=32000) == "+"
     # A release that keeps the set alive enters that place again (the set may have expired
     # while its call waited silently behind this client's hold).
-    assert line.next_entry("c:t1", "32000", 12, None) == f"{behind.entered} 32000 5000 11 c c:t2"
+    assert (
+        line.next_entry("c:t1", "32000", 12, None, kept_ms=32000)
+        == f"{behind.entered} 32000 5000 11 c c:t2"
+    )
     # A release of a hold last found on the server at loop time ``found``, token 50: a grant to
     # the place comes after both, and the message of one with a lesser token is stale.
     found = loop.time() + 100
-    assert line.next_entry("c:t1", "-", 12, (found, 50)) == "+"
+    assert line.next_entry("c:t1", "-", 12, (found, 50), kept_ms=32000) == "+"
     line.deliver_grant(b"=49 5000 11 c c:t2")
     assert not behind_parked.done()
     line.deliver_grant(b"=51 5000 11 c c:t2")
@@ -533,4 +546,4 @@ async def test_a_line_enters_one_owner_per_client_and_a_grant_wakes_that_owner(
     assert line.withdraw("c:t2") == "5000 11 c c:t2"  # gives up: its member to withdraw
     assert line.withdraw("c:t2") is None
     behind.leave(granted=False)
-    assert line.next_entry("c:t1", "-", 13, None) == ""  # nobody waits behind
+    assert line.next_entry("c:t1", "-", 13, None, kept_ms=32000) == ""  # nobody waits behind

@@ -415,3 +415,42 @@ def test_a_guard_the_thread_took_reports_a_loss_on_leaving(
     assert any("was lost while held" in note for note in raised.value.__notes__)
     assert lock.try_lock(0)
     lock.unlock()
+
+
+def test_a_waiter_named_by_a_threads_refused_release_is_entered_by_the_loops(
+    aiolock_server: ServerInfo, plain: redis.Redis
+) -> None:
+    """A contended release that the thread sends itself enters the next waiting owner of its
+    client in the lock's waiting set, and hands the lock over to the set's first member.
+    Refused (``NOSCRIPT``: a restart emptied the server's script cache), it is sent again by
+    the loop, which enters that owner all the same: taken as entered, it was left out of every
+    hand-off while its calls parked behind their client's hold."""
+    url = aiolock_server.url
+    name = f"direct:{uuid.uuid4().hex}"
+    # One thread per owner (an owner is its thread): each runs its acquire and its release.
+    holder, first, second, theirs = (ThreadPoolExecutor(1) for _ in range(4))
+    with aiolock.sync.Client.from_url(url) as mine, aiolock.sync.Client.from_url(url) as other:
+        lock, their_lock = mine.lock(name), other.lock(name)
+        keys = keys_of(lock.target())
+        waiting = keys.waiting
+        assert holder.submit(lock.try_lock, 5).result(timeout=30)
+        got_first = first.submit(lock.try_lock, 60)  # refused: enters the set
+        wait_until(lambda: plain.zcard(waiting) == 1)
+        got_second = second.submit(lock.try_lock, 60)  # parks behind the first, no try
+        wait_until(lambda: lock.statistics().waiters == 2)
+        got_theirs = theirs.submit(their_lock.try_lock, 60)  # refused: enters behind them
+        wait_until(lambda: plain.zcard(waiting) == 2)
+        holder.submit(lock.unlock).result(timeout=30)
+        assert got_first.result(timeout=30)  # the set's first member
+        plain.script_flush()
+        # Enters the second (which came before theirs) and hands it the lock, refused first.
+        first.submit(lock.unlock).result(timeout=30)
+        assert got_second.result(timeout=30)
+        assert not got_theirs.done()
+        assert plain.zcard(waiting) == 1  # theirs still waits in the set
+        second.submit(lock.unlock).result(timeout=30)
+        assert got_theirs.result(timeout=30)
+        theirs.submit(their_lock.unlock).result(timeout=30)
+    for pool in (holder, first, second, theirs):
+        pool.shutdown()
+    assert not plain.exists(keys.lock, waiting)
