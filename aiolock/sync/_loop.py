@@ -36,6 +36,10 @@ __all__ = [
 
 T = TypeVar("T")
 
+# Rounds of cancelling the tasks left when the loop stops (each may start another: a read of a
+# cancelled call's reply, then a disconnect), bounded so that stopping always ends.
+_SHUTDOWN_ROUNDS = 8
+
 
 class _Process:
     """This process' loop thread and generation (one instance, :data:`_process`)."""
@@ -71,11 +75,16 @@ class LoopThread:
         loop.call_soon(started.set)
         loop.run_forever()
         # Stopped (its last client closed): a call still running there is cancelled, so that
-        # its thread is told (RuntimeError) rather than left waiting for ever.
-        tasks = asyncio.all_tasks(loop)
-        for task in tasks:
-            task.cancel()
-        loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+        # its thread is told (RuntimeError) rather than left waiting for ever.  A call
+        # cancelled in flight starts the read of its reply in a task of its own, cancelled in
+        # the next round: none is left pending when the loop closes.
+        for _ in range(_SHUTDOWN_ROUNDS):
+            tasks = asyncio.all_tasks(loop)
+            if not tasks:
+                break
+            for task in tasks:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
         loop.run_until_complete(loop.shutdown_asyncgens())
 
     def stop(self) -> None:

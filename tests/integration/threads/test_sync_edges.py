@@ -206,6 +206,56 @@ def test_closing_tells_a_thread_still_waiting(aiolock_server: ServerInfo) -> Non
     assert not isinstance(raised.value, TimeoutError)
 
 
+# Run in a process of its own: a task left pending when the loop closed is found among the
+# objects the interpreter still has (it would only be reported at its exit, if at all).
+CLOSE_IN_FLIGHT = """
+import asyncio, gc, sys, threading, time
+import redis
+import aiolock.sync
+url = sys.argv[1]
+client = aiolock.sync.Client.from_url(url, key_prefix="close-in-flight", sync_replicas=1,
+                                      sync_timeout=30)
+lock = client.lock("x")
+def acquire():
+    try:
+        lock.try_lock(60)
+    except RuntimeError:
+        pass  # told the client closed
+thread = threading.Thread(target=acquire)
+thread.start()
+probe = redis.Redis.from_url(url)
+deadline = time.monotonic() + 30
+while probe.info("clients")["blocked_clients"] < 1:  # its WAIT (no replica) blocks
+    assert time.monotonic() < deadline, "the WAIT never blocked"
+    time.sleep(0.002)
+client.close()
+thread.join()
+gc.collect()
+print([repr(task) for task in gc.get_objects()
+       if isinstance(task, asyncio.Task) and not task.done()])
+"""
+
+
+def test_closing_with_a_call_in_flight_leaves_no_task_pending(
+    aiolock_server: ServerInfo,
+) -> None:
+    """The loop's last round cancels the calls still running; one cancelled in flight reads
+    its reply in a task of its own, which must end too before the loop closes (it was left
+    pending: "Task was destroyed but it is pending" at the interpreter's exit)."""
+    done = subprocess.run(
+        [sys.executable, "-c", CLOSE_IN_FLIGHT, aiolock_server.url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "[]\n", done.stdout
+    assert "never awaited" not in done.stderr
+    assert "pending" not in done.stderr
+
+
 def test_a_client_never_closed_does_not_keep_the_interpreter_alive(
     aiolock_server: ServerInfo,
 ) -> None:
