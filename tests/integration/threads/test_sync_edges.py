@@ -206,6 +206,20 @@ def test_closing_tells_a_thread_still_waiting(aiolock_server: ServerInfo) -> Non
     assert not isinstance(raised.value, TimeoutError)
 
 
+def run_python(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """Run ``script`` in a new interpreter with this one's path; it must exit with 0."""
+    done = subprocess.run(
+        [sys.executable, "-c", script, *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    assert done.returncode == 0, done.stderr
+    return done
+
+
 # Run in a process of its own: a task left pending when the loop closed is found among the
 # objects the interpreter still has (it would only be reported at its exit, if at all).
 CLOSE_IN_FLIGHT = """
@@ -242,15 +256,7 @@ def test_closing_with_a_call_in_flight_leaves_no_task_pending(
     """The loop's last round cancels the calls still running; one cancelled in flight reads
     its reply in a task of its own, which must end too before the loop closes (it was left
     pending: "Task was destroyed but it is pending" at the interpreter's exit)."""
-    done = subprocess.run(
-        [sys.executable, "-c", CLOSE_IN_FLIGHT, aiolock_server.url],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-    )
-    assert done.returncode == 0, done.stderr
+    done = run_python(CLOSE_IN_FLIGHT, aiolock_server.url)
     assert done.stdout == "[]\n", done.stdout
     assert "never awaited" not in done.stderr
     assert "pending" not in done.stderr
@@ -265,13 +271,5 @@ def test_a_client_never_closed_does_not_keep_the_interpreter_alive(
         "client.lock('never-released').lock(lease=1)\n"
         "print('held')\n"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
-    )
-    assert done.returncode == 0, done.stderr
+    done = run_python(script)
     assert done.stdout == "held\n"
