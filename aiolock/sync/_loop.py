@@ -147,7 +147,7 @@ class Call(Generic[T]):
     def __init__(self) -> None:
         self._done = threading.Lock()
         self._done.acquire()  # released by the task's done callback
-        self._task: asyncio.Task[T] | None = None
+        self._task: asyncio.Task[None] | None = None
         self._cancel = False
         self._ended = False  # set before _done is released: the outcome is in
         self._value: Any = None
@@ -157,7 +157,7 @@ class Call(Generic[T]):
         self,
         loop: asyncio.AbstractEventLoop,
         work: Callable[[], Awaitable[T]],
-        before: Callable[[asyncio.Task[T]], object],
+        before: Callable[[asyncio.Task[Any]], object],
         undo: Callable[[T], Awaitable[object]] | None = None,
     ) -> T:
         """Run ``work`` on ``loop`` and wait for its outcome.
@@ -208,35 +208,39 @@ class Call(Generic[T]):
         self._settle()
 
     def _start(
-        self, work: Callable[[], Awaitable[T]], before: Callable[[asyncio.Task[T]], object]
+        self, work: Callable[[], Awaitable[T]], before: Callable[[asyncio.Task[Any]], object]
     ) -> None:
         if self._cancel:  # interrupted before the loop got to it: nothing was sent
             self._end()
             return
         try:
-            task: asyncio.Task[T] = asyncio.ensure_future(work())
+            coroutine = work()
         except BaseException as error:  # bad arguments, checked as the coroutine is made
             self._error = error
             self._end()
             return
+        task = asyncio.ensure_future(self._told(coroutine))
         before(task)
         self._task = task
-        task.add_done_callback(self._finished)
+
+    async def _told(self, work: Awaitable[T]) -> None:
+        """Run ``work`` and tell the calling thread its outcome in the same step as it ends
+        (a done callback would run a pass of the loop later: a hand-off's last stretch)."""
+        try:
+            self._value = await work
+        except asyncio.CancelledError:
+            self._error = RuntimeError("the call was cancelled (its client was closed)")
+            self._end()
+            raise
+        except BaseException as error:  # the thread raises it: the task ends quietly
+            self._error = error
+        self._end()
 
     def _cancelled(self) -> None:
         if self._task is not None:
             self._task.cancel()
         elif not self._ended:  # interrupted before ``_start`` was even scheduled
             self._end()
-
-    def _finished(self, task: asyncio.Task[T]) -> None:
-        if task.cancelled():
-            self._error = RuntimeError("the call was cancelled (its client was closed)")
-        elif (error := task.exception()) is not None:
-            self._error = error
-        else:
-            self._value = task.result()
-        self._end()
 
     def _end(self) -> None:
         self._ended = True
