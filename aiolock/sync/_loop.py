@@ -19,6 +19,8 @@ generation; each client then starts afresh on its next call.
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import os
 import threading
 from collections.abc import Awaitable, Callable
@@ -222,19 +224,25 @@ class Call(Generic[T]):
         task = asyncio.ensure_future(self._told(coroutine))
         before(task)
         self._task = task
+        task.add_done_callback(functools.partial(self._cancelled_before, coroutine))
 
     async def _told(self, work: Awaitable[T]) -> None:
         """Run ``work`` and tell the calling thread its outcome in the same step as it ends
-        (a done callback would run a pass of the loop later: a hand-off's last stretch)."""
+        (a done callback runs a pass of the loop later: a hand-off's last stretch)."""
         try:
             self._value = await work
         except asyncio.CancelledError:
-            self._error = RuntimeError("the call was cancelled (its client was closed)")
-            self._end()
-            raise
+            raise  # told by the done callback, as a task cancelled before it started is
         except BaseException as error:  # the thread raises it: the task ends quietly
             self._error = error
         self._end()
+
+    def _cancelled_before(self, work: Awaitable[T], task: asyncio.Task[None]) -> None:
+        if task.cancelled() and not self._ended:
+            if inspect.iscoroutine(work):
+                work.close()  # never started if the task never ran (else closed already)
+            self._error = RuntimeError("the call was cancelled (its client was closed)")
+            self._end()
 
     def _cancelled(self) -> None:
         if self._task is not None:

@@ -44,6 +44,26 @@ def test_a_call_returns_or_raises_what_the_coroutine_did(loop: asyncio.AbstractE
         Call[None]().run(loop, error, lambda _: None)
 
 
+def test_a_task_cancelled_before_it_started_tells_its_thread(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """A call's outcome reaches its thread from the task's last step, or, for a task that
+    never ran a step (cancelled as it was made: an interrupt, the loop stopping), from its
+    done callback: the thread is told either way."""
+    ran: list[bool] = []
+
+    async def work() -> int:
+        ran.append(True)
+        return 1
+
+    def cancel_at_once(task: asyncio.Task[object]) -> None:
+        task.cancel()
+
+    with pytest.raises(RuntimeError, match="cancelled"):
+        Call[int]().run(loop, work, cancel_at_once)
+    assert ran == []
+
+
 def test_an_interrupt_cancels_the_task_and_waits_for_it_to_settle(
     loop: asyncio.AbstractEventLoop,
 ) -> None:
