@@ -6,7 +6,7 @@ the first client's first call and stops when the last client closes; it is a dae
 so a client never closed does not keep the interpreter from exiting.
 
 A blocking call is a task on that loop; the calling thread waits on a plain lock that the
-task's done callback releases.  Who may wait on whom: the calling thread waits on the loop,
+task releases in the step its work ends in (or its done callback, if it was cancelled).  Who may wait on whom: the calling thread waits on the loop,
 never the reverse (the loop never blocks on a thread), so a call made *on* a thread that runs
 an event loop is refused (it could be that very loop, and it would block its own tasks).
 
@@ -148,7 +148,7 @@ class Call(Generic[T]):
 
     def __init__(self) -> None:
         self._done = threading.Lock()
-        self._done.acquire()  # released by the task's done callback
+        self._done.acquire()  # released by the task (see _told)
         self._task: asyncio.Task[None] | None = None
         self._cancel = False
         self._ended = False  # set before _done is released: the outcome is in
