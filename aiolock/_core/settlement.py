@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, Final, Protocol
 
-from redis.exceptions import RedisError
+from redis.exceptions import RedisError, ResponseError
 
 from .._redis.calls import NotSent
 from .._scripts import Call
@@ -85,6 +85,10 @@ class Settled(Protocol):
 
     def release_call(self, owner: str, request: int, undo: int | None) -> Call:
         """The kind's release of one hold; with ``undo``, only if that acquire was applied."""
+        ...
+
+    def release_unapplied(self, call: Call) -> None:
+        """A release ``call`` surely changed nothing (refused, or nothing was held)."""
         ...
 
     def void_call(self, owner: str, requests: list[int]) -> Call:
@@ -364,10 +368,12 @@ class Settlement:
         while True:
             request = services.owners.next_request()
             copies = ReleaseCopies()
+            call = lock.release_call(owner, request, None)
             try:
-                call = lock.release_call(owner, request, None)
                 reply = await services.calls.run(*call, on_send=copies.sending)
             except _FAILURES as exc:
+                if isinstance(exc, ResponseError):
+                    lock.release_unapplied(call)
                 logger.warning(
                     "could not release %r in the background: %r",
                     lock.name,
@@ -377,6 +383,8 @@ class Settlement:
                 self.released_copies(owner, request, copies)
                 return False
             self.released_copies(owner, request, copies)
+            if reply is None and not copies.resent:  # a resend's nil: its first copy ran
+                lock.release_unapplied(call)
             if not holds_left(reply):
                 return True
 
@@ -417,6 +425,8 @@ class Settlement:
                 services,
             )
         except _FAILURES as exc:
+            if isinstance(exc, ResponseError):
+                lock.release_unapplied((script, keys, args))
             logger.warning(
                 "gave up releasing %r in the background: %r",
                 lock.name,
@@ -427,6 +437,8 @@ class Settlement:
             self.released_copies(owner, request, copies)  # copies may still land
             return
         self.released_copies(owner, request, copies)
+        if reply is None and not copies.resent:
+            lock.release_unapplied((script, keys, args))
         services.holds.released(lock.registry_key, owner, holds_left(reply))
 
     # -- the pieces --------------------------------------------------------------------------

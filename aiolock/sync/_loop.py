@@ -5,10 +5,11 @@ One loop thread per process serves every open blocking client (a ``MultiLock`` o
 the first client's first call and stops when the last client closes; it is a daemon thread,
 so a client never closed does not keep the interpreter from exiting.
 
-A blocking call is a task on that loop; the calling thread waits on a plain lock that the
-task releases in the step its work ends in (or its done callback, if it was cancelled).  Who may wait on whom: the calling thread waits on the loop,
-never the reverse (the loop never blocks on a thread), so a call made *on* a thread that runs
-an event loop is refused (it could be that very loop, and it would block its own tasks).
+A blocking call is a task on that loop; the calling thread waits on a plain lock that the task
+releases in the step its work ends in (or its done callback, if it was cancelled). Who may wait
+on whom: the calling thread waits on the loop, never the reverse (the loop never blocks on a
+thread), so a call made *on* a thread that runs an event loop is refused (it could be that very
+loop, and it would block its own tasks).
 
 After ``os.fork()`` the child has no loop thread (threads do not survive a fork) but a copy
 of the parent's loop and connections: :func:`_forked` drops them without touching them (kept
