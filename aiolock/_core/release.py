@@ -30,7 +30,7 @@ from .holds import Hold
 from .hooks import KindHooks
 from .keys import LockKeys
 from .services import Services
-from .settlement import ReleaseCopies, Settlement, holds_left
+from .settlement import ReleaseCopies, Settlement, check_applied, holds_left
 
 __all__ = ["Releasing"]
 
@@ -110,8 +110,7 @@ class Releasing(KindHooks):
                 except ResponseError:
                     self.release_unapplied(call)
                     raise
-                if reply is None and not copies.resent:  # a resend's nil: its first copy ran
-                    self.release_unapplied(call)
+                check_applied(self, call, reply, copies)
         settlement.released_copies(owner, request, copies)
         remaining = holds_left(reply)
         # No marker outlives the lock, so a resend of the release that deleted it finds it

@@ -32,7 +32,15 @@ from .keys import LockKeys
 from .metrics import lock_extra
 from .services import Services
 
-__all__ = ["Attempt", "ReleaseCopies", "Settled", "Settlement", "holds_left", "until_it_lands"]
+__all__ = [
+    "check_applied",
+    "Attempt",
+    "ReleaseCopies",
+    "Settled",
+    "Settlement",
+    "holds_left",
+    "until_it_lands",
+]
 
 logger = logging.getLogger("aiolock.lock")
 
@@ -383,8 +391,7 @@ class Settlement:
                 self.released_copies(owner, request, copies)
                 return False
             self.released_copies(owner, request, copies)
-            if reply is None and not copies.resent:  # a resend's nil: its first copy ran
-                lock.release_unapplied(call)
+            check_applied(lock, call, reply, copies)
             if not holds_left(reply):
                 return True
 
@@ -437,8 +444,7 @@ class Settlement:
             self.released_copies(owner, request, copies)  # copies may still land
             return
         self.released_copies(owner, request, copies)
-        if reply is None and not copies.resent:
-            lock.release_unapplied((script, keys, args))
+        check_applied(lock, (script, keys, args), reply, copies)
         services.holds.released(lock.registry_key, owner, holds_left(reply))
 
     # -- the pieces --------------------------------------------------------------------------
@@ -484,3 +490,10 @@ class Settlement:
 def holds_left(reply: Any) -> int | None:
     """A release script reply: holds left, or ``None`` when the owner did not hold the lock."""
     return None if reply is None else int(reply)
+
+
+def check_applied(lock: Settled, call: Call, reply: Any, copies: ReleaseCopies) -> None:
+    """Tell ``lock`` of a release ``call`` answered ``nil`` by its only copy, which released
+    nothing and so changed nothing (a resend's ``nil`` may follow a first copy that ran)."""
+    if reply is None and not copies.resent:
+        lock.release_unapplied(call)

@@ -225,7 +225,7 @@ class Call(Generic[T]):
         task = asyncio.ensure_future(self._told(coroutine))
         before(task)
         self._task = task
-        task.add_done_callback(functools.partial(self._cancelled_before, coroutine))
+        task.add_done_callback(functools.partial(self._told_cancelled, coroutine))
 
     async def _told(self, work: Awaitable[T]) -> None:
         """Run ``work`` and tell the calling thread its outcome in the same step as it ends
@@ -233,12 +233,12 @@ class Call(Generic[T]):
         try:
             self._value = await work
         except asyncio.CancelledError:
-            raise  # told by the done callback, as a task cancelled before it started is
+            raise  # told by the done callback (which a task cancelled before it ran gets too)
         except BaseException as error:  # the thread raises it: the task ends quietly
             self._error = error
         self._end()
 
-    def _cancelled_before(self, work: Awaitable[T], task: asyncio.Task[None]) -> None:
+    def _told_cancelled(self, work: Awaitable[T], task: asyncio.Task[None]) -> None:
         if task.cancelled() and not self._ended:
             if inspect.iscoroutine(work):
                 work.close()  # never started if the task never ran (else closed already)
