@@ -178,6 +178,12 @@ class KindHooks(Protocol):
         entry of a waiting owner)."""
         return
 
+    def release_granted(self, reply: Any) -> None:
+        """On the loop: a :meth:`release_call`'s ``reply``, which may name the waiter it
+        granted the lock to (the plain lock's): a waiter of this client takes it at once, not
+        when the message that tells it arrives."""
+        return
+
     def _last_release_command(self, hold: Hold) -> tuple[Any, ...] | None:
         """A bare command (not a script) that ends ``hold``, its owner's last and fault-free,
         when every field of the kind's holds is named by its owner; it answers the number of

@@ -214,9 +214,10 @@ class Line:
                 if place.member == member:
                     place.entered = False
 
-    def deliver_grant(self, payload: bytes) -> bool:
+    def deliver_grant(self, payload: bytes, *, taken: bool = False) -> bool:
         """Read a grant message (``=<token> <member>``): wake the calls of the owner it names
-        in this client.  ``False`` if it is no grant message."""
+        in this client.  ``False`` if it is no grant message.  ``taken``: read from the reply
+        of the release that made the grant, so the message itself, when it comes, is stale."""
         token, _, member = payload[1:].partition(b" ")
         fields = member.split(b" ", 3)
         if len(fields) != 4 or not token.isdigit() or not fields[0].isdigit():
@@ -231,6 +232,8 @@ class Line:
             if int(token) <= place.floor:
                 return True  # stale: made before a hold of this client that has ended since
             place.grant = LineGrant(int(token), int(fields[0]), place.request, place.since)
+            if taken:
+                place.floor = int(token)
             calls = [call for call in self._calls if call.owner == owner]
         for call in calls:
             call.nudge()

@@ -110,6 +110,7 @@ class Releasing(KindHooks):
                 except ResponseError:
                     self.release_unapplied(call)
                     raise
+                self.release_granted(reply)
                 check_applied(self, call, reply, copies)
         settlement.released_copies(owner, request, copies)
         remaining = holds_left(reply)
@@ -260,7 +261,11 @@ class Releasing(KindHooks):
         holds = self._services.holds
         key = self._registry_key
         holds.release_ended(key, owner, began)
-        remaining = self._read_removed(int(reply), owner) if by_command else holds_left(reply)
+        if by_command:
+            remaining = self._read_removed(int(reply), owner)
+        else:
+            self.release_granted(reply)
+            remaining = holds_left(reply)
         holds.released(key, owner, remaining)
         self.settlement.check_count(owner, 0, remaining)
 

@@ -488,8 +488,11 @@ class Settlement:
 
 
 def holds_left(reply: Any) -> int | None:
-    """A release script reply: holds left, or ``None`` when the owner did not hold the lock."""
-    return None if reply is None else int(reply)
+    """A release script reply: holds left, or ``None`` when the owner did not hold the lock
+    (the message of a grant the release made, a string, stands for 0)."""
+    if reply is None:
+        return None
+    return int(reply) if isinstance(reply, int) else 0
 
 
 def check_applied(lock: Settled, call: Call, reply: Any, copies: ReleaseCopies) -> None:

@@ -547,3 +547,25 @@ async def test_a_line_enters_one_owner_per_client_and_a_grant_wakes_that_owner(
     assert line.withdraw("c:t2") is None
     behind.leave(granted=False)
     assert line.next_entry("c:t1", "-", 13, None, kept_ms=32000) == ""  # nobody waits behind
+
+
+async def test_a_grant_taken_from_a_release_reply_makes_its_message_stale(
+    services: Any,
+) -> None:
+    loop = asyncio.get_running_loop()
+    line, counters = Line("c", loop.time, lambda: False), NameCounters()
+    waiter = client_wait(services, counters, line, "c:t1")
+    assert line.place_for("c:t1", 7, 5000) == (waiter.entered, "5000 7 c c:t1", False)
+    parked = waiter.park(60)
+    assert line.deliver_grant(b"=42 5000 7 c c:t1", taken=True)
+    assert parked.result() is True
+    grant = waiter.woken()
+    assert grant is not None
+    assert grant.token == 42
+    # The message of the same grant, arriving after, hands nothing again.
+    parked = waiter.park(60)
+    line.deliver_grant(b"=42 5000 7 c c:t1")
+    assert not parked.done()
+    assert waiter.woken() is None
+    waiter.unpark(parked)
+    waiter.leave(granted=False)

@@ -31,7 +31,8 @@ local function enter(waiting, entry)
 end
 
 -- The lock has just become free: grant it to the first member, and tell its client (on the
--- channel <prefix><client id>).  Returns whether a member was there.
+-- channel <prefix><client id>).  Returns the message ('=<token> <member>'), or false when no
+-- member was there.
 local function hand_over(lock, waiting, prefix, fence)
     local member = redis.call('ZPOPMIN', waiting)[1]
     if not member then
@@ -47,6 +48,7 @@ local function hand_over(lock, waiting, prefix, fence)
     redis.call('HSET', lock, owner, '1', 'f:' .. owner, token, 'r:' .. owner, owner .. '/' .. n,
         'q:' .. owner, n, ':w', '1')
     redis.call('PEXPIRE', lock, ms)
-    redis.call('PUBLISH', prefix .. client, '=' .. token .. ' ' .. member)
-    return true
+    local message = '=' .. token .. ' ' .. member
+    redis.call('PUBLISH', prefix .. client, message)
+    return message
 end

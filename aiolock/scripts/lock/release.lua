@@ -21,10 +21,12 @@
 --          was not applied lives
 --
 -- Returns the holds the owner has left (0: the lock was deleted), or nil when the owner does
--- not hold the lock.  The release that deletes the lock grants it to the first member of the
--- waiting set (lock/_waiting.lua) if it was marked waited for (':w': a waiter was refused by
--- this incarnation, or it was granted to a waiter, who may have left others in the set), or if
--- other calls of the owner's client wait.
+-- not hold the lock; the grant's message instead of 0 ('=<token> <member>', as published) when
+-- it grants the lock to a member: a client whose waiter it names hands it the grant from the
+-- reply, not when the message comes.  The release that deletes the lock grants it to the first
+-- member of the waiting set (lock/_waiting.lua) if it was marked waited for (':w': a waiter
+-- was refused by this incarnation, or it was granted to a waiter, who may have left others in
+-- the set), or if other calls of the owner's client wait.
 --
 -- Idempotent: a resend of an applied request never releases twice.  A resend of the release
 -- that deleted the lock answers nil (no marker outlives the lock); its client knows it
@@ -42,7 +44,7 @@ if held[1] == '1' and not ARGV[4] and held[2] ~= request and not held[4] then
     redis.call('DEL', KEYS[1])
     if (held[3] or ARGV[3] ~= '') and KEYS[4] then
         enter(KEYS[4], ARGV[3])
-        hand_over(KEYS[1], KEYS[4], KEYS[3], KEYS[5])
+        return hand_over(KEYS[1], KEYS[4], KEYS[3], KEYS[5]) or 0
     end
     return 0
 end
@@ -59,7 +61,7 @@ if KEYS[4] then
         enter(KEYS[4], ARGV[3])
     end
     if deleted and (waited or ARGV[3] ~= '') then
-        hand_over(KEYS[1], KEYS[4], KEYS[3], KEYS[5])
+        return hand_over(KEYS[1], KEYS[4], KEYS[3], KEYS[5]) or left
     end
 end
 return left

@@ -15,6 +15,7 @@ import pytest
 from redis.asyncio import Redis
 
 import aiolock
+from aiolock._core.line import LineEntry
 from aiolock.testing.pytest_plugin import ServerInfo
 from tests.helpers import (
     assert_clean,
@@ -371,6 +372,41 @@ async def test_waiters_behind_their_own_client_are_not_stranded_by_a_grant_to_a_
     await holder.unlock()
     assert await redis.hget(keys_of(holder).lock, "q:job") in ("7", b"7")
     await asyncio.wait_for(waiter.holding.wait(), 10)
+    waiter.release.set()
+    assert await waiter.task
+    await assert_clean(redis, client)
+
+
+async def test_a_release_hands_a_waiter_of_its_own_client_the_grant_from_its_reply(
+    make_client: Callable[..., aiolock.Client], redis: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The release's reply names the member it granted the lock to: a waiter of the releasing
+    # client takes it from there, with no try, even when the message itself never arrives
+    # (dropped here; parked behind its own client's hold, the waiter would otherwise try only
+    # once a grant's lease passed).
+    heard: list[bytes] = []
+    deliver = LineEntry.deliver
+
+    def drop_grants(entry: LineEntry, payload: bytes) -> None:
+        if payload[:1] == b"=":
+            heard.append(payload)
+        else:
+            deliver(entry, payload)
+
+    monkeypatch.setattr(LineEntry, "deliver", drop_grants)
+    client = make_client()
+    holder = client.lock("from-reply")
+    await holder.lock()
+    waiter = Waiter(client, "from-reply", wait=60)
+    await eventually(lambda: settled(client, holder), what="the waiter parked")
+
+    async def hand_off() -> None:
+        await holder.unlock()
+        await waiter.holding.wait()
+
+    commands = await counted(redis, hand_off)
+    assert "exists" not in commands, commands  # every try runs EXISTS first
+    await eventually(lambda: len(heard) == 1, what="the grant's message published all the same")
     waiter.release.set()
     assert await waiter.task
     await assert_clean(redis, client)

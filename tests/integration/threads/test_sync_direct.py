@@ -22,6 +22,7 @@ import redis
 
 import aiolock
 import aiolock.sync
+from aiolock._core.line import LineEntry
 from aiolock._core.metrics import Tracing
 from aiolock.sync._loop import Call
 from aiolock.testing.pytest_plugin import ServerInfo
@@ -454,3 +455,43 @@ def test_a_waiter_named_by_a_threads_refused_release_is_entered_by_the_loops(
     for pool in (holder, first, second, theirs):
         pool.shutdown()
     assert not plain.exists(keys.lock, waiting)
+
+
+def test_a_threads_release_hands_a_waiter_of_its_client_the_grant_from_its_reply(
+    aiolock_server: ServerInfo, plain: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The release a thread sends itself names, in its reply, the waiting owner it granted the
+    lock to; a waiter of the same client takes the grant from there, with no try, even when
+    the message itself never arrives (dropped here: parked behind its own client's hold, the
+    waiter would otherwise try only once a grant's lease passed)."""
+    heard: list[bytes] = []
+    deliver = LineEntry.deliver
+
+    def drop_grants(entry: LineEntry, payload: bytes) -> None:
+        if payload[:1] == b"=":
+            heard.append(payload)
+        else:
+            deliver(entry, payload)
+
+    monkeypatch.setattr(LineEntry, "deliver", drop_grants)
+
+    def tries() -> int:  # every try of the lock runs EXISTS first
+        return int(plain.info("commandstats").get("cmdstat_exists", {}).get("calls", 0))
+
+    name = f"direct:{uuid.uuid4().hex}"
+    holder, waiter = ThreadPoolExecutor(1), ThreadPoolExecutor(1)
+    with aiolock.sync.Client.from_url(aiolock_server.url) as client:
+        lock = client.lock(name)
+        keys = keys_of(lock.target())
+        assert holder.submit(lock.try_lock, 5).result(timeout=30)
+        got = waiter.submit(lock.try_lock, 60)
+        wait_until(lambda: plain.zcard(keys.waiting) == 1)
+        before = tries()
+        holder.submit(lock.unlock).result(timeout=30)
+        assert got.result(timeout=30)
+        assert tries() == before
+        wait_until(lambda: len(heard) == 1)  # published all the same
+        waiter.submit(lock.unlock).result(timeout=30)
+    for pool in (holder, waiter):
+        pool.shutdown()
+    assert not plain.exists(keys.lock, keys.waiting)
