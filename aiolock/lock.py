@@ -139,10 +139,12 @@ class ReentrantKind(LockKind):
         if line is not None and len(args) > 2 and args[2] not in ("", "+"):
             line.not_entered(str(args[2]))
 
-    def release_granted(self, reply: Any) -> None:
+    def deliver_reply_grant(self, reply: Any) -> None:
+        # lock/release.lua answers the grant's message when it grants the lock to a member;
+        # the line ignores a member of another client's.
         line = self._line()
         if line is not None and isinstance(reply, (bytes, str)):
-            line.deliver_grant(reply.encode() if isinstance(reply, str) else reply, taken=True)
+            line.deliver_grant(reply.encode() if isinstance(reply, str) else reply, from_reply=True)
 
     def grant_of(self, reply: Any, lease_ms: int) -> list[Any] | None:
         # ``lock/acquire.lua`` answers a fault-free fresh hold with its token alone, and a

@@ -178,7 +178,7 @@ class KindHooks(Protocol):
         entry of a waiting owner)."""
         return
 
-    def release_granted(self, reply: Any) -> None:
+    def deliver_reply_grant(self, reply: Any) -> None:
         """On the loop: a :meth:`release_call`'s ``reply``, which may name the waiter it
         granted the lock to (the plain lock's): a waiter of this client takes it at once, not
         when the message that tells it arrives."""

@@ -80,7 +80,8 @@ class Place:
         # it was sent), with a token above ``floor`` (see Line.next_entry).
         self.since = since
         self.floor = 0
-        self.grant: LineGrant | None = None  # a grant a message brought, not taken yet
+        # A grant a message (or the reply of the release that made it) brought, not taken yet.
+        self.grant: LineGrant | None = None
         # Whether a call that enters it was answered (or is in flight): a place whose call
         # failed is entered by the next release of this client, not taken as in the set.
         self.entered = entered
@@ -214,10 +215,11 @@ class Line:
                 if place.member == member:
                     place.entered = False
 
-    def deliver_grant(self, payload: bytes, *, taken: bool = False) -> bool:
+    def deliver_grant(self, payload: bytes, *, from_reply: bool = False) -> bool:
         """Read a grant message (``=<token> <member>``): wake the calls of the owner it names
-        in this client.  ``False`` if it is no grant message.  ``taken``: read from the reply
-        of the release that made the grant, so the message itself, when it comes, is stale."""
+        in this client.  ``False`` if it is no grant message.  ``from_reply``: read from the
+        reply of the release that made the grant, so the message itself, when it comes, is
+        stale."""
         token, _, member = payload[1:].partition(b" ")
         fields = member.split(b" ", 3)
         if len(fields) != 4 or not token.isdigit() or not fields[0].isdigit():
@@ -232,7 +234,7 @@ class Line:
             if int(token) <= place.floor:
                 return True  # stale: made before a hold of this client that has ended since
             place.grant = LineGrant(int(token), int(fields[0]), place.request, place.since)
-            if taken:
+            if from_reply:
                 place.floor = int(token)
             calls = [call for call in self._calls if call.owner == owner]
         for call in calls:
@@ -248,7 +250,8 @@ class Line:
             return any(call.trying for call in self._calls if call.owner == owner)
 
     def take_grant(self, owner: str) -> LineGrant | None:
-        """The grant a message brought ``owner``, if any (taken once)."""
+        """The grant a message (or a release's reply) brought ``owner``, if any (taken
+        once)."""
         with self._mutex:
             place = self._places.get(owner)
             if place is None or place.grant is None:

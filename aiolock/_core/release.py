@@ -110,7 +110,7 @@ class Releasing(KindHooks):
                 except ResponseError:
                     self.release_unapplied(call)
                     raise
-                self.release_granted(reply)
+                self.deliver_reply_grant(reply)
                 check_applied(self, call, reply, copies)
         settlement.released_copies(owner, request, copies)
         remaining = holds_left(reply)
@@ -264,7 +264,7 @@ class Releasing(KindHooks):
         if by_command:
             remaining = self._read_removed(int(reply), owner)
         else:
-            self.release_granted(reply)
+            self.deliver_reply_grant(reply)
             remaining = holds_left(reply)
         holds.released(key, owner, remaining)
         self.settlement.check_count(owner, 0, remaining)

@@ -492,7 +492,7 @@ def holds_left(reply: Any) -> int | None:
     (the message of a grant the release made, a string, stands for 0)."""
     if reply is None:
         return None
-    return int(reply) if isinstance(reply, int) else 0
+    return 0 if isinstance(reply, (bytes, str)) else int(reply)
 
 
 def check_applied(lock: Settled, call: Call, reply: Any, copies: ReleaseCopies) -> None:

@@ -402,7 +402,7 @@ def release(client: Client, target: ReentrantKind) -> bool:
         reply = conn.read_response()
         # A plain release that removed a waiter's mark owes the wake-up the script would have
         # published, and a release script that granted the lock may have named a waiter of this
-        # client (see release_granted): at once.
+        # client (see deliver_reply_grant): at once.
         owes = reply != 3 if by_command else isinstance(reply, (bytes, str))
         line.post(
             lambda: target.released_off_loop(owner, began, reply, by_command=by_command),

@@ -557,7 +557,7 @@ async def test_a_grant_taken_from_a_release_reply_makes_its_message_stale(
     waiter = client_wait(services, counters, line, "c:t1")
     assert line.place_for("c:t1", 7, 5000) == (waiter.entered, "5000 7 c c:t1", False)
     parked = waiter.park(60)
-    assert line.deliver_grant(b"=42 5000 7 c c:t1", taken=True)
+    assert line.deliver_grant(b"=42 5000 7 c c:t1", from_reply=True)
     assert parked.result() is True
     grant = waiter.woken()
     assert grant is not None

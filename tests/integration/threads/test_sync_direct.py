@@ -26,7 +26,7 @@ from aiolock._core.line import LineEntry
 from aiolock._core.metrics import Tracing
 from aiolock.sync._loop import Call
 from aiolock.testing.pytest_plugin import ServerInfo
-from tests.helpers import Interrupted, keys_of, wait_until
+from tests.helpers import Interrupted, keys_of, settled, wait_until
 
 # A script that keeps the server busy (it runs one command at a time) for a while, so that a
 # call sent meanwhile waits for its reply.
@@ -462,22 +462,15 @@ def test_a_threads_release_hands_a_waiter_of_its_client_the_grant_from_its_reply
 ) -> None:
     """The release a thread sends itself names, in its reply, the waiting owner it granted the
     lock to; a waiter of the same client takes the grant from there, with no try, even when
-    the message itself never arrives (dropped here: parked behind its own client's hold, the
+    the message itself is never read (dropped here: parked behind its own client's hold, the
     waiter would otherwise try only once a grant's lease passed)."""
-    heard: list[bytes] = []
     deliver = LineEntry.deliver
 
     def drop_grants(entry: LineEntry, payload: bytes) -> None:
-        if payload[:1] == b"=":
-            heard.append(payload)
-        else:
+        if payload[:1] != b"=":
             deliver(entry, payload)
 
     monkeypatch.setattr(LineEntry, "deliver", drop_grants)
-
-    def tries() -> int:  # every try of the lock runs EXISTS first
-        return int(plain.info("commandstats").get("cmdstat_exists", {}).get("calls", 0))
-
     name = f"direct:{uuid.uuid4().hex}"
     holder, waiter = ThreadPoolExecutor(1), ThreadPoolExecutor(1)
     with aiolock.sync.Client.from_url(aiolock_server.url) as client:
@@ -486,11 +479,13 @@ def test_a_threads_release_hands_a_waiter_of_its_client_the_grant_from_its_reply
         assert holder.submit(lock.try_lock, 5).result(timeout=30)
         got = waiter.submit(lock.try_lock, 60)
         wait_until(lambda: plain.zcard(keys.waiting) == 1)
-        before = tries()
+        # Parked again after the try its subscription's confirmation makes (see settled).
+        wait_until(lambda: settled(client.engine()[0], lock.target()))
+        tries, messages = calls_of(plain, "exists"), calls_of(plain, "publish")
         holder.submit(lock.unlock).result(timeout=30)
         assert got.result(timeout=30)
-        assert tries() == before
-        wait_until(lambda: len(heard) == 1)  # published all the same
+        assert calls_of(plain, "exists") == tries  # every try runs EXISTS first
+        assert calls_of(plain, "publish") == messages + 1  # published all the same
         waiter.submit(lock.unlock).result(timeout=30)
     for pool in (holder, waiter):
         pool.shutdown()
