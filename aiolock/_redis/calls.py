@@ -34,6 +34,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .._scripts import Script
 from .auth import asked_for_password
+from .deadlines import Deadlines
 from .redispy import has_data
 from .tasks import Background
 from .wire import evaluate, read_replies, read_wait, wait_args
@@ -208,6 +209,7 @@ class Calls(Runner):
         self._queue: deque[asyncio.Future[AbstractConnection]] = deque()
         self._closed = False
         self._background = Background()  # replies read for callers that left, discards
+        self._deadlines = Deadlines()  # the socket timeout of every reply read here
 
     @property
     def connections(self) -> int:
@@ -299,7 +301,9 @@ class Calls(Runner):
             # Not disconnected on cancellation: the reply is then read in the background.
             evalsha = commands[resend]  # a resend may carry a mark (``mark_resends``)
             answered.clear()
-            reply, synced = await evaluate(conn, evalsha, script, wait, sync, answered=answered)
+            reply, synced = await evaluate(
+                conn, evalsha, script, wait, sync, deadlines=self._deadlines, answered=answered
+            )
             in_flight = False
             return reply, synced
 
@@ -386,7 +390,7 @@ class Calls(Runner):
             self._give_back(conn)
             return answered[0]
         try:
-            reply, _ = await read_replies(conn, sync, disconnect_on_error=True)
+            reply, _ = await read_replies(conn, sync, self._deadlines, disconnect_on_error=True)
         except NoScriptError:
             self._give_back(conn)
             if resend:
@@ -479,6 +483,7 @@ class Calls(Runner):
         for conn in idle:
             await conn.disconnect()
         await self._background.wait()
+        self._deadlines.close()
 
 
 def not_sent() -> asyncio.Future[Any]:

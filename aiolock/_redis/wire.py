@@ -19,6 +19,7 @@ from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from .._scripts import Script
+from .deadlines import Deadlines
 from .redispy import stream_writer
 
 __all__ = ["evaluate", "read_replies", "read_wait", "wait_args", "write"]
@@ -72,6 +73,7 @@ async def evaluate(
     wait: tuple[tuple[Any, ...], ...],
     sync: tuple[int, float] | None,
     *,
+    deadlines: Deadlines,
     answered: list[Any] | None = None,
 ) -> tuple[Any, int]:
     """One attempt: EVALSHA, and on NOSCRIPT the source by EVAL on the same connection (EVAL
@@ -83,12 +85,12 @@ async def evaluate(
     """
     await write(conn, evalsha, *wait)
     try:
-        return await read_replies(conn, sync, answered=answered)
+        return await read_replies(conn, sync, deadlines, answered=answered)
     except NoScriptError:
         if script is None:
             raise
         await write(conn, ("EVAL", script.source, *evalsha[2:]), *wait)
-        return await read_replies(conn, sync, answered=answered)
+        return await read_replies(conn, sync, deadlines, answered=answered)
 
 
 # WAIT blocks for up to its own timeout, which a socket timeout must not cut short.
@@ -104,6 +106,7 @@ def wait_args(sync: tuple[int, float]) -> tuple[int, int]:
 async def read_replies(
     conn: AbstractConnection,
     sync: tuple[int, float] | None,
+    deadlines: Deadlines,
     *,
     disconnect_on_error: bool = False,
     answered: list[Any] | None = None,
@@ -113,10 +116,12 @@ async def read_replies(
     The WAIT's reply is read even when the script's is an error, so the connection stays clean;
     the script's error is the one raised (a Cluster replica answers MOVED to the script, then
     refuses the WAIT: the MOVED is what the caller must see to follow it).  A WAIT refused
-    after the script ran (``UNBLOCKED`` on a failover) confirms nothing: 0 replicas.
+    after the script ran (``UNBLOCKED`` on a failover) confirms nothing: 0 replicas.  The
+    script's reply is waited for within the connection's ``socket_timeout`` (``deadlines``),
+    WAIT's within its own timeout.
     """
     try:
-        reply = await conn.read_response(disconnect_on_error=disconnect_on_error)
+        reply = await deadlines.read(conn, disconnect_on_error=disconnect_on_error)
     except ResponseError as error:
         if sync is not None:
             with contextlib.suppress(ResponseError):
