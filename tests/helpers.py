@@ -324,3 +324,26 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"condition not met within {timeout}s: {predicate}")
         time.sleep(0.002)
+
+
+async def late_reply_times_out(client: aiolock.Client, admin: Redis) -> None:
+    """A lock call made while the server holds every write raises ``TimeoutError`` before the
+    pause is lifted; the client goes on once it is."""
+    lock = client.lock("late")
+    assert await lock.try_lock()  # connected, scripts loaded
+    await lock.unlock()
+    await admin.execute_command("CLIENT", "PAUSE", 60_000, "WRITE")  # type: ignore[no-untyped-call]
+    try:
+        # Well within the pause, and within 10 s: a TLS socket closed rather than aborted
+        # would wait out the shutdown's own timeout (30 s) first.
+        with pytest.raises(RedisTimeoutError):
+            async with asyncio.timeout(10):
+                await lock.try_lock()
+    finally:
+        await admin.execute_command("CLIENT", "UNPAUSE")  # type: ignore[no-untyped-call]
+    # That call's outcome was unknown: settled (the grant undone) before the next call of the
+    # owner, which connects again; at once, not once its lease would have ended (30 s).
+    async with asyncio.timeout(10):
+        assert await lock.try_lock()
+    await lock.unlock()
+    assert not await lock.is_locked()

@@ -483,7 +483,6 @@ class Calls(Runner):
         for conn in idle:
             await conn.disconnect()
         await self._background.wait()
-        self._deadlines.close()
 
 
 def not_sent() -> asyncio.Future[Any]:

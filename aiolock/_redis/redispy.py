@@ -1,8 +1,9 @@
 """What aiolock reads of redis-py's connection beyond its documented surface, in one place.
 
 :mod:`aiolock._redis.calls` writes on redis-py's ``Connection`` itself (see its docstring for
-why), so it needs the connection's ``asyncio.StreamWriter``, which redis-py keeps in the private
-``_writer`` (the same name from redis-py 5.0 through 8.x).
+why), and :mod:`aiolock._redis.deadlines` aborts the socket of a reply that is overdue, so both
+need the connection's ``asyncio.StreamWriter``, which redis-py keeps in the private ``_writer``
+(the same name from redis-py 5.0 through 8.x).
 ``tests/integration/versions/test_redispy.py`` checks this against the installed redis-py and
 fails loudly when it changes; ``pyproject.toml`` allows the next major version of redis-py
 only because that test exists.
@@ -15,10 +16,6 @@ Cluster client routes by (``redis._parsers.commands.AsyncCommandsParser``: the s
 The check for a dirty idle connection is public but renamed: ``can_read_destructive`` up to
 redis-py 7, ``can_read`` from 8.0 (where the old name still works, with a deprecation warning).
 
-A reply read with no timeout of redis-py's (its caller keeps the bound, see
-:mod:`aiolock._redis.deadlines`) asks for ``timeout=math.inf``: from redis-py 8.1 that reads
-with no timer; earlier versions arm a timer that never fires (the cost it has anyway).
-
 The resend window (``aiolock._core.services.resend_window``) reads the client's retry policy:
 ``Retry.get_retries()`` is public from redis-py 5.1 (5.0 keeps the count in ``_retries`` only),
 and no version exposes a backoff's longest pause (``_cap`` of the exponential backoffs,
@@ -28,31 +25,18 @@ and no version exposes a backoff's longest pause (``_cap`` of the exponential ba
 from __future__ import annotations
 
 import asyncio
-import math
 from typing import Any
 
 from redis._parsers.commands import AsyncCommandsParser
 from redis.asyncio.connection import AbstractConnection
 
-__all__ = [
-    "AsyncCommandsParser",
-    "commands_parser",
-    "has_data",
-    "read_unbounded",
-    "retry_policy",
-    "stream_writer",
-]
+__all__ = ["AsyncCommandsParser", "commands_parser", "has_data", "retry_policy", "stream_writer"]
 
 
 def stream_writer(conn: AbstractConnection) -> asyncio.StreamWriter | None:
     """The connection's writer, or ``None`` when it is not connected."""
     writer: asyncio.StreamWriter | None = conn._writer
     return writer
-
-
-async def read_unbounded(conn: AbstractConnection, *, disconnect_on_error: bool) -> Any:
-    """The next reply on ``conn``, waited for with no timeout of redis-py's own."""
-    return await conn.read_response(timeout=math.inf, disconnect_on_error=disconnect_on_error)
 
 
 async def has_data(conn: AbstractConnection) -> bool:

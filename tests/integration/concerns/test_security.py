@@ -16,14 +16,23 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 from redis.exceptions import AuthenticationError, NoPermissionError, RedisError
 
 import aiolock
 from aiolock.testing.embedded import EmbeddedServer, free_port, redis_server_binary
-from tests.helpers import documented_acl_commands, eventually, keys_of, settled
+from tests.helpers import (
+    documented_acl_commands,
+    eventually,
+    keys_of,
+    late_reply_times_out,
+    settled,
+)
 
 pytestmark = pytest.mark.anyio
 
@@ -47,12 +56,13 @@ class TlsServer:
     def url(self, user: str = "aiolock", password: str = PASSWORD) -> str:
         return f"rediss://{user}:{password}@127.0.0.1:{self.port}/0"
 
-    def client(self, watchdog_timeout: float = 30.0) -> aiolock.Client:
+    def client(self, watchdog_timeout: float = 30.0, **options: Any) -> aiolock.Client:
         return aiolock.Client.from_url(
             self.url(),
             key_prefix=PREFIX,
             watchdog_timeout=watchdog_timeout,
             ssl_ca_certs=str(self.ca),
+            **options,
         )
 
     def admin(self) -> Redis:
@@ -164,6 +174,15 @@ async def test_locks_work_over_tls_as_the_minimal_acl_user(tls_server: TlsServer
         assert not guard.lost
         assert await waiter  # woken through pub/sub over TLS
         assert await client.lock("orders:42").force_unlock()
+    await admin.aclose()
+
+
+async def test_a_late_reply_over_tls_raises_timeout_error(tls_server: TlsServer) -> None:
+    # The socket of a reply that is overdue is aborted, not closed: over TLS a close waits for
+    # the server's side of the shutdown, which a stalled server never sends.
+    admin = tls_server.admin()
+    async with tls_server.client(socket_timeout=0.2, retry=Retry(NoBackoff(), 0)) as client:
+        await late_reply_times_out(client, admin)
     await admin.aclose()
 
 
