@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import shutil
+import signal
 import subprocess
 import traceback
 import uuid
@@ -23,6 +25,7 @@ from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import AuthenticationError, NoPermissionError, RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 import aiolock
 from aiolock.testing.embedded import EmbeddedServer, free_port, redis_server_binary
@@ -52,6 +55,7 @@ user admin on >{PASSWORD}-admin ~* &* +@all
 class TlsServer:
     port: int
     ca: Path
+    pid: int
 
     def url(self, user: str = "aiolock", password: str = PASSWORD) -> str:
         return f"rediss://{user}:{password}@127.0.0.1:{self.port}/0"
@@ -149,8 +153,9 @@ def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TlsServer]:
         server.start()
     except Exception as exc:  # e.g. a redis-server built without TLS
         pytest.skip(f"redis-server could not serve TLS: {exc}")
+    assert server.pid is not None
     try:
-        yield TlsServer(port, ca)
+        yield TlsServer(port, ca, server.pid)
     finally:
         server.stop()
 
@@ -184,6 +189,27 @@ async def test_a_late_reply_over_tls_raises_timeout_error(tls_server: TlsServer)
     async with tls_server.client(socket_timeout=0.2, retry=Retry(NoBackoff(), 0)) as client:
         await late_reply_times_out(client, admin)
     await admin.aclose()
+
+
+async def test_a_late_reply_from_a_frozen_server_over_tls_raises_timeout_error(
+    tls_server: TlsServer,
+) -> None:
+    # A server frozen whole does not answer a TLS shutdown either: the overdue socket is
+    # aborted, where a close would wait for that answer (asyncio's SSL shutdown timeout, 30 s).
+    async with tls_server.client(socket_timeout=0.2, retry=Retry(NoBackoff(), 0)) as client:
+        lock = client.lock("frozen")
+        assert await lock.try_lock()
+        await lock.unlock()
+        os.kill(tls_server.pid, signal.SIGSTOP)
+        try:
+            with pytest.raises(RedisTimeoutError):
+                async with asyncio.timeout(10):
+                    await lock.try_lock()
+        finally:
+            os.kill(tls_server.pid, signal.SIGCONT)
+        async with asyncio.timeout(10):  # the outcome settled, the next call connects again
+            assert await lock.try_lock()
+        await lock.unlock()
 
 
 async def test_the_acl_user_can_do_nothing_else(tls_server: TlsServer) -> None:
