@@ -27,7 +27,7 @@ from ._core.keys import LockKeys
 from ._core.kind import LockKind
 from ._core.line import GRANT_LEASE_MS, ClientWait, Line, LineGrant
 from ._core.services import Services
-from ._core.settlement import Attempt
+from ._core.settlement import Attempt, grant_message
 from ._core.state import LockStatistics
 from ._core.waiting import MessageGrant, WaitStrategy
 
@@ -143,8 +143,9 @@ class ReentrantKind(LockKind):
         # lock/release.lua answers the grant's message when it grants the lock to a member;
         # the line ignores a member of another client's.
         line = self._line()
-        if line is not None and isinstance(reply, (bytes, str)):
-            line.deliver_grant(reply.encode() if isinstance(reply, str) else reply, from_reply=True)
+        message = grant_message(reply)
+        if line is not None and message is not None:
+            line.deliver_grant(message, from_reply=True)
 
     def grant_of(self, reply: Any, lease_ms: int) -> list[Any] | None:
         # ``lock/acquire.lua`` answers a fault-free fresh hold with its token alone, and a

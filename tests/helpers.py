@@ -326,24 +326,39 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
         time.sleep(0.002)
 
 
-async def late_reply_times_out(client: aiolock.Client, admin: Redis) -> None:
-    """A lock call made while the server holds every write raises ``TimeoutError`` before the
-    pause is lifted; the client goes on once it is."""
+async def late_reply_times_out(
+    client: aiolock.Client,
+    stall: Callable[[], Awaitable[object]],
+    resume: Callable[[], Awaitable[object]],
+) -> None:
+    """A lock call made while ``stall()`` holds the server still raises ``TimeoutError`` before
+    ``resume()`` (within 10 s, whatever the stall's length); the client goes on after it."""
     lock = client.lock("late")
     assert await lock.try_lock()  # connected, scripts loaded
     await lock.unlock()
-    await admin.execute_command("CLIENT", "PAUSE", 60_000, "WRITE")  # type: ignore[no-untyped-call]
+    await stall()
     try:
-        # Well within the pause, and within 10 s: a TLS socket closed rather than aborted
-        # would wait out the shutdown's own timeout (30 s) first.
         with pytest.raises(RedisTimeoutError):
             async with asyncio.timeout(10):
                 await lock.try_lock()
     finally:
-        await admin.execute_command("CLIENT", "UNPAUSE")  # type: ignore[no-untyped-call]
+        await resume()
     # That call's outcome was unknown: settled (the grant undone) before the next call of the
     # owner, which connects again; at once, not once its lease would have ended (30 s).
     async with asyncio.timeout(10):
         assert await lock.try_lock()
     await lock.unlock()
     assert not await lock.is_locked()
+
+
+def paused(admin: Redis) -> tuple[Callable[[], Awaitable[object]], Callable[[], Awaitable[object]]]:
+    """Stall and resume for :func:`late_reply_times_out`: ``CLIENT PAUSE WRITE`` for 60 s (a
+    lock's scripts write), lifted by ``CLIENT UNPAUSE``."""
+
+    async def stall() -> None:
+        await admin.execute_command("CLIENT", "PAUSE", 60_000, "WRITE")  # type: ignore[no-untyped-call]
+
+    async def resume() -> None:
+        await admin.execute_command("CLIENT", "UNPAUSE")  # type: ignore[no-untyped-call]
+
+    return stall, resume

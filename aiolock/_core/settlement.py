@@ -34,6 +34,7 @@ from .services import Services
 
 __all__ = [
     "check_applied",
+    "grant_message",
     "Attempt",
     "ReleaseCopies",
     "Settled",
@@ -489,10 +490,18 @@ class Settlement:
 
 def holds_left(reply: Any) -> int | None:
     """A release script reply: holds left, or ``None`` when the owner did not hold the lock
-    (the message of a grant the release made, a string, stands for 0)."""
+    (the message of a grant the release made, :func:`grant_message`, stands for 0)."""
     if reply is None:
         return None
     return 0 if isinstance(reply, (bytes, str)) else int(reply)
+
+
+def grant_message(reply: Any) -> bytes | None:
+    """The message of the grant a release script's ``reply`` says it made (the plain lock's
+    ``lock/release.lua``: ``=<token> <member>``, a string), or ``None``."""
+    if isinstance(reply, str):
+        return reply.encode()
+    return reply if isinstance(reply, bytes) else None
 
 
 def check_applied(lock: Settled, call: Call, reply: Any, copies: ReleaseCopies) -> None:

@@ -44,7 +44,7 @@ from redis.exceptions import ResponseError
 from redis.retry import Retry
 
 from .._core.holds import CLOCK_MARGIN, Hold
-from .._core.settlement import Attempt
+from .._core.settlement import Attempt, grant_message
 from ..errors import LockNotOwnedError
 from ..lock import ReentrantKind
 from ._run import settle
@@ -403,7 +403,7 @@ def release(client: Client, target: ReentrantKind) -> bool:
         # A plain release that removed a waiter's mark owes the wake-up the script would have
         # published, and a release script that granted the lock may have named a waiter of this
         # client (see deliver_reply_grant): at once.
-        owes = reply != 3 if by_command else isinstance(reply, (bytes, str))
+        owes = reply != 3 if by_command else grant_message(reply) is not None
         line.post(
             lambda: target.released_off_loop(owner, began, reply, by_command=by_command),
             urgent=owes,

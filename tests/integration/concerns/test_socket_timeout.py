@@ -12,7 +12,7 @@ from redis.backoff import NoBackoff
 
 import aiolock
 from aiolock.testing.pytest_plugin import ServerInfo
-from tests.helpers import late_reply_times_out
+from tests.helpers import late_reply_times_out, paused
 
 pytestmark = pytest.mark.anyio
 
@@ -27,4 +27,4 @@ async def test_a_reply_later_than_the_socket_timeout_raises_timeout_error(
         retry=Retry(NoBackoff(), 0),  # not resent: the caller sees the timeout
     )
     async with client:
-        await late_reply_times_out(client, redis)
+        await late_reply_times_out(client, *paused(redis))
