@@ -130,6 +130,37 @@ class ReentrantKind(LockKind):
             owner, kept, self._services.owners.next_request(), held, kept_ms=kept_ms
         )
 
+    def claim(self, message: bytes, task: object) -> tuple[ClientWait, LineGrant] | None:
+        """From the thread whose release made the grant ``message`` tells: the grant, taken
+        for ``task``'s parked call, of a thread of this client (:meth:`Line.claim`), which
+        that thread may be told of at once; ``None`` when the loop delivers it as any other."""
+        line = self._line()
+        return None if line is None else line.claim(message, task)
+
+    def take_claimed(
+        self, owner: str, lease: float | None, started: float, grant: LineGrant
+    ) -> Hold:
+        """On the loop: the hold of a grant claimed for ``owner``'s call (``lease`` and
+        ``started`` its own), recorded by whichever comes first of the call's wait loop and
+        the post of the thread that claimed it (see :mod:`aiolock._core.line`)."""
+        hold = self._services.holds.get(self._registry_key, owner)
+        if hold is not None and hold.token == grant.token:
+            return hold
+        hold = self.record_message_grant(
+            owner, None, lease, started, grant, granted_at=grant.since, counted=True
+        )
+        assert hold is not None, "a counted grant is recorded"
+        return hold
+
+    def settle_claimed(
+        self, call: ClientWait, lease: float | None, started: float, grant: LineGrant
+    ) -> Hold:
+        """On the loop, posted by the thread that claimed ``grant`` for ``call``: its hold
+        (:meth:`take_claimed`), which the call leaves with (:meth:`ClientWait.hand`)."""
+        hold = self.take_claimed(call.owner, lease, started, grant)
+        call.hand(hold)
+        return hold
+
     def release_unapplied(self, call: Call) -> None:
         """A release ``call`` (:meth:`release_call`'s) surely changed nothing: refused, or the
         owner held nothing.  The owner it entered in the waiting set (``_more``) is not there.
@@ -256,10 +287,7 @@ class AsyncRLock(ReentrantKind):
             reentering=reentering,
             line=line,
             owner=owner,
-            lease_ms=min(
-                round((services.watchdog_timeout if lease is None else lease) * 1000),
-                GRANT_LEASE_MS,
-            ),
+            asked_ms=round((services.watchdog_timeout if lease is None else lease) * 1000),
             watchdog=lease is None,
         )
 
@@ -275,6 +303,8 @@ class AsyncRLock(ReentrantKind):
         before the call that last entered the owner or kept it in (the grant came after it);
         ``None`` when it cannot be counted on (then the next try takes it on the server)."""
         assert isinstance(grant, LineGrant)
+        if grant.claimed:
+            return grant.hold or self.take_claimed(owner, lease, started, grant)
         services = self._services
         if services.holds.get(self._registry_key, owner) is not None:
             return None  # an explicit owner another task holds with: a try re-enters

@@ -26,11 +26,22 @@ from .release import Releasing
 from .settlement import Attempt, until_it_lands
 from .waiting import MessageGrant, WaitStrategy
 
-__all__ = ["Acquiring", "OwnerTask"]
+__all__ = ["Acquiring", "OwnerTask", "countable"]
 
 # A grant a message brought with less lease left than this (or a third of it) by the client's
 # clock is taken by a try instead, whose reply tells the lease left.
 _SHORTEST_GRANT: Final = 0.05
+
+
+def countable(lease_ms: int, asked_ms: int, *, watchdog: bool, left: float) -> bool:
+    """Whether a grant a message brought for ``lease_ms`` can be recorded as it is, for a call
+    that asked for ``asked_ms`` (``watchdog``: a ``lease=None`` call), with ``left`` seconds
+    of that lease left by the client's clock: not if a kind capped the lease asked (a try gets
+    it), nor with too little left (a try tells how much)."""
+    if lease_ms > asked_ms or (lease_ms < asked_ms and not watchdog):
+        return False
+    return left >= max(lease_ms / 3000, _SHORTEST_GRANT)
+
 
 logger = logging.getLogger("aiolock.lock")
 
@@ -162,6 +173,7 @@ class Acquiring(Releasing):
                         waiting.granted(hold.expires_at)
                         return
         finally:
+            granted = granted or waiting.handed_over()
             self._left(owner, waiting, granted=granted, explicit=explicit)
 
     def _left(self, owner: str, waiting: WaitStrategy, *, granted: bool, explicit: bool) -> None:
@@ -299,18 +311,18 @@ class Acquiring(Releasing):
         grant: MessageGrant,
         *,
         granted_at: float,
+        counted: bool = False,
     ) -> Hold | None:
         """Record a grant a message brought (a kind's ``_accept``), its lease counted from
         ``granted_at`` (loop time, a lower bound of when the server made it); ``None`` when it
-        cannot be counted on: a lease other than the one asked (a kind caps a grant's lease;
-        a ``lease=None`` hold so granted is renewed early), or too little of it left."""
+        cannot be counted on (see :func:`countable`; a ``lease=None`` hold granted for a
+        capped lease is renewed early).  ``counted``: it was found countable already, and is
+        recorded whatever the clock says now (a grant claimed for a thread, which was told)."""
         services = self._services
         asked = round((services.watchdog_timeout if lease is None else lease) * 1000)
-        if grant.lease_ms > asked or (grant.lease_ms < asked and lease is not None):
-            return None  # capped: a try gets the lease asked for
         now = asyncio.get_running_loop().time()
         left = granted_at + grant.lease_ms / 1000 - now
-        if left < max(grant.lease_ms / 3000, _SHORTEST_GRANT):
+        if not counted and not countable(grant.lease_ms, asked, watchdog=lease is None, left=left):
             return None
         attempt = Attempt(owner, grant.request, asked / 1000, granted_at)
         reply = [grant.token, 1, grant.lease_ms]

@@ -29,7 +29,14 @@ that then died.  Behind another client's hold, a call tries again when the lease
 runs out, as an expiry publishes nothing.
 
 A holder's release may be sent from another thread (``aiolock.sync``), and enters the next
-owner there: a line's records change under its mutex.
+owner there: a line's records change under its mutex.  When that release grants the lock to a
+thread of the same client whose one call is parked here, the releasing thread claims the grant
+(:meth:`Line.claim`) and tells the waiting thread at once, without waiting for the loop.  The
+call and its owner's place leave the line then (no release enters it again, nothing withdraws
+the grant); the call is marked with the grant, which the first to run of its wait loop and the
+releasing thread's post records (:meth:`ClientWait.hand`), and it leaves as granted, however
+its wait ends.  The mutex orders the claim against the call's next look at its grants
+(:meth:`ClientWait.woken`): a call woken before the claim was not parked, and is not claimed.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 from .._redis.entry import Contention, Entry
+from .acquire import countable
 from .holds import NameCounters
 from .waiting import ChannelWait
 
@@ -60,12 +68,16 @@ GRANT_LEASE_MS: Final = 5000
 class LineGrant(NamedTuple):
     """A grant from the waiting set, as its message told it: fencing token ``token``, for
     ``lease_ms``, on behalf of the owner's request ``request``; granted after loop time
-    ``since`` (when the client last sent a call that entered the owner, or kept it in)."""
+    ``since`` (when the client last sent a call that entered the owner, or kept it in).
+    ``claimed``: for a thread told of it already (:meth:`Line.claim`), recorded as it is;
+    ``hold``: that record, if the claiming thread's post made it before the call looked."""
 
     token: int
     lease_ms: int
     request: int
     since: float
+    claimed: bool = False
+    hold: Any = None
 
 
 class Place:
@@ -220,26 +232,63 @@ class Line:
         in this client.  ``False`` if it is no grant message.  ``from_reply``: read from the
         reply of the release that made the grant, so the message itself, when it comes, is
         stale."""
-        token, _, member = payload[1:].partition(b" ")
-        fields = member.split(b" ", 3)
-        if len(fields) != 4 or not token.isdigit() or not fields[0].isdigit():
+        fields = _grant_fields(payload)
+        if fields is None:
             return False
-        if fields[2].decode(errors="replace") != self._client:
+        token, lease_ms, request, client, owner = fields
+        if client != self._client:
             return True  # another client's
-        owner = fields[3].decode(errors="replace")
         with self._mutex:
-            place = self._places.get(owner)
-            if place is None or str(place.request).encode() != fields[1]:
-                return True  # given up: its withdraw gives the grant back
-            if int(token) <= place.floor:
-                return True  # stale: made before a hold of this client that has ended since
-            place.grant = LineGrant(int(token), int(fields[0]), place.request, place.since)
+            place = self._live_place(owner, request, token)
+            if place is None:
+                return True
+            place.grant = LineGrant(token, lease_ms, place.request, place.since)
             if from_reply:
-                place.floor = int(token)
+                place.floor = token
             calls = [call for call in self._calls if call.owner == owner]
         for call in calls:
             call.nudge()
         return True
+
+    def _live_place(self, owner: str, request: bytes, token: int) -> Place | None:
+        """The place a grant with ``token`` for ``owner``'s ``request`` is for, if it still
+        waits for it (under the mutex)."""
+        place = self._places.get(owner)
+        if place is None or str(place.request).encode() != request:
+            return None  # given up: its withdraw gives the grant back
+        if token <= place.floor:
+            return None  # stale: made before a hold of this client that has ended since
+        return place
+
+    def claim(self, payload: bytes, task: object) -> tuple[ClientWait, LineGrant] | None:
+        """From the thread whose release made the grant ``payload`` tells (aiolock.sync):
+        take it for the owner's one waiting call, if that call is ``task``'s, parked, and the
+        grant can be recorded as it is, so that the call's thread may be told it holds the
+        lock now (see the module docstring).  The call leaves the line at once: whatever it
+        does until it runs, it waits for nothing more.  ``None``: deliver it as any other."""
+        fields = _grant_fields(payload)
+        if fields is None:
+            return None
+        token, lease_ms, request, client, owner = fields
+        if client != self._client:
+            return None
+        with self._mutex:
+            place = self._live_place(owner, request, token)
+            calls = [call for call in self._calls if call.owner == owner]
+            if place is None or len(calls) != 1 or calls[0].task is not task:
+                return None
+            call = calls[0]
+            if not call.parked():
+                return None
+            left = place.since + lease_ms / 1000 - self._time()
+            if not countable(lease_ms, call.asked_ms, watchdog=call.watchdog, left=left):
+                return None
+            del self._places[owner]  # nothing withdraws it now: the thread holds the lock
+            del self._calls[call]  # no release enters it again, no grant wakes it
+            grant = call.claimed = LineGrant(
+                token, lease_ms, place.request, place.since, claimed=True
+            )
+        return call, grant
 
     def owner_trying(self, owner: str) -> bool:
         """Whether a try of ``owner`` is out: it may take a grant to the owner on the server
@@ -249,11 +298,17 @@ class Line:
         with self._mutex:
             return any(call.trying for call in self._calls if call.owner == owner)
 
-    def take_grant(self, owner: str) -> LineGrant | None:
-        """The grant a message (or a release's reply) brought ``owner``, if any (taken
-        once)."""
+    def take_grant(self, call: ClientWait) -> LineGrant | None:
+        """The grant claimed for ``call``, or else the one a message (or a release's reply)
+        brought its owner, if any (taken once)."""
         with self._mutex:
-            place = self._places.get(owner)
+            if call.claimed is not None:
+                grant, call.claimed = call.claimed, None
+                if call.handed is None:
+                    return grant
+                token, lease_ms, request, since, claimed, _ = grant
+                return LineGrant(token, lease_ms, request, since, claimed, call.handed)
+            place = self._places.get(call.owner)
             if place is None or place.grant is None:
                 return None
             grant, place.grant = place.grant, None
@@ -302,7 +357,19 @@ class ClientWait(ChannelWait):
     """:class:`ChannelWait` in a :class:`Line`: woken by a grant to its owner, which
     :meth:`woken` hands to the wait loop."""
 
-    __slots__ = ("entered", "lease_ms", "line", "owner", "reentering", "trying", "watchdog")
+    __slots__ = (
+        "asked_ms",
+        "claimed",
+        "entered",
+        "handed",
+        "lease_ms",
+        "line",
+        "owner",
+        "reentering",
+        "task",
+        "trying",
+        "watchdog",
+    )
 
     def __init__(
         self,
@@ -313,7 +380,7 @@ class ClientWait(ChannelWait):
         reentering: bool,
         line: Line,
         owner: str,
-        lease_ms: int,
+        asked_ms: int,
         watchdog: bool,
     ) -> None:
         super().__init__(
@@ -321,8 +388,14 @@ class ClientWait(ChannelWait):
         )
         self.line = line
         self.owner = owner
-        self.lease_ms = lease_ms  # the lease a grant to it from the set gets
+        self.asked_ms = asked_ms  # the lease it asked for (the watchdog's, for lease=None)
+        self.lease_ms = min(asked_ms, GRANT_LEASE_MS)  # the lease a grant to it from the set gets
         self.watchdog = watchdog  # the hold it gets is renewed (lease=None)
+        # A grant claimed for it by the thread that released the lock (see Line.claim), and
+        # the hold that thread's post recorded for it, if the call had not taken it first.
+        self.claimed: LineGrant | None = None
+        self.handed: Any = None
+        self.task = asyncio.current_task()  # the call's (a thread's blocking call, say)
         self.reentering = reentering
         self.trying = False  # a try of this call is out
         # When it began to wait (the client's clock, µs): its owner's order in the waiting set.
@@ -343,13 +416,43 @@ class ClientWait(ChannelWait):
 
     def woken(self) -> LineGrant | None:
         super().woken()
-        return self.line.take_grant(self.owner)
+        return self.line.take_grant(self)
 
     def granted(self, until: float) -> None:
+        if self.handed is not None:
+            return  # told by the post that recorded the claimed grant (which may have ended)
         # A renewed hold: the others wait for its end, which this client hears of.
         super().granted(math.inf if self.watchdog else until)
         self.line.granted(self.owner)
 
+    def handed_over(self) -> bool:
+        # Claimed for its thread, which holds the lock (recorded by whichever of this call and
+        # the claiming thread's post comes first): never withdraw its owner's place, which is
+        # the owner's next call's by now.
+        return self.claimed is not None or self.handed is not None
+
+    def hand(self, hold: Any) -> None:
+        """On the loop: the claimed grant, not taken by this call yet, was recorded as
+        ``hold`` (by the post of the thread that claimed it, in that thread's order): the
+        call is told it got the lock, and leaves with it when it next runs, recording
+        nothing (the hold may have ended by then)."""
+        if self.claimed is None:
+            return  # taken by the call itself, which recorded it
+        self.granted(hold.expires_at)
+        self.handed = hold
+        self.nudge()
+
     def leave(self, granted: bool) -> None:
         self.line.leave(self)
         super().leave(granted)
+
+
+def _grant_fields(payload: bytes) -> tuple[int, int, bytes, str, str] | None:
+    """A grant message's token, lease (ms), request, client id and owner; ``None`` if
+    ``payload`` is not one (``=<token> <member>``, a member ``<lease ms> <n> <client> <owner>``)."""
+    token, _, member = payload[1:].partition(b" ")
+    fields = member.split(b" ", 3)
+    if len(fields) != 4 or not token.isdigit() or not fields[0].isdigit():
+        return None
+    client, owner = (field.decode(errors="replace") for field in fields[2:])
+    return int(token), int(fields[0]), fields[1], client, owner

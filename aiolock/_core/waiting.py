@@ -82,6 +82,12 @@ class WaitStrategy(Protocol):
         """The call got the lock by a try, held until loop time ``until`` unless renewed."""
         ...
 
+    def handed_over(self) -> bool:
+        """Whether the lock was handed to the call's caller past the wait loop (a grant a
+        releasing thread claimed for a waiting thread): the call leaves as granted, whatever
+        ended its wait."""
+        ...
+
     def leave(self, granted: bool) -> None:
         """The call leaves the wait loop, with the lock or without it."""
         ...
@@ -172,6 +178,13 @@ class ChannelWait:
         if self._entry is not None:
             self._entry.unpark(waiter)
 
+    def parked(self) -> bool:
+        """Whether the call awaits its park's future, not woken yet: its wait loop asks
+        :meth:`woken` before it tries again.  Any thread may ask (the loop may wake it the
+        next moment)."""
+        waiter = self._parked
+        return isinstance(waiter, asyncio.Future) and not waiter.done()
+
     def woken(self) -> MessageGrant | None:
         if self._entry is not None:
             self._entry.raise_refusal()  # the server refused the channel: waiting is futile
@@ -193,6 +206,9 @@ class ChannelWait:
             self._entry.wake(waiter)
         else:
             self._parked = True
+
+    def handed_over(self) -> bool:
+        return False
 
     def leave(self, granted: bool) -> None:
         self._parked = None
@@ -279,6 +295,9 @@ class Backoff:
             waiter.set_result(True)
         else:
             self._nudged = True
+
+    def handed_over(self) -> bool:
+        return False
 
     def leave(self, granted: bool) -> None:
         if self._handle is not None:

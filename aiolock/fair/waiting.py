@@ -159,6 +159,9 @@ class NamedWait(NamedCall):
             assert isinstance(entry, NamedEntry)
             entry.wake_call(self)
 
+    def handed_over(self) -> bool:
+        return False
+
     def leave(self, granted: bool) -> None:
         if self._watch is not None:
             self._watch.end(self.name)

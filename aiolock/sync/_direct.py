@@ -13,6 +13,14 @@ flight first (``releasing_off_loop``), its outcome posted (``released_off_loop``
 Everything else is the loop's: a refusal (the wait loop parks), a re-entry, a fault, any
 other reply.
 
+A thread whose first try was refused waits on the loop, as a :class:`Waiting` the client's
+line knows of (``waiting``): when a thread's own release grants the lock to it (the release
+script answers the grant it made), the releasing thread claims the grant for the parked call
+(``ReentrantKind.claim``), posts its record, and answers the waiting thread at once
+(``_answer``), instead of leaving the wake-up to the loop thread, which would first have to
+take the GIL from the releasing thread.  The answered thread keeps its own record of the hold
+(:class:`Taken`), as for a first try.
+
 Who sees what when: the posts run on the loop in the order the thread made them (:class:`Posts`,
 in batches), and before any call the thread queues on the loop later (``Client.flush``), so
 the loop path always finds the thread's holds recorded and released.  The thread keeps its own
@@ -30,10 +38,11 @@ as the async ``unlock()`` raises it).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Final
 
 import redis
@@ -44,15 +53,28 @@ from redis.exceptions import ResponseError
 from redis.retry import Retry
 
 from .._core.holds import CLOCK_MARGIN, Hold
+from .._core.line import LineGrant
 from .._core.settlement import Attempt, grant_message
 from ..errors import LockNotOwnedError
 from ..lock import ReentrantKind
+from ._loop import Call
 from ._run import settle
 
 if TYPE_CHECKING:
     from ._client import Client
 
-__all__ = ["BATCH", "Line", "Posts", "Taken", "acquire", "release", "unexpired"]
+__all__ = [
+    "BATCH",
+    "Line",
+    "Posts",
+    "Taken",
+    "Waiting",
+    "acquire",
+    "answered",
+    "release",
+    "unexpired",
+    "waiting",
+]
 
 logger = logging.getLogger("aiolock")
 
@@ -106,14 +128,17 @@ _OPTIONS: Final = frozenset(
 
 class Line:
     """One async client's blocking connections, for its threads' own calls (made with the
-    async pool's options, never resending), and the way their outcomes reach the loop."""
+    async pool's options, never resending), the way their outcomes reach the loop, and its
+    threads waiting there (:class:`Waiting`, by lock and owner)."""
 
-    __slots__ = ("_idle", "_make", "_posts")
+    __slots__ = ("_idle", "_make", "_posts", "waiting")
 
     def __init__(self, make: Callable[[], Any], loop: asyncio.AbstractEventLoop) -> None:
         self._make = make
         self._idle: list[Any] = []  # pop and append are atomic: the threads share them
         self._posts = Posts(loop)
+        # Each thread sets and removes its own entries; any thread reads them.
+        self.waiting: dict[tuple[str, str], Waiting] = {}
 
     @classmethod
     def of(cls, client: Any, loop: asyncio.AbstractEventLoop) -> Line | None:
@@ -219,6 +244,91 @@ class Taken:
         self.token = token
         self.expires_at = expires_at - CLOCK_MARGIN
         self.released = False
+
+
+class Waiting:
+    """A thread's acquire waiting on the loop, which the thread's release that grants it the
+    lock answers at once (:func:`_answer`).
+
+    :ivar call: the blocking call the thread waits on; answered with ``value``.
+    :ivar grant: the grant it was answered with (set before the answer).
+    :ivar kept: the loop's record of that hold, once made.
+    """
+
+    __slots__ = ("call", "grant", "kept", "lease", "started", "value")
+
+    def __init__(self, lease: float | None, started: float, value: Any) -> None:
+        self.call: Call[Any] = Call()
+        self.lease = lease  # the acquire's own, for the loop's record
+        self.started = started  # when the acquire began (loop time)
+        self.value = value
+        self.grant: LineGrant | None = None
+        self.kept: list[Hold] = []
+
+
+@contextlib.contextmanager
+def waiting(
+    client: Client, target: ReentrantKind, lease: float | None, value: Any
+) -> Iterator[Waiting]:
+    """The calling thread's acquire of ``target``, waiting on the loop for the block: a release
+    by another thread of ``client`` may answer it with ``value`` (see :func:`answered`)."""
+    owner, loop, line = _owner(client)
+    entry = Waiting(lease, loop.time(), value)
+    key = (target.registry_key, owner)
+    line.waiting[key] = entry
+    try:
+        yield entry
+    finally:
+        del line.waiting[key]
+
+
+def answered(client: Client, target: ReentrantKind, entry: Waiting) -> bool:
+    """Whether a release answered ``entry`` (after its call returned): the thread then holds
+    ``target``, and keeps its own record of the hold until the loop's."""
+    grant = entry.grant
+    if grant is None:
+        return False
+    client.taken()[target.registry_key] = Taken(grant.token, grant.since + grant.lease_ms / 1000)
+    return True
+
+
+def _answer(line: Line, target: ReentrantKind, reply: Any) -> bool:
+    """The release script's ``reply`` may name the grant it made: if a thread of this client
+    waits here for it, claim the grant for its parked call, post its record, and answer it;
+    ``True`` once answered.
+
+    Then nothing here owes the loop a wake-up: the posts wait for their batch (or the next
+    call a thread queues there), and the answered thread does not queue for the GIL behind
+    the loop thread running them."""
+    message = grant_message(reply)  # (a plain command's reply, a count, names no grant)
+    if message is None or not line.waiting:
+        return False
+    fields = message.split(b" ", 4)  # =<token> <lease ms> <n> <client id> <owner>
+    if len(fields) != 5:
+        return False
+    entry = line.waiting.get((target.registry_key, fields[4].decode(errors="replace")))
+    if entry is None or not entry.call.reserve():
+        return False
+    told = False
+    try:
+        claimed = target.claim(message, entry.call.task)
+        if claimed is None:
+            return False
+        call, grant = claimed
+
+        def record() -> None:
+            entry.kept.append(target.settle_claimed(call, entry.lease, entry.started, grant))
+
+        line.post(record)  # before the answer: what the answered thread posts runs after it
+        entry.grant = grant
+        entry.call.answer(entry.value)
+        told = True
+    except Exception:  # a bug: the release stands, and its wake-up is the loop's
+        logger.exception("a thread's release could not answer the waiter it granted")
+    finally:
+        if not told:  # (after a claim: the call's own wait loop records the grant)
+            entry.call.withdraw()
+    return told
 
 
 class _Unknown(Exception):
@@ -390,10 +500,7 @@ def release(client: Client, target: ReentrantKind) -> bool:
     by_command = command is not None
     call = None
     if command is None:
-        # The script the loop would send (it also keeps the lock's waiting set alive now and
-        # then: a time the thread may write as well as the loop, either keeps it).
-        call = script, keys, args = target.release_call(owner, request, None)
-        command = ("EVALSHA", script.sha, len(keys), *keys, *args)
+        call, command = _release_script(target, owner, request)
     # Until the outcome is posted, an interrupt or a fault once written leaves it unknown.
     unknown = False
     try:
@@ -402,11 +509,12 @@ def release(client: Client, target: ReentrantKind) -> bool:
         reply = conn.read_response()
         # A plain release that removed a waiter's mark owes the wake-up the script would have
         # published, and a release script that granted the lock may have named a waiter of this
-        # client (see deliver_reply_grant): at once.
+        # client (see deliver_reply_grant): at once, unless this thread told that waiter itself.
         owes = reply != 3 if by_command else grant_message(reply) is not None
+        told = _answer(line, target, reply)
         line.post(
             lambda: target.released_off_loop(owner, began, reply, by_command=by_command),
-            urgent=owes,
+            urgent=owes and not told,
         )
         unknown = False
     except ResponseError:
@@ -443,6 +551,16 @@ def release(client: Client, target: ReentrantKind) -> bool:
     if (int(reply) < 3) if by_command else (reply is None):
         raise LockNotOwnedError(f"lock {target.name!r} is not held by this owner")
     return True
+
+
+def _release_script(
+    target: ReentrantKind, owner: str, request: int
+) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """The release script the loop would send, and its ``EVALSHA`` (it also keeps the lock's
+    waiting set alive now and then: a time the thread may write as well as the loop, either
+    keeps it)."""
+    call = script, keys, args = target.release_call(owner, request, None)
+    return call, ("EVALSHA", script.sha, len(keys), *keys, *args)
 
 
 def _releasable(

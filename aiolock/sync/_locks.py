@@ -14,7 +14,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, Generic, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Any, Final, Generic, ParamSpec, TypeVar
 
 from .._core.guard import LockGuard
 from .._core.habits import teaching
@@ -127,10 +127,21 @@ class Lock:
             if held:
                 await target.unlock()
 
-        result: bool = run(
-            self._clients, lambda: target.try_lock(wait, lease), "await lock.try_lock()", undo
-        )
-        return result
+        if direct is None:
+            result: bool = run(
+                self._clients, lambda: target.try_lock(wait, lease), "await lock.try_lock()", undo
+            )
+            return result
+        client = self._clients[0]
+        with _direct.waiting(client, direct, lease, True) as entry:
+            result = run(
+                self._clients,
+                lambda: target.try_lock(wait, lease),
+                "await lock.try_lock()",
+                undo,
+                entry.call,
+            )
+        return _direct.answered(client, direct, entry) or result
 
     @teaching
     def lock(self, lease: float | None = None) -> None:
@@ -146,7 +157,13 @@ class Lock:
         async def undo(_: None) -> None:
             await target.unlock()
 
-        run(self._clients, lambda: target.lock(lease), "await lock.lock()", undo)
+        if direct is None:
+            run(self._clients, lambda: target.lock(lease), "await lock.lock()", undo)
+            return
+        client = self._clients[0]
+        with _direct.waiting(client, direct, lease, None) as entry:
+            run(self._clients, lambda: target.lock(lease), "await lock.lock()", undo, entry.call)
+        _direct.answered(client, direct, entry)
 
     @teaching
     def acquire(
@@ -295,6 +312,10 @@ class Guard:
         return f"<aiolock.sync {guard!r}>"
 
 
+# What a release answers a waiting ``with lock.acquire()`` with (see _direct.Waiting).
+_ANSWERED: Final = object()
+
+
 class GuardContext:
     """The context manager behind ``lock.acquire()`` and ``with lock``.
 
@@ -332,12 +353,29 @@ class GuardContext:
                 self._context = direct.acquire(left, self._lease)
         context = self._context
 
-        async def undo(_: Any) -> None:
-            await context.__aexit__(None, None, None)
+        async def undo(value: Any) -> None:
+            if value is _ANSWERED:  # the block's hold, which a release answered the call with
+                await lock.target().unlock()
+            else:
+                await context.__aexit__(None, None, None)
 
         lock.loop_path()
-        guard = run(lock.clients(), context.__aenter__, "async with lock.acquire()", undo)
-        return Guard(lock, guard)
+        if direct is None:
+            guard = run(lock.clients(), context.__aenter__, "async with lock.acquire()", undo)
+            return Guard(lock, guard)
+        client = lock.clients()[0]
+        with _direct.waiting(client, direct, self._lease, _ANSWERED) as entry:
+            guard = run(
+                lock.clients(), context.__aenter__, "async with lock.acquire()", undo, entry.call
+            )
+        if not _direct.answered(client, direct, entry):
+            return Guard(lock, guard)
+        # Answered by the release that granted it: the hold is the thread's, as after its own
+        # first try (the async context's guard is not used).
+        assert entry.grant is not None
+        kept, token = entry.kept, entry.grant.token
+        self._taken = (direct, kept, token)
+        return Guard.taken(lock, token, lambda: LockGuard(direct, kept[0]) if kept else None)
 
     def __exit__(
         self,

@@ -138,21 +138,33 @@ def _forked() -> None:
 os.register_at_fork(after_in_child=_forked)
 
 
+# Whether another thread answers a call (see Call.reserve): no answer, one on its way, given.
+_UNANSWERED, _RESERVED, _ANSWERED = 0, 1, 2
+# Guards every call's answer, end and interrupt, and wakes an interrupted thread once an answer
+# on its way is given or withdrawn (rare and short: one for all calls).
+_answers = threading.Condition(threading.Lock())
+
+
 class Call(Generic[T]):
     """One blocking call: ``work()`` run as a task on ``loop``, acting for an owner.
 
     ``before(task)`` runs on the loop right after the task is made, before it starts (it
     registers the task as acting for the calling thread).
+
+    Another thread may answer the call before its task ends (:meth:`reserve`, then
+    :meth:`answer` or :meth:`withdraw`): the release that granted a lock to the waiting thread
+    tells it so at once (``_direct.py``).  The task still runs to its end, its outcome dropped.
     """
 
-    __slots__ = ("_cancel", "_done", "_ended", "_error", "_task", "_value")
+    __slots__ = ("_answer", "_cancel", "_done", "_ended", "_error", "_task", "_value")
 
     def __init__(self) -> None:
         self._done = threading.Lock()
-        self._done.acquire()  # released by the task (see _told)
+        self._done.acquire()  # released by the task (see _told), or by an answer
         self._task: asyncio.Task[None] | None = None
         self._cancel = False
         self._ended = False  # set before _done is released: the outcome is in
+        self._answer = _UNANSWERED
         self._value: Any = None
         self._error: BaseException | None = None
 
@@ -169,17 +181,21 @@ class Call(Generic[T]):
         signal handler) cancels the task on the loop, and the call returns only once the task
         has settled (a grant in flight then is released by the async engine), then
         re-raises it.  ``undo(value)`` runs on the loop (and is waited for) when the task had
-        already returned ``value`` to a caller that was interrupted before it could take it.
+        already returned ``value`` (or an answer had given it) to a caller that was interrupted
+        before it could take it.
         """
         try:
             # Inside: an interrupt may land right after the call is scheduled (or before).
             loop.call_soon_threadsafe(self._start, work, before)
             self._done.acquire()
         except BaseException:
-            self._cancel = True
+            answered = self._interrupted()
             loop.call_soon_threadsafe(self._cancelled)
-            self._settle()
-            if undo is not None and self._task is not None and self._error is None:
+            if answered:
+                self._settle_answered()
+            else:
+                self._settle()
+            if undo is not None and (answered or (self._task is not None and self._error is None)):
                 taken: T = self._value
                 # As the same owner: the undo releases what the call took for the thread.
                 Call[object]().settle_after(loop, lambda: undo(taken), before)
@@ -190,6 +206,19 @@ class Call(Generic[T]):
         value: T = self._value
         return value
 
+    def _interrupted(self) -> bool:
+        """Mark the call interrupted, once an answer on its way is given or withdrawn (a
+        second Ctrl-C meanwhile must not strand it): whether it was answered."""
+        while True:
+            try:
+                with _answers:
+                    self._cancel = True
+                    while self._answer == _RESERVED:
+                        _answers.wait()
+                    return self._answer == _ANSWERED
+            except BaseException:
+                continue
+
     def _settle(self) -> None:
         """Wait for the cancelled task to end, whatever else is raised meanwhile (the
         interrupt may also have come just after the wait succeeded: ``_ended`` tells)."""
@@ -198,6 +227,52 @@ class Call(Generic[T]):
                 self._done.acquire()
             except BaseException:  # a second Ctrl-C must not strand the task
                 continue
+
+    def _settle_answered(self) -> None:
+        """:meth:`_settle` for a call an answer was given to (whose ``_done`` that answer
+        released): wait for the task's end, which :meth:`_end` announces."""
+        while True:
+            try:
+                with _answers:
+                    while not self._ended:
+                        _answers.wait()
+                    return
+            except BaseException:
+                continue
+
+    @property
+    def task(self) -> asyncio.Task[None] | None:
+        """The call's task on the loop, once made (any thread may read it)."""
+        return self._task
+
+    def reserve(self) -> bool:
+        """From another thread, before it makes the answer true: hold off an interrupt of the
+        waiting thread until :meth:`answer` or :meth:`withdraw`.  ``False``: the call can no
+        longer be answered (interrupted, answered, or its task ended)."""
+        with _answers:
+            if self._cancel or self._ended or self._answer != _UNANSWERED:
+                return False
+            self._answer = _RESERVED
+            return True
+
+    def answer(self, value: T) -> None:
+        """Tell the waiting thread ``value`` now (after :meth:`reserve`); the task's own
+        outcome is dropped."""
+        with _answers:
+            self._answer = _ANSWERED
+            # (Over the task's own outcome, if it ended meanwhile: a wait that ran out, say.)
+            self._value, self._error = value, None
+            _answers.notify_all()
+        self._done.release()
+
+    def withdraw(self) -> None:
+        """No answer after all (after :meth:`reserve`): the task's outcome is the call's."""
+        with _answers:
+            self._answer = _UNANSWERED
+            _answers.notify_all()
+            ended = self._ended  # then its end left the thread's wake-up to this
+        if ended:
+            self._done.release()
 
     def settle_after(
         self,
@@ -219,8 +294,7 @@ class Call(Generic[T]):
         try:
             coroutine = work()
         except BaseException as error:  # bad arguments, checked as the coroutine is made
-            self._error = error
-            self._end()
+            self._end(error=error)
             return
         task = asyncio.ensure_future(self._told(coroutine))
         before(task)
@@ -231,19 +305,19 @@ class Call(Generic[T]):
         """Run ``work`` and tell the calling thread its outcome in the same step as it ends
         (a done callback runs a pass of the loop later: a hand-off's last stretch)."""
         try:
-            self._value = await work
+            value = await work
         except asyncio.CancelledError:
             raise  # told by the done callback (which a task cancelled before it ran gets too)
         except BaseException as error:  # the thread raises it: the task ends quietly
-            self._error = error
-        self._end()
+            self._end(error=error)
+            return
+        self._end(value)
 
     def _told_cancelled(self, work: Awaitable[T], task: asyncio.Task[None]) -> None:
         if task.cancelled() and not self._ended:
             if inspect.iscoroutine(work):
                 work.close()  # never started if the task never ran (else closed already)
-            self._error = RuntimeError("the call was cancelled (its client was closed)")
-            self._end()
+            self._end(error=RuntimeError("the call was cancelled (its client was closed)"))
 
     def _cancelled(self) -> None:
         if self._task is not None:
@@ -251,8 +325,17 @@ class Call(Generic[T]):
         elif not self._ended:  # interrupted before ``_start`` was even scheduled
             self._end()
 
-    def _end(self) -> None:
-        self._ended = True
+    def _end(self, value: Any = None, error: BaseException | None = None) -> None:
+        with _answers:
+            self._ended = True
+            if self._answer == _ANSWERED:
+                # The answer released ``_done``: its outcome is dropped, and an interrupted
+                # thread waits for this end (_settle_answered).
+                _answers.notify_all()
+                return
+            self._value, self._error = value, error
+            if self._answer == _RESERVED:
+                return  # the answer, or its withdrawal, wakes the thread
         self._done.release()
 
 

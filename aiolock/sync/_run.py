@@ -22,16 +22,18 @@ def run(
     work: Callable[[], Awaitable[T]],
     api: str,
     undo: Callable[[T], Awaitable[object]] | None = None,
+    call: Call[T] | None = None,
 ) -> T:
     """Run ``work()`` on the loop as the calling thread, and wait for it.
 
     The task acts for the thread with each of ``clients`` (a ``MultiLock``'s parts may belong
     to several): every part's owner is the thread.  ``api`` names the async call that a
-    thread running an event loop should make instead.
+    thread running an event loop should make instead.  ``call``: the call to run it as, if
+    another thread may answer it (see ``_direct.Waiting``).
     """
     refuse_in_loop(api)
     loop, act = _acting(clients)
-    return Call[T]().run(loop, work, act, undo)
+    return (Call[T]() if call is None else call).run(loop, work, act, undo)
 
 
 def settle(clients: Sequence[Client], work: Callable[[], Awaitable[object]]) -> None:

@@ -8,7 +8,7 @@ import asyncio
 import signal
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from types import FrameType
 
 import pytest
@@ -102,6 +102,126 @@ def test_an_interrupt_cancels_the_task_and_waits_for_it_to_settle(
         signal.signal(signal.SIGUSR2, previous)
     assert events == ["settled"]
     assert time.monotonic() - begun < 30
+
+
+def test_another_thread_answers_a_call_before_its_task_ends(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """An answer returns the call at once; the task runs on to its end, its outcome dropped."""
+    started, release, ended = threading.Event(), threading.Event(), threading.Event()
+
+    async def wait_for_release() -> bool:
+        started.set()
+        await asyncio.to_thread(release.wait, 10)
+        ended.set()
+        return False
+
+    call = Call[bool]()
+
+    def answer() -> None:
+        started.wait(10)
+        assert call.reserve()
+        call.answer(True)
+        assert not call.reserve()  # answered once
+
+    answerer = threading.Thread(target=answer)
+    answerer.start()
+    try:
+        assert call.run(loop, wait_for_release, lambda _: None) is True
+        assert not ended.is_set()  # returned before the task ended
+    finally:
+        release.set()
+        answerer.join()
+    assert ended.wait(10)
+    # The task's own outcome (False) changed nothing; a later call is not disturbed.
+    assert Call[int]().run(loop, _value(7), lambda _: None) == 7
+
+
+def test_a_task_that_ends_while_an_answer_is_on_its_way_waits_for_it(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """The answer, or its withdrawal, decides: a task's end meanwhile does not return first."""
+    for answered in (True, False):
+        call = Call[bool]()
+        reserved, done = threading.Event(), threading.Event()
+
+        async def end_once_reserved(reserved: threading.Event = reserved) -> bool:
+            await asyncio.to_thread(reserved.wait, 10)
+            return False
+
+        def watch(task: asyncio.Task[object], done: threading.Event = done) -> None:
+            task.add_done_callback(lambda _: done.set())  # after the step the task ended in
+
+        def settle(
+            call: Call[bool] = call,
+            answered: bool = answered,
+            reserved: threading.Event = reserved,
+            done: threading.Event = done,
+        ) -> None:
+            assert call.reserve()
+            reserved.set()
+            assert done.wait(10)  # the task has ended: the thread is still held back
+            if answered:
+                call.answer(True)
+            else:
+                call.withdraw()
+
+        decider = threading.Thread(target=settle)
+        decider.start()
+        try:
+            assert call.run(loop, end_once_reserved, watch) is answered
+        finally:
+            decider.join()
+
+
+def test_an_interrupt_after_an_answer_undoes_what_was_answered(
+    loop: asyncio.AbstractEventLoop,
+) -> None:
+    """Interrupted as an answer lands (or once one is on its way), the thread waits for the
+    task's end, then runs ``undo`` with the answer: nothing it was given stays behind."""
+    assert threading.current_thread() is threading.main_thread()
+    undone: list[object] = []
+    started = threading.Event()
+
+    async def wait_long() -> bool:
+        started.set()
+        await asyncio.sleep(60)
+        return False
+
+    async def undo(value: bool) -> None:
+        undone.append(value)
+
+    def raise_interrupted(signum: int, frame: FrameType | None) -> None:
+        raise Interrupted
+
+    previous = signal.signal(signal.SIGUSR2, raise_interrupted)
+    main = threading.main_thread().ident
+    assert main is not None
+    call = Call[bool]()
+
+    def answer_then_interrupt() -> None:
+        started.wait(10)
+        assert call.reserve()
+        signal.pthread_kill(main, signal.SIGUSR2)  # lands while the answer is on its way
+        time.sleep(0.05)
+        call.answer(True)
+
+    interrupter = threading.Thread(target=answer_then_interrupt)
+    interrupter.start()
+    try:
+        with pytest.raises(Interrupted):
+            call.run(loop, wait_long, lambda _: None, undo)
+    finally:
+        interrupter.join()
+        signal.signal(signal.SIGUSR2, previous)
+    assert undone == [True]
+
+
+def _value(value: int) -> Callable[[], Awaitable[int]]:
+    async def get() -> int:
+        return value
+
+    return get
 
 
 @pytest.mark.anyio

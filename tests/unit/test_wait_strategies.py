@@ -476,7 +476,7 @@ def client_wait(services: Any, counters: NameCounters, line: Line, owner: str) -
         reentering=False,
         line=line,
         owner=owner,
-        lease_ms=5000,
+        asked_ms=5000,
         watchdog=True,
     )
 
@@ -569,3 +569,99 @@ async def test_a_grant_taken_from_a_release_reply_makes_its_message_stale(
     assert waiter.woken() is None
     waiter.unpark(parked)
     waiter.leave(granted=False)
+
+
+async def test_a_releasing_thread_claims_a_grant_for_a_parked_call_and_nothing_gives_it_back(
+    services: Any,
+) -> None:
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()  # the calls' own
+    line, counters = Line("c", loop.time, lambda: False), NameCounters()
+    waiter = client_wait(services, counters, line, "c:h1")
+    assert line.place_for("c:h1", 7, 5000) == (waiter.entered, "5000 7 c c:h1", False)
+    line.refused("c:h1", loop.time())
+    # Not parked yet (between its try and its park): its wait loop would try, not look.
+    assert line.claim(b"=42 5000 7 c c:h1", task) is None
+    parked = waiter.park(60)
+    # Another client's grant, or one for an earlier request, is not this call's; nor is a
+    # grant claimed for another task's call (a thread's earlier call, say).
+    assert line.claim(b"=42 5000 7 other c:h1", task) is None
+    assert line.claim(b"=42 5000 6 c c:h1", task) is None
+    assert line.claim(b"=42 5000 7 c c:h1", object()) is None
+    claimed = line.claim(b"=42 5000 7 c c:h1", task)
+    assert claimed is not None
+    call, grant = claimed
+    assert call is waiter
+    assert (grant.token, grant.lease_ms, grant.request, grant.claimed) == (42, 5000, 7, True)
+    # Its place is gone, and so is the call from the line: the reply's and the message's
+    # delivery hand nothing, no release of this client enters it again, and a call that leaves
+    # without the lock withdraws nothing (the grant is the thread's).
+    assert line.deliver_grant(b"=42 5000 7 c c:h1", from_reply=True)
+    assert not parked.done()
+    assert line.claim(b"=42 5000 7 c c:h1", task) is None
+    assert line.next_entry("c:h0", "32000", 12, None, kept_ms=32000) == ""
+    assert line.withdraw("c:h1") is None
+    # The call's wait loop, woken, takes the claimed grant (once).
+    waiter.nudge()
+    assert parked.result() is True
+    assert waiter.woken() == grant
+    assert waiter.woken() is None
+    waiter.leave(granted=True)
+
+
+async def test_a_grant_is_claimed_only_for_one_parked_call_with_a_lease_it_can_count_on(
+    services: Any,
+) -> None:
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()  # the calls' own
+    line, counters = Line("c", loop.time, lambda: False), NameCounters()
+    first = client_wait(services, counters, line, "c:h1")
+    assert line.place_for("c:h1", 7, 5000) is not None
+    line.refused("c:h1", loop.time())
+    parked = first.park(60)
+    # Woken before the claim (the message was read first): no longer parked.
+    first.nudge()
+    assert parked.done()
+    assert line.claim(b"=42 5000 7 c c:h1", task) is None
+    assert first.woken() is None
+    # Two calls of one owner (an explicit owner's): the grant goes to the line, not a thread.
+    second = client_wait(services, counters, line, "c:h1")
+    parked, parked_second = first.park(60), second.park(60)
+    assert line.claim(b"=43 5000 7 c c:h1", task) is None
+    for call, waiter in ((first, parked), (second, parked_second)):
+        call.unpark(waiter)
+        call.leave(granted=False)
+    # A lease other than the one asked (an explicit lease capped by the set): a try takes it.
+    now = [loop.time()]
+    timed = Line("c", lambda: now[0], lambda: False)
+
+    def waiting_call(owner: str, asked_ms: int) -> ClientWait:
+        return ClientWait(
+            services,
+            CHANNEL,
+            counters,
+            reentering=False,
+            line=timed,
+            owner=owner,
+            asked_ms=asked_ms,
+            watchdog=False,
+        )
+
+    capped = waiting_call("c:h2", 60_000)
+    assert timed.place_for("c:h2", 9, 5000) is not None
+    timed.refused("c:h2", now[0])
+    waiter = capped.park(60)
+    assert timed.claim(b"=44 5000 9 c c:h2", task) is None
+    capped.unpark(waiter)
+    capped.leave(granted=False)
+    # Too little of the lease left by the client's clock (a third of it): a try tells how much.
+    fixed = waiting_call("c:h3", 3000)
+    assert timed.place_for("c:h3", 11, 3000) is not None
+    timed.refused("c:h3", now[0])
+    waiter = fixed.park(60)
+    now[0] += 2.1
+    assert timed.claim(b"=45 3000 11 c c:h3", task) is None
+    now[0] -= 0.2  # 1.1 s of 3 s left: enough
+    assert timed.claim(b"=45 3000 11 c c:h3", task) is not None
+    fixed.unpark(waiter)
+    fixed.leave(granted=False)
