@@ -57,7 +57,15 @@ from .waiting import ChannelWait
 if TYPE_CHECKING:
     from .services import Services
 
-__all__ = ["GRANT_LEASE_MS", "ClientWait", "Line", "LineEntry", "LineGrant", "Place"]
+__all__ = [
+    "GRANT_LEASE_MS",
+    "ClientWait",
+    "Line",
+    "LineEntry",
+    "LineGrant",
+    "Place",
+    "grant_fields",
+]
 
 # The longest lease a grant from the waiting set gets (ms): a grant to a waiter whose client
 # died blocks the lock no longer.  A waiter that asked for more takes it by a try, which sets
@@ -232,7 +240,7 @@ class Line:
         in this client.  ``False`` if it is no grant message.  ``from_reply``: read from the
         reply of the release that made the grant, so the message itself, when it comes, is
         stale."""
-        fields = _grant_fields(payload)
+        fields = grant_fields(payload)
         if fields is None:
             return False
         token, lease_ms, request, client, owner = fields
@@ -266,7 +274,7 @@ class Line:
         grant can be recorded as it is, so that the call's thread may be told it holds the
         lock now (see the module docstring).  The call leaves the line at once: whatever it
         does until it runs, it waits for nothing more.  ``None``: deliver it as any other."""
-        fields = _grant_fields(payload)
+        fields = grant_fields(payload)
         if fields is None:
             return None
         token, lease_ms, request, client, owner = fields
@@ -447,7 +455,7 @@ class ClientWait(ChannelWait):
         super().leave(granted)
 
 
-def _grant_fields(payload: bytes) -> tuple[int, int, bytes, str, str] | None:
+def grant_fields(payload: bytes) -> tuple[int, int, bytes, str, str] | None:
     """A grant message's token, lease (ms), request, client id and owner; ``None`` if
     ``payload`` is not one (``=<token> <member>``, a member ``<lease ms> <n> <client> <owner>``)."""
     token, _, member = payload[1:].partition(b" ")

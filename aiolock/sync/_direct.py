@@ -53,7 +53,7 @@ from redis.exceptions import ResponseError
 from redis.retry import Retry
 
 from .._core.holds import CLOCK_MARGIN, Hold
-from .._core.line import LineGrant
+from .._core.line import LineGrant, grant_fields
 from .._core.settlement import Attempt, grant_message
 from ..errors import LockNotOwnedError
 from ..lock import ReentrantKind
@@ -303,10 +303,10 @@ def _answer(line: Line, target: ReentrantKind, reply: Any) -> bool:
     message = grant_message(reply)  # (a plain command's reply, a count, names no grant)
     if message is None or not line.waiting:
         return False
-    fields = message.split(b" ", 4)  # =<token> <lease ms> <n> <client id> <owner>
-    if len(fields) != 5:
+    fields = grant_fields(message)
+    if fields is None:
         return False
-    entry = line.waiting.get((target.registry_key, fields[4].decode(errors="replace")))
+    entry = line.waiting.get((target.registry_key, fields[4]))
     if entry is None or not entry.call.reserve():
         return False
     told = False

@@ -207,17 +207,11 @@ class Call(Generic[T]):
         return value
 
     def _interrupted(self) -> bool:
-        """Mark the call interrupted, once an answer on its way is given or withdrawn (a
-        second Ctrl-C meanwhile must not strand it): whether it was answered."""
-        while True:
-            try:
-                with _answers:
-                    self._cancel = True
-                    while self._answer == _RESERVED:
-                        _answers.wait()
-                    return self._answer == _ANSWERED
-            except BaseException:
-                continue
+        """Mark the call interrupted, once an answer on its way is given or withdrawn:
+        whether it was answered."""
+        self._cancel = True  # (read under _answers by reserve: one store, before the wait)
+        _wait_uninterrupted(lambda: self._answer != _RESERVED)
+        return self._answer == _ANSWERED
 
     def _settle(self) -> None:
         """Wait for the cancelled task to end, whatever else is raised meanwhile (the
@@ -231,14 +225,7 @@ class Call(Generic[T]):
     def _settle_answered(self) -> None:
         """:meth:`_settle` for a call an answer was given to (whose ``_done`` that answer
         released): wait for the task's end, which :meth:`_end` announces."""
-        while True:
-            try:
-                with _answers:
-                    while not self._ended:
-                        _answers.wait()
-                    return
-            except BaseException:
-                continue
+        _wait_uninterrupted(lambda: self._ended)
 
     @property
     def task(self) -> asyncio.Task[None] | None:
@@ -337,6 +324,18 @@ class Call(Generic[T]):
             if self._answer == _RESERVED:
                 return  # the answer, or its withdrawal, wakes the thread
         self._done.release()
+
+
+def _wait_uninterrupted(done: Callable[[], bool]) -> None:
+    """Wait under :data:`_answers` until ``done()``, whatever is raised meanwhile (a second
+    Ctrl-C must not strand a call)."""
+    while True:
+        try:
+            with _answers:
+                _answers.wait_for(done)
+                return
+        except BaseException:
+            continue
 
 
 def _nothing(_: object) -> None:

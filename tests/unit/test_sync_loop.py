@@ -191,7 +191,10 @@ def test_an_interrupt_after_an_answer_undoes_what_was_answered(
     async def undo(value: bool) -> None:
         undone.append(value)
 
+    interrupted = threading.Event()
+
     def raise_interrupted(signum: int, frame: FrameType | None) -> None:
+        interrupted.set()
         raise Interrupted
 
     previous = signal.signal(signal.SIGUSR2, raise_interrupted)
@@ -202,8 +205,8 @@ def test_an_interrupt_after_an_answer_undoes_what_was_answered(
     def answer_then_interrupt() -> None:
         started.wait(10)
         assert call.reserve()
-        signal.pthread_kill(main, signal.SIGUSR2)  # lands while the answer is on its way
-        time.sleep(0.05)
+        signal.pthread_kill(main, signal.SIGUSR2)
+        assert interrupted.wait(10)  # raised while the answer is on its way
         call.answer(True)
 
     interrupter = threading.Thread(target=answer_then_interrupt)

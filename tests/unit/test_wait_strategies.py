@@ -571,6 +571,13 @@ async def test_a_grant_taken_from_a_release_reply_makes_its_message_stale(
     waiter.leave(granted=False)
 
 
+def refused(line: Line, call: ClientWait, request: int) -> None:
+    """``call``'s try with ``request`` entered its owner in the set, and was refused."""
+    place = line.place_for(call.owner, request, call.lease_ms)
+    assert place == (call.entered, f"{call.lease_ms} {request} c {call.owner}", False)
+    line.refused(call.owner, asyncio.get_running_loop().time())
+
+
 async def test_a_releasing_thread_claims_a_grant_for_a_parked_call_and_nothing_gives_it_back(
     services: Any,
 ) -> None:
@@ -578,8 +585,7 @@ async def test_a_releasing_thread_claims_a_grant_for_a_parked_call_and_nothing_g
     task = asyncio.current_task()  # the calls' own
     line, counters = Line("c", loop.time, lambda: False), NameCounters()
     waiter = client_wait(services, counters, line, "c:h1")
-    assert line.place_for("c:h1", 7, 5000) == (waiter.entered, "5000 7 c c:h1", False)
-    line.refused("c:h1", loop.time())
+    refused(line, waiter, 7)
     # Not parked yet (between its try and its park): its wait loop would try, not look.
     assert line.claim(b"=42 5000 7 c c:h1", task) is None
     parked = waiter.park(60)
@@ -616,8 +622,7 @@ async def test_a_grant_is_claimed_only_for_one_parked_call_with_a_lease_it_can_c
     task = asyncio.current_task()  # the calls' own
     line, counters = Line("c", loop.time, lambda: False), NameCounters()
     first = client_wait(services, counters, line, "c:h1")
-    assert line.place_for("c:h1", 7, 5000) is not None
-    line.refused("c:h1", loop.time())
+    refused(line, first, 7)
     parked = first.park(60)
     # Woken before the claim (the message was read first): no longer parked.
     first.nudge()
@@ -648,16 +653,14 @@ async def test_a_grant_is_claimed_only_for_one_parked_call_with_a_lease_it_can_c
         )
 
     capped = waiting_call("c:h2", 60_000)
-    assert timed.place_for("c:h2", 9, 5000) is not None
-    timed.refused("c:h2", now[0])
+    refused(timed, capped, 9)
     waiter = capped.park(60)
     assert timed.claim(b"=44 5000 9 c c:h2", task) is None
     capped.unpark(waiter)
     capped.leave(granted=False)
     # Too little of the lease left by the client's clock (a third of it): a try tells how much.
     fixed = waiting_call("c:h3", 3000)
-    assert timed.place_for("c:h3", 11, 3000) is not None
-    timed.refused("c:h3", now[0])
+    refused(timed, fixed, 11)
     waiter = fixed.park(60)
     now[0] += 2.1
     assert timed.claim(b"=45 3000 11 c c:h3", task) is None
