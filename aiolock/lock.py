@@ -15,6 +15,7 @@ import dataclasses
 import functools
 import logging
 import time
+from collections.abc import Awaitable
 from typing import Any, ClassVar
 
 from redis.exceptions import RedisError
@@ -169,6 +170,13 @@ class ReentrantKind(LockKind):
         args = call[2]
         if line is not None and len(args) > 2 and args[2] not in ("", "+"):
             line.not_entered(str(args[2]))
+
+    def release_settled(self, call: Call) -> None:
+        # The owner it entered in the waiting set (``_more``) may now be withdrawn.
+        line = self._line()
+        args = call[2]
+        if line is not None and len(args) > 2:
+            line.carried(str(args[2]))
 
     def deliver_reply_grant(self, reply: Any) -> None:
         # lock/release.lua answers the grant's message when it grants the lock to a member;
@@ -327,6 +335,11 @@ class AsyncRLock(ReentrantKind):
             (keys.lock, keys.waiting, *self._published(), keys.fence),
             (member,),
         )
+
+    def withdraw_after(self, call: Call) -> Awaitable[None] | None:
+        line = self._line()
+        carried = None if line is None else line.after_carried(str(call[2][0]))
+        return None if carried is None else asyncio.wrap_future(carried)
 
     async def wake_others(self) -> None:
         """Hand the lock over to the first owner of its waiting set, as the release script

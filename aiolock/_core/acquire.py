@@ -14,6 +14,7 @@ never saw is undone by :mod:`aiolock._core.settlement`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Coroutine
 from typing import Any, Final
@@ -201,12 +202,18 @@ class Acquiring(Releasing):
         if call is None:
             return
         services = self._services
+        after = self.withdraw_after(call)
 
         async def withdraw() -> None:
             # Sent until it lands, the waiter's entry surely ended (fair_wait_timeout after
             # its last try), or the client closed: until then the entry holds others back.
             # Sent also while the client closes: closing waits for it (see Client.aclose).
             give_up = asyncio.get_running_loop().time() + services.fair_wait_timeout
+            if after is not None:
+                # A release that enters the owner again lands first, or the wait runs out.
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout_at(give_up):
+                        await after
             try:
                 await until_it_lands(lambda: services.calls.run(*call), give_up, services)
             except (RedisError, OSError) as exc:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -144,6 +145,12 @@ class KindHooks(Protocol):
         server (the fair queue, the waiting writers)."""
         return None
 
+    def withdraw_after(self, call: Call) -> Awaitable[None] | None:
+        """On the loop: what a withdraw ``call`` (:meth:`withdraw_call`'s) waits for before it
+        is sent, if anything: releases of this client in flight that enter its owner on the
+        server again (the plain lock's), which must land first."""
+        return None
+
     def _withdraw_lost(self, owner: str) -> None:
         """A withdraw of ``owner`` never landed: its entry may stay on the server a while."""
         return
@@ -176,6 +183,12 @@ class KindHooks(Protocol):
         """A :meth:`release_call` ``call`` surely changed nothing (refused, or the owner held
         nothing): what the kind's client counted on it doing is undone (the plain lock's
         entry of a waiting owner)."""
+        return
+
+    def release_settled(self, call: Call) -> None:
+        """A :meth:`release_call` ``call`` was answered or refused, or its outcome is settled
+        otherwise: it changes nothing more on the server.  From any thread (aiolock.sync's
+        releases)."""
         return
 
     def deliver_reply_grant(self, reply: Any) -> None:

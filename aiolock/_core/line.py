@@ -42,6 +42,7 @@ its wait ends.  The mutex orders the claim against the call's next look at its g
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import functools
 import math
 import threading
@@ -113,6 +114,8 @@ class Line:
     __slots__ = (
         "__weakref__",
         "_calls",
+        "_carried",
+        "_carried_out",
         "_client",
         "_entry_type",
         "_mutex",
@@ -132,6 +135,10 @@ class Line:
         self._mutex = threading.Lock()
         self._calls: dict[ClientWait, None] = {}  # in the order they entered
         self._places: dict[str, Place] = {}
+        # Members that releases of this client in flight enter in the set, how many each, and
+        # what a withdraw of one waits on (see after_carried).
+        self._carried: dict[str, int] = {}
+        self._carried_out: dict[str, concurrent.futures.Future[None]] = {}
         self.trying = 0  # calls of this line with a try out
         self._entry_type = functools.partial(LineEntry, line=self)
 
@@ -215,21 +222,62 @@ class Line:
                 if first is None or owner == releasing or (kept == "-" and place.entered):
                     return "+"
                 place.entered = True
+                self._carry(place.member)
                 return f"{first.entered} {kept_ms if kept == '-' else kept} {place.member}"
             for call in self._calls:
                 if call.owner != releasing and not call.reentering:
                     member = f"{call.lease_ms} {next_request} {self._client} {call.owner}"
                     place = Place(member, next_request, self._time(), entered=True)
                     self._places[call.owner] = place
+                    self._carry(member)
                     return f"{call.entered} {kept} {member}"
         return ""
+
+    def _carry(self, member: str) -> None:
+        """A release about to be sent enters ``member`` (under the mutex)."""
+        self._carried[member] = self._carried.get(member, 0) + 1
+
+    def carried(self, entry: str) -> None:
+        """The release that carried ``entry`` (:meth:`next_entry`'s) was answered, refused,
+        or its outcome is settled: it no longer enters anyone.  From any thread."""
+        member = _entry_member(entry)
+        if member is None:
+            return
+        with self._mutex:
+            count = self._carried.get(member)
+            if count is None:
+                return
+            if count > 1:
+                self._carried[member] = count - 1
+                return
+            del self._carried[member]
+            out = self._carried_out.pop(member, None)
+        if out is not None:
+            out.set_result(None)
+
+    def after_carried(self, member: str) -> concurrent.futures.Future[None] | None:
+        """What a withdraw of ``member`` waits for before it is sent: the end of the releases
+        of this client in flight that enter it in the set again (``None`` if none is).
+
+        Sent before them, the withdraw would find nothing to take back, and the release then
+        grants the lock to a member nobody waits as any more: it would stay blocked for the
+        grant's lease (docs/internals.md, "A grant nobody takes")."""
+        with self._mutex:
+            if member not in self._carried:
+                return None
+            out = self._carried_out.get(member)
+            if out is None:
+                out = self._carried_out[member] = concurrent.futures.Future()
+            return out
 
     def not_entered(self, entry: str) -> None:
         """A release carrying ``entry`` (:meth:`next_entry`'s) surely entered nobody: it was
         refused (``NOSCRIPT`` after a restart, say) or released nothing.  The place it made
         is entered by the next release of this client, or by its owner's next try; taken as
         in the set, it would leave the owner out of every hand-off."""
-        member = entry.split(" ", 2)[-1]
+        member = _entry_member(entry)
+        if member is None:
+            return
         with self._mutex:
             for place in self._places.values():
                 if place.member == member:
@@ -464,3 +512,10 @@ def grant_fields(payload: bytes) -> tuple[int, int, bytes, str, str] | None:
         return None
     client, owner = (field.decode(errors="replace") for field in fields[2:])
     return int(token), int(fields[0]), fields[1], client, owner
+
+
+def _entry_member(entry: str) -> str | None:
+    """The member an entry of :meth:`Line.next_entry` enters (``<order> <kept> <member>``);
+    ``None`` for one that enters nobody (``''``, ``+``)."""
+    parts = entry.split(" ", 2)
+    return parts[2] if len(parts) == 3 else None

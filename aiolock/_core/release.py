@@ -104,14 +104,7 @@ class Releasing(KindHooks):
             elif script is not None:
                 reply = await self._release_by_script(script, owner, request, copies)
             else:
-                call = self.release_call(owner, request, None)
-                try:
-                    reply = await services.calls.run(*call, orphan=unknown, on_send=copies.sending)
-                except ResponseError:
-                    self.release_unapplied(call)
-                    raise
-                self.deliver_reply_grant(reply)
-                check_applied(self, call, reply, copies)
+                reply = await self._release_by_kind(owner, request, copies, unknown)
         settlement.released_copies(owner, request, copies)
         remaining = holds_left(reply)
         # No marker outlives the lock, so a resend of the release that deleted it finds it
@@ -138,6 +131,31 @@ class Releasing(KindHooks):
                     services.holds.lose(hold, "the server restarted or changed since it held it")
             remaining = 0 if kept else None
         return remaining
+
+    async def _release_by_kind(
+        self, owner: str, request: int, copies: ReleaseCopies, unknown: Orphan
+    ) -> Any:
+        """Release one hold of ``owner`` with the kind's release script: its reply."""
+        call = self.release_call(owner, request, None)
+        orphaned = False
+
+        def orphan(work: asyncio.Future[Any]) -> None:
+            nonlocal orphaned
+            orphaned = True
+            work.add_done_callback(lambda _: self.release_settled(call))
+            unknown(work)
+
+        try:
+            reply = await self._services.calls.run(*call, orphan=orphan, on_send=copies.sending)
+        except ResponseError:
+            self.release_unapplied(call)
+            raise
+        finally:
+            if not orphaned:  # else once the call's outcome is known
+                self.release_settled(call)
+        self.deliver_reply_grant(reply)
+        check_applied(self, call, reply, copies)
+        return reply
 
     def _last_release(
         self, hold: Hold | None, owner: str

@@ -100,6 +100,10 @@ class Settled(Protocol):
         """A release ``call`` surely changed nothing (refused, or nothing was held)."""
         ...
 
+    def release_settled(self, call: Call) -> None:
+        """A release ``call`` changes nothing more on the server (answered, refused, given up)."""
+        ...
+
     def void_call(self, owner: str, requests: list[int]) -> Call:
         """The kind's call that voids the owner's acquire ``requests``."""
         ...
@@ -391,6 +395,8 @@ class Settlement:
                 )
                 self.released_copies(owner, request, copies)
                 return False
+            finally:
+                lock.release_settled(call)
             self.released_copies(owner, request, copies)
             check_applied(lock, call, reply, copies)
             if not holds_left(reply):
@@ -444,6 +450,8 @@ class Settlement:
             services.holds.abandoned(lock.keys.lock, owner)
             self.released_copies(owner, request, copies)  # copies may still land
             return
+        finally:
+            lock.release_settled((script, keys, args))
         self.released_copies(owner, request, copies)
         check_applied(lock, (script, keys, args), reply, copies)
         services.holds.released(lock.registry_key, owner, holds_left(reply))

@@ -544,13 +544,21 @@ def release(client: Client, target: ReentrantKind) -> bool:
             settle([client], lambda: target.services.holds.wait_pending(target.keys.lock, owner))
         raise
     finally:
-        line.give_back(conn)
+        _sent(line, conn, target, call)
     taken[target.registry_key] = _released(token)
     if call is not None and reply is None:
         target.release_unapplied(call)
     if (int(reply) < 3) if by_command else (reply is None):
         raise LockNotOwnedError(f"lock {target.name!r} is not held by this owner")
     return True
+
+
+def _sent(line: Line, conn: Any, target: ReentrantKind, call: tuple[Any, ...] | None) -> None:
+    """A thread's release has its outcome: its connection goes back to the line, and a
+    release script's entry of a waiting owner is settled (a withdraw of it may go now)."""
+    line.give_back(conn)
+    if call is not None:
+        target.release_settled(call)
 
 
 def _release_script(

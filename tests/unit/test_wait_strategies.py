@@ -549,6 +549,33 @@ async def test_a_line_enters_one_owner_per_client_and_a_grant_wakes_that_owner(
     assert line.next_entry("c:t1", "-", 13, None, kept_ms=32000) == ""  # nobody waits behind
 
 
+async def test_a_withdraw_waits_for_the_releases_in_flight_that_enter_its_owner_again(
+    services: Any,
+) -> None:
+    loop = asyncio.get_running_loop()
+    line, counters = Line("c", loop.time, lambda: False), NameCounters()
+    waiter = client_wait(services, counters, line, "c:t2")
+    # Two releases of this client's holder are computed, each entering the waiting call.
+    first = line.next_entry("c:t1", "32000", 11, None, kept_ms=32000)
+    second = line.next_entry("c:t1", "32000", 12, None, kept_ms=32000)
+    member = "5000 11 c c:t2"
+    assert first == second == f"{waiter.entered} 32000 {member}"
+    # Its wait runs out: the withdraw waits for both (sent first, it would find nothing, and
+    # they would then grant the lock to a member nobody waits as).
+    assert line.withdraw("c:t2") == member
+    waiter.leave(granted=False)
+    out = line.after_carried(member)
+    assert out is not None
+    assert line.after_carried(member) is out  # one for every withdraw of it
+    line.carried(first)
+    assert not out.done()
+    line.carried("+")  # one that entered nobody settles nothing
+    line.carried(second)
+    assert out.done()
+    assert line.after_carried(member) is None  # nothing in flight enters it now
+    line.carried(second)  # settled twice (a fault path): nothing more
+
+
 async def test_a_grant_taken_from_a_release_reply_makes_its_message_stale(
     services: Any,
 ) -> None:

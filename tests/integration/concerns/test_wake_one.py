@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -281,7 +282,13 @@ async def test_a_grant_to_a_client_that_died_strands_nobody_past_the_lease(
     # for its lease (a grant's at most 5 s; 1 s here), and nobody takes it.
     await redis.zadd(keys_of(holder).waiting, {"1000 7 a-client-that-died job": 0})
     await holder.unlock()
-    assert await redis.hget(keys_of(holder).lock, "q:job") in ("7", b"7")
+
+    async def granted_to_the_dead() -> bool:
+        return await redis.hget(keys_of(holder).lock, "q:job") in ("7", b"7")
+
+    # A release by a bare HDEL sends the hand-over after it (lock/wake.lua; its first call on
+    # a server loads the script, so it may land after unlock() returned).
+    await eventually(granted_to_the_dead, what="the lock granted to the dead client")
     assert await waiting_clients(redis, holder) == [client_id_of(staying.client)]
     # The live waiter parked under the holder's lease (1 s): it tries when that ends, and
     # again when the dead one's grant ends.
@@ -370,7 +377,13 @@ async def test_waiters_behind_their_own_client_are_not_stranded_by_a_grant_to_a_
     await parked_in_order(redis, holder, [waiter])
     await redis.zadd(keys_of(holder).waiting, {"300 7 a-client-that-died job": 0})
     await holder.unlock()
-    assert await redis.hget(keys_of(holder).lock, "q:job") in ("7", b"7")
+
+    async def granted_to_the_dead() -> bool:
+        return await redis.hget(keys_of(holder).lock, "q:job") in ("7", b"7")
+
+    # A release by a bare HDEL sends the hand-over after it (lock/wake.lua; its first call on
+    # a server loads the script, so it may land after unlock() returned).
+    await eventually(granted_to_the_dead, what="the lock granted to the dead client")
     await asyncio.wait_for(waiter.holding.wait(), 10)
     waiter.release.set()
     assert await waiter.task
@@ -406,4 +419,45 @@ async def test_a_release_hands_a_waiter_of_its_own_client_the_grant_from_its_rep
     assert commands["publish"] == 1, commands  # the grant's message, published all the same
     waiter.release.set()
     assert await waiter.task
+    await assert_clean(redis, client)
+
+
+async def test_a_waiter_leaving_as_a_release_of_its_client_enters_it_again_strands_nobody(
+    make_client: Callable[..., aiolock.Client], redis: Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Now and then a release enters the waiters of its own client in the set again (a call
+    # parked behind its client's hold tries no more, and the set may have expired).  A waiter
+    # that leaves while such a release is on its way withdraws after it lands: sent first, the
+    # withdraw would find nothing to take back, and the release would then grant the lock to a
+    # member nobody waits as, blocking it for the grant's lease (5 s).
+    client = make_client()
+    holder = client.lock("late-entry", owner="holder")  # released from a task of its own
+    await holder.lock()
+    waiter = Waiter(client, "late-entry", wait=60)
+    await eventually(lambda: settled(client, holder), what="the waiter parked")
+    calls = services_of(client).calls
+    run = calls.run
+    on_its_way, land = asyncio.Event(), asyncio.Event()
+
+    async def slow_release(script: Any, keys: Any, args: Any, **options: Any) -> Any:
+        if script.name == "lock/release":
+            on_its_way.set()
+            await land.wait()
+        return await run(script, keys, args, **options)
+
+    monkeypatch.setattr(calls, "run", slow_release)
+    releasing = asyncio.create_task(holder.unlock())
+    await on_its_way.wait()
+    [entered] = await waiting_members(redis, holder)
+    waiter.task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await waiter.task
+    land.set()
+    await releasing
+    await eventually(lambda: client.statistics().pending == 0, what="the withdraw sent")
+    assert await redis.exists(keys_of(holder).lock) == 0, "a grant nobody takes holds the lock"
+    assert entered not in await waiting_members(redis, holder)
+    newcomer = client.lock("late-entry")
+    assert await newcomer.try_lock(wait=0)
+    await newcomer.unlock()
     await assert_clean(redis, client)

@@ -557,10 +557,9 @@ def test_threads_whose_waits_run_out_as_they_are_answered_never_overlap(
 ) -> None:
     """Threads of two clients take one lock over and over, most waits short enough to run out
     about when a release answers them (``try_lock`` and ``with lock.acquire()``): never two
-    holders at once, answers given, and the lock free again within a lease.
-
-    (Not at once: a wait that runs out as a release of its own client enters its owner again
-    may leave a grant nobody takes, until its lease ends; see docs/internals.md.)"""
+    holders at once, answers given, and the lock free again at once: well within a grant's
+    lease (5 s), which a grant nobody takes would block it for (a wait that runs out as a
+    release of its own client enters its owner again: see docs/internals.md)."""
     answered = [0]
     answer = aiolock.sync._direct._answer
 
@@ -615,5 +614,5 @@ def test_threads_whose_waits_run_out_as_they_are_answered_never_overlap(
         assert overlaps == [0]
         assert taken[0] > 50
         assert answered[0] > 0
-        wait_until(lambda: not plain.exists(keys.lock), timeout=40)
+        wait_until(lambda: not plain.exists(keys.lock), timeout=2.5)
     wait_until(lambda: not plain.exists(keys.waiting), timeout=40)
