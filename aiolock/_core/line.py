@@ -147,6 +147,10 @@ class Line:
         """The factory of this line's entry on the lock's channel."""
         return self._entry_type
 
+    def waiting(self) -> bool:
+        """Whether calls wait in this line (any thread may ask)."""
+        return bool(self._calls)
+
     def join(self, call: ClientWait) -> None:
         with self._mutex:
             self._calls[call] = None
@@ -439,8 +443,17 @@ class ClientWait(ChannelWait):
         asked_ms: int,
         watchdog: bool,
     ) -> None:
+        # A call that a releasing thread claimed (Line.claim) is out of the line at once, but
+        # counts among the contenders until its wait loop leaves, which may be after its thread
+        # released the lock: a newcomer parked behind it would wait for a hand-over that came
+        # and went.  So the calls in the line say whether others wait.
         super().__init__(
-            services, channel, counters, reentering=reentering, entry_type=line.entry_type
+            services,
+            channel,
+            counters,
+            reentering=reentering,
+            entry_type=line.entry_type,
+            others=line.waiting(),
         )
         self.line = line
         self.owner = owner

@@ -131,6 +131,7 @@ class ChannelWait:
         reentering: bool,
         shared: bool = False,
         entry_type: Callable[[bytes, Contention | None], Entry] = Entry,
+        others: bool | None = None,
     ) -> None:
         self._services = services
         self._entry_type = entry_type  # a BroadcastEntry for readers: a message wakes them all
@@ -142,7 +143,9 @@ class ChannelWait:
         self._entry: Entry | None = None
         # Its parked future; ``True``: nudged between two parks (see nudge).
         self._parked: asyncio.Future[Any] | bool | None = None
-        self._try_first = reentering or counters.contenders == 0
+        # Others of this client after the lock (``others``: as a caller that knows better than
+        # the count of contenders says, which includes calls that hold it already).
+        self._try_first = reentering or not (counters.contenders if others is None else others)
         # The task's place in line among this client's waiters; an owner re-entering a lock
         # it holds goes before all of them.
         counters.tickets += 1

@@ -634,6 +634,16 @@ async def test_a_releasing_thread_claims_a_grant_for_a_parked_call_and_nothing_g
     assert line.claim(b"=42 5000 7 c c:h1", task) is None
     assert line.next_entry("c:h0", "32000", 12, None, kept_ms=32000) == ""
     assert line.withdraw("c:h1") is None
+    # A call that arrives now tries first: the claimed call still counts among the contenders
+    # until its wait loop leaves, which may be after its thread released the lock, and nobody
+    # would wake a newcomer parked behind it.  One that arrives behind a waiting call parks.
+    assert counters.contenders == 1
+    newcomer = client_wait(services, counters, line, "c:h2")
+    assert newcomer.first_pause() is None
+    behind = client_wait(services, counters, line, "c:h3")
+    assert behind.first_pause() is not None
+    for call in (newcomer, behind):
+        call.leave(granted=False)
     # The call's wait loop, woken, takes the claimed grant (once).
     waiter.nudge()
     assert parked.result() is True
