@@ -86,6 +86,12 @@ import redis
 import aiolock.sync
 
 url, prefix = sys.argv[1], sys.argv[2]
+# Python's own Ctrl-C, whatever this process inherited (an ignored or blocked SIGINT survives
+# exec: the handler would never run, and the wait below would just run out): said on stderr.
+print("inherited:", signal.getsignal(signal.SIGINT), signal.pthread_sigmask(signal.SIG_BLOCK, []),
+      file=sys.stderr)
+signal.signal(signal.SIGINT, signal.default_int_handler)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 # A place not withdrawn would stay 30 s, past the 10 s this waits for the queue to empty.
 with aiolock.sync.Client.from_url(url, key_prefix=prefix, fair_wait_timeout=30) as client:
     lock = client.fair_lock("ctrl-c")
@@ -105,11 +111,12 @@ with aiolock.sync.Client.from_url(url, key_prefix=prefix, fair_wait_timeout=30) 
         signal.pthread_kill(main, signal.SIGINT)
 
     threading.Thread(target=press_ctrl_c).start()
+    began = time.monotonic()
     try:
-        lock.try_lock(30)
-        print("granted?!")
+        print("granted?!" if lock.try_lock(30) else "timed out?!")
     except KeyboardInterrupt:
         print("interrupted")
+    print(f"waited {time.monotonic() - began:.2f} s", file=sys.stderr)
     print("was in line:", len(queued))
     deadline = time.monotonic() + 10
     while any(plain.llen(key) for key in queued) and time.monotonic() < deadline:
