@@ -41,6 +41,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Final
@@ -507,15 +508,7 @@ def release(client: Client, target: ReentrantKind) -> bool:
         unknown = True
         conn.send_command(*command)
         reply = conn.read_response()
-        # A plain release that removed a waiter's mark owes the wake-up the script would have
-        # published, and a release script that granted the lock may have named a waiter of this
-        # client (see deliver_reply_grant): at once, unless this thread told that waiter itself.
-        owes = reply != 3 if by_command else grant_message(reply) is not None
-        told = _answer(line, target, reply)
-        line.post(
-            lambda: target.released_off_loop(owner, began, reply, by_command=by_command),
-            urgent=owes and not told,
-        )
+        _record_release(line, target, owner, began, reply, by_command=by_command)
         unknown = False
     except ResponseError:
         # A reply (NOSCRIPT, a replica's refusal): nothing changed; the loop path sends it.
@@ -551,6 +544,26 @@ def release(client: Client, target: ReentrantKind) -> bool:
     if (int(reply) < 3) if by_command else (reply is None):
         raise LockNotOwnedError(f"lock {target.name!r} is not held by this owner")
     return True
+
+
+def _record_release(
+    line: Line, target: ReentrantKind, owner: str, began: float, reply: Any, *, by_command: bool
+) -> None:
+    """Answer a waiting thread of this client that a thread's release granted the lock to
+    (:func:`_answer`), and post the loop's record of the release."""
+    told = _answer(line, target, reply)
+    # A plain release that removed a waiter's mark owes the wake-up the script would have
+    # published, and a release script that granted the lock may have named a waiter of this
+    # client (see deliver_reply_grant): at once, unless this thread told that waiter itself.
+    owes = reply != 3 if by_command else grant_message(reply) is not None
+    line.post(
+        lambda: target.released_off_loop(owner, began, reply, by_command=by_command),
+        urgent=owes and not told,
+    )
+    if told:
+        # Let the answered thread take the GIL now, not once this thread blocks in its next
+        # call: it holds the lock (benchmarks/notes/hand-off.md).
+        time.sleep(0)
 
 
 def _sent(line: Line, conn: Any, target: ReentrantKind, call: tuple[Any, ...] | None) -> None:
