@@ -15,7 +15,6 @@ import dataclasses
 import functools
 import logging
 import time
-from collections.abc import Awaitable
 from typing import Any, ClassVar
 
 from redis.exceptions import RedisError
@@ -336,7 +335,7 @@ class AsyncRLock(ReentrantKind):
             (member,),
         )
 
-    def withdraw_after(self, call: Call) -> Awaitable[None] | None:
+    def withdraw_after(self, call: Call) -> asyncio.Future[None] | None:
         line = self._line()
         carried = None if line is None else line.after_carried(str(call[2][0]))
         return None if carried is None else asyncio.wrap_future(carried)

@@ -14,7 +14,6 @@ never saw is undone by :mod:`aiolock._core.settlement`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Coroutine
 from typing import Any, Final
@@ -210,10 +209,9 @@ class Acquiring(Releasing):
             # Sent also while the client closes: closing waits for it (see Client.aclose).
             give_up = asyncio.get_running_loop().time() + services.fair_wait_timeout
             if after is not None:
-                # A release that enters the owner again lands first, or the wait runs out.
-                with contextlib.suppress(TimeoutError):
-                    async with asyncio.timeout_at(give_up):
-                        await after
+                # A release that enters the owner again lands first, or the wait runs out
+                # (asyncio.wait: running out cancels nothing that a thread may still settle).
+                await asyncio.wait({after}, timeout=services.fair_wait_timeout)
             try:
                 await until_it_lands(lambda: services.calls.run(*call), give_up, services)
             except (RedisError, OSError) as exc:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable
 from contextlib import AbstractContextManager, nullcontext
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -145,7 +144,7 @@ class KindHooks(Protocol):
         server (the fair queue, the waiting writers)."""
         return None
 
-    def withdraw_after(self, call: Call) -> Awaitable[None] | None:
+    def withdraw_after(self, call: Call) -> asyncio.Future[None] | None:
         """On the loop: what a withdraw ``call`` (:meth:`withdraw_call`'s) waits for before it
         is sent, if anything: releases of this client in flight that enter its owner on the
         server again (the plain lock's), which must land first."""
