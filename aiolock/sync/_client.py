@@ -16,8 +16,9 @@ from .._core.habits import teaching
 from .._core.names import NameTemplate
 from ..client import Client as AsyncClient
 from ..client import ClientStatistics
-from ._direct import Line, Taken
+from ._direct import Taken
 from ._kinds import CountDownLatch, ReadWriteLock, Semaphore
+from ._line import Line
 from ._locks import Lock, locked
 from ._loop import Call, LoopThread, abandon, detach, generation, loop_thread, refuse_in_loop
 
@@ -140,7 +141,7 @@ class Client:
 
     def flush(self) -> None:
         """Before a call queued on the loop: the loop runs what the calling threads posted
-        first (see ``_direct.Posts``)."""
+        first (see ``_line.Posts``)."""
         line = self._line
         if line is not None:
             line.flush()

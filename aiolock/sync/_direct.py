@@ -21,8 +21,9 @@ script answers the grant it made), the releasing thread claims the grant for the
 take the GIL from the releasing thread.  The answered thread keeps its own record of the hold
 (:class:`Taken`), as for a first try.
 
-Who sees what when: the posts run on the loop in the order the thread made them (:class:`Posts`,
-in batches), and before any call the thread queues on the loop later (``Client.flush``), so
+Who sees what when: the posts run on the loop in the order the thread made them
+(``_line.Posts``, in batches), and before any call the thread queues on the loop later
+(``Client.flush``), so
 the loop path always finds the thread's holds recorded and released.  The thread keeps its own
 record of the hold it took here (:class:`Taken`, per lock), since the loop may not have run
 the post yet when the thread releases or acquires again.
@@ -42,34 +43,25 @@ import contextlib
 import inspect
 import logging
 import time
-from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Final
 
 import redis
-from redis.asyncio import Redis as AsyncRedis
-from redis.asyncio import connection as async_connection
-from redis.backoff import NoBackoff
 from redis.exceptions import ResponseError
-from redis.retry import Retry
 
 from .._core.holds import CLOCK_MARGIN, Hold
-from .._core.line import LineGrant, grant_fields
+from .._core.line import grant_fields
 from .._core.settlement import Attempt, grant_message
 from ..errors import LockNotOwnedError
 from ..lock import ReentrantKind
-from ._loop import Call
+from ._line import Line, Waiting
 from ._run import settle
 
 if TYPE_CHECKING:
     from ._client import Client
 
 __all__ = [
-    "BATCH",
-    "Line",
-    "Posts",
     "Taken",
-    "Waiting",
     "acquire",
     "answered",
     "release",
@@ -79,155 +71,8 @@ __all__ = [
 
 logger = logging.getLogger("aiolock")
 
-# How long after the loop is woken for a thread's post it runs the batch (seconds): the records
-# of a thread's grants and releases wait that long, the loop path never (see Posts).
-BATCH: Final = 0.002
-
-# The async pool's connection classes and the blocking ones that speak the same (a sentinel's
-# managed connection, or any other class, has no counterpart here: no line, the loop's path).
-_BLOCKING: Final[dict[type[Any], type[Any]]] = {
-    async_connection.Connection: redis.Connection,
-    async_connection.SSLConnection: redis.SSLConnection,
-    async_connection.UnixDomainSocketConnection: redis.UnixDomainSocketConnection,
-}
 # redis-py 5.1 and later read a reply within a timeout of the call's own.
 _READ_TIMEOUT: Final = "timeout" in inspect.signature(redis.Connection.read_response).parameters
-# The connection options a line takes from the async pool (where, who, how long, TLS): not its
-# retry policy (the line never resends: a fault is the loop's settlement's) nor redis-py's
-# async-only helpers.
-_OPTIONS: Final = frozenset(
-    {
-        "host",
-        "port",
-        "path",
-        "db",
-        "username",
-        "password",
-        "credential_provider",
-        "socket_timeout",
-        "socket_connect_timeout",
-        "socket_keepalive",
-        "socket_keepalive_options",
-        "client_name",
-        "lib_name",
-        "lib_version",
-        "encoding",
-        "encoding_errors",
-        "decode_responses",
-        "protocol",
-        "ssl_keyfile",
-        "ssl_certfile",
-        "ssl_cert_reqs",
-        "ssl_ca_certs",
-        "ssl_ca_data",
-        "ssl_check_hostname",
-        "ssl_min_version",
-        "ssl_ciphers",
-    }
-)
-
-
-class Line:
-    """One async client's blocking connections, for its threads' own calls (made with the
-    async pool's options, never resending), the way their outcomes reach the loop, and its
-    threads waiting there (:class:`Waiting`, by lock and owner)."""
-
-    __slots__ = ("_idle", "_make", "_posts", "waiting")
-
-    def __init__(self, make: Callable[[], Any], loop: asyncio.AbstractEventLoop) -> None:
-        self._make = make
-        self._idle: list[Any] = []  # pop and append are atomic: the threads share them
-        self._posts = Posts(loop)
-        # Each thread sets and removes its own entries; any thread reads them.
-        self.waiting: dict[tuple[str, str], Waiting] = {}
-
-    @classmethod
-    def of(cls, client: Any, loop: asyncio.AbstractEventLoop) -> Line | None:
-        """A line to the server of ``client`` (a ``redis.asyncio`` client); ``None`` for a
-        Cluster, a sentinel's or any connection this module does not know."""
-        if not isinstance(client, AsyncRedis):
-            return None
-        pool = client.connection_pool
-        blocking = _BLOCKING.get(pool.connection_class)
-        kwargs = pool.connection_kwargs
-        if blocking is None or kwargs.get("redis_connect_func") is not None:
-            return None
-        options = {name: value for name, value in kwargs.items() if name in _OPTIONS}
-        return cls(lambda: blocking(retry=Retry(NoBackoff(), 0), **options), loop)
-
-    def borrow(self) -> Any:
-        """An idle connection, or a new one, connected; an error here sent nothing."""
-        try:
-            conn = self._idle.pop()
-        except IndexError:
-            conn = self._make()
-        conn.connect()
-        # The pool's own check: data or EOF on an idle connection means it is not clean.
-        if conn.can_read():
-            conn.disconnect()
-            conn.connect()
-        return conn
-
-    def give_back(self, conn: Any) -> None:
-        self._idle.append(conn)
-
-    def post(self, callback: Callable[[], object], *, urgent: bool = False) -> None:
-        """Run ``callback`` on the loop, after the ones posted before (see :class:`Posts`)."""
-        self._posts.post(callback, urgent=urgent)
-
-    def flush(self) -> None:
-        """Have the loop run what the threads posted before what they queue there next."""
-        self._posts.flush()
-
-    def close(self) -> None:
-        while self._idle:
-            self._idle.pop().disconnect()
-
-
-class Posts:
-    """Callbacks that threads hand the loop, run there in the order they were posted.
-
-    They are run in batches: the first callback posted after a batch wakes the loop, which
-    runs the batch :data:`BATCH` seconds later (a thread's release often follows its grant
-    within that), so that a thread taking and releasing a lock over and over does not wake
-    the loop for each.  An ``urgent`` callback (one that owes others a wake-up, or settles an
-    unknown outcome) runs the batch at once, and so does :meth:`flush`, which a thread calls
-    before it queues anything else on the loop: the loop path then finds every post run.
-    """
-
-    __slots__ = ("_loop", "_queue", "_scheduled")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self._loop = loop
-        self._queue: deque[Callable[[], object]] = deque()
-        # A batch is due: a callback posted now is run with it.
-        self._scheduled = False
-
-    def post(self, callback: Callable[[], object], *, urgent: bool = False) -> None:
-        self._queue.append(callback)
-        if urgent:
-            self._loop.call_soon_threadsafe(self._run)
-        elif not self._scheduled:
-            self._scheduled = True
-            self._loop.call_soon_threadsafe(self._due)
-
-    def flush(self) -> None:
-        """Run what was posted before anything queued on the loop from now on."""
-        if self._queue:
-            self._loop.call_soon_threadsafe(self._run)
-
-    def _due(self) -> None:
-        self._loop.call_later(BATCH, self._run)
-
-    def _run(self) -> None:
-        self._scheduled = False  # first: a callback posted from now on is due in a new batch
-        queue = self._queue
-        while queue:
-            callback = queue.popleft()
-            try:
-                callback()
-            except Exception:  # a bug: the next callbacks still run
-                logger.exception("a callback a thread posted to the loop failed")
 
 
 class Taken:
@@ -245,26 +90,6 @@ class Taken:
         self.token = token
         self.expires_at = expires_at - CLOCK_MARGIN
         self.released = False
-
-
-class Waiting:
-    """A thread's acquire waiting on the loop, which the thread's release that grants it the
-    lock answers at once (:func:`_answer`).
-
-    :ivar call: the blocking call the thread waits on; answered with ``value``.
-    :ivar grant: the grant it was answered with (set before the answer).
-    :ivar kept: the loop's record of that hold, once made.
-    """
-
-    __slots__ = ("call", "grant", "kept", "lease", "started", "value")
-
-    def __init__(self, lease: float | None, started: float, value: Any) -> None:
-        self.call: Call[Any] = Call()
-        self.lease = lease  # the acquire's own, for the loop's record
-        self.started = started  # when the acquire began (loop time)
-        self.value = value
-        self.grant: LineGrant | None = None
-        self.kept: list[Hold] = []
 
 
 @contextlib.contextmanager

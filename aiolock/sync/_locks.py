@@ -312,7 +312,7 @@ class Guard:
         return f"<aiolock.sync {guard!r}>"
 
 
-# What a release answers a waiting ``with lock.acquire()`` with (see _direct.Waiting).
+# What a release answers a waiting ``with lock.acquire()`` with (see _line.Waiting).
 _ANSWERED: Final = object()
 
 

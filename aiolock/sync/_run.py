@@ -29,7 +29,7 @@ def run(
     The task acts for the thread with each of ``clients`` (a ``MultiLock``'s parts may belong
     to several): every part's owner is the thread.  ``api`` names the async call that a
     thread running an event loop should make instead.  ``call``: the call to run it as, if
-    another thread may answer it (see ``_direct.Waiting``).
+    another thread may answer it (see ``_line.Waiting``).
     """
     refuse_in_loop(api)
     loop, act = _acting(clients)

@@ -14,7 +14,7 @@ from types import FrameType
 import pytest
 from redis.asyncio.connection import Connection
 
-from aiolock.sync._direct import Line, Posts
+from aiolock.sync._line import Line, Posts
 from aiolock.sync._loop import Call, detach, loop_thread, refuse_in_loop
 
 
