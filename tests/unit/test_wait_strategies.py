@@ -605,14 +605,20 @@ def refused(line: Line, call: ClientWait, request: int) -> None:
     line.refused(call.owner, asyncio.get_running_loop().time())
 
 
+def refused_call(services: Any) -> tuple[Line, NameCounters, ClientWait]:
+    """A line of client ``c`` whose one call, of ``c:h1``, had its try (request 7) refused."""
+    line = Line("c", asyncio.get_running_loop().time, lambda: False)
+    counters = NameCounters()
+    call = client_wait(services, counters, line, "c:h1")
+    refused(line, call, 7)
+    return line, counters, call
+
+
 async def test_a_releasing_thread_claims_a_grant_for_a_parked_call_and_nothing_gives_it_back(
     services: Any,
 ) -> None:
-    loop = asyncio.get_running_loop()
     task = asyncio.current_task()  # the calls' own
-    line, counters = Line("c", loop.time, lambda: False), NameCounters()
-    waiter = client_wait(services, counters, line, "c:h1")
-    refused(line, waiter, 7)
+    line, counters, waiter = refused_call(services)
     # Not parked yet (between its try and its park): its wait loop would try, not look.
     assert line.claim(b"=42 5000 7 c c:h1", task) is None
     parked = waiter.park(60)
@@ -657,9 +663,7 @@ async def test_a_grant_is_claimed_only_for_one_parked_call_with_a_lease_it_can_c
 ) -> None:
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()  # the calls' own
-    line, counters = Line("c", loop.time, lambda: False), NameCounters()
-    first = client_wait(services, counters, line, "c:h1")
-    refused(line, first, 7)
+    line, counters, first = refused_call(services)
     parked = first.park(60)
     # Woken before the claim (the message was read first): no longer parked.
     first.nudge()
