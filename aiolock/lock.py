@@ -167,8 +167,8 @@ class ReentrantKind(LockKind):
         From any thread (aiolock.sync's releases)."""
         line = self._line()
         args = call[2]
-        if line is not None and len(args) > 2 and args[2] not in ("", "+"):
-            line.not_entered(str(args[2]))
+        if line is not None and len(args) > 2:
+            line.not_entered(str(args[2]))  # (an entry of nobody, '' or '+', changes nothing)
 
     def release_settled(self, call: Call) -> None:
         # The owner it entered in the waiting set (``_more``) may now be withdrawn.

@@ -23,10 +23,9 @@ take the GIL from the releasing thread.  The answered thread keeps its own recor
 
 Who sees what when: the posts run on the loop in the order the thread made them
 (``_line.Posts``, in batches), and before any call the thread queues on the loop later
-(``Client.flush``), so
-the loop path always finds the thread's holds recorded and released.  The thread keeps its own
-record of the hold it took here (:class:`Taken`, per lock), since the loop may not have run
-the post yet when the thread releases or acquires again.
+(``Client.flush``), so the loop path always finds the thread's holds recorded and released.
+The thread keeps its own record of the hold it took here (:class:`Taken`, per lock), since
+the loop may not have run the post yet when the thread releases or acquires again.
 
 An outcome the thread cannot know (a fault or an interrupt once the call was written) is the
 loop's settlement's: posted as ``settlement.acquire_unknown`` (the grant undone exactly, if
