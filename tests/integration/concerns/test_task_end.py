@@ -79,7 +79,8 @@ async def test_a_task_that_ends_holding_a_lock_has_it_released(
     assert any(
         "ended holding" in r.getMessage() and "'job'" in r.getMessage() for r in caplog.records
     )
-    assert aiolock_client.statistics().holds == 0
+    # The rival may be granted as the last release lands, before its reply is read here.
+    await eventually(lambda: aiolock_client.statistics().holds == 0, what="no hold recorded")
 
 
 async def test_every_part_of_a_multilock_is_released_when_its_task_ends(
