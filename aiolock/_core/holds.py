@@ -125,15 +125,16 @@ class Hold:
         queued already, such as the holder's own code that resumed meanwhile: a read after that
         moment runs the timer's work itself, so the answer never depends on callback order.
         """
-        timer = self.timer
-        if timer is not None and not self.lost:
+        if not self.lost and not self.ended:
             try:
                 now = asyncio.get_running_loop().time()
             except RuntimeError:  # no running loop: the deadline cannot be checked
                 return False
-            if now >= timer.when():
-                timer.cancel()
-                self.timer = None
+            # The deadline, not the timer: a grant's timer is armed a pass later.
+            if now >= self.expires_at:
+                if self.timer is not None:
+                    self.timer.cancel()
+                    self.timer = None
                 self.on_expiry(self)
         return self.lost
 
@@ -329,8 +330,11 @@ class Holds(PendingWork):
         if hold.watchdog:
             self.changed.set()
         # Watchdog holds get the timer too: a renewal that hangs (a frozen TCP path) must not
-        # let the hold outlive its lease unnoticed.
-        self._arm_timer(hold)
+        # let the hold outlive its lease unnoticed.  Armed on the loop's next pass, which in a
+        # cycle of calls runs while the caller's next call is on the wire, not before the
+        # caller has its hold (a timer due then fires on that pass all the same; check_lost
+        # reads the deadline itself).
+        asyncio.get_running_loop().call_soon(self._arm_held, hold)
         return hold
 
     def renewed(self, hold: Hold, sent_at: float, lease: float) -> None:
@@ -458,6 +462,11 @@ class Holds(PendingWork):
         for hold in self.by_key(registry_key):
             self.lose(hold, reason)
 
+    def _arm_held(self, hold: Hold) -> None:
+        """Arm the timer of a hold still tracked (a grant's, a pass later)."""
+        if not hold.ended:
+            self._arm_timer(hold)
+
     def _arm_timer(self, hold: Hold) -> None:
         if hold.timer is not None:
             hold.timer.cancel()
@@ -477,39 +486,33 @@ class Holds(PendingWork):
 
     @contextlib.contextmanager
     def releasing(self, registry_key: str, owner: str) -> Iterator[None]:
-        """Mark a release of the owner's hold as in flight while the block runs."""
-        at = (registry_key, owner)
-        loop = asyncio.get_running_loop()
-        began = loop.time()
-        record = self._record(at)
-        record.releases.append(began)
+        """Mark a release of the owner's hold as in flight while the block runs (a release's
+        own, :meth:`release_begun` and :meth:`release_ended`, cost no context manager)."""
+        began = asyncio.get_running_loop().time()
+        self.release_begun(registry_key, owner, began)
         try:
             yield
         finally:
-            record.releases.remove(began)
-            if not record.releases:
-                lapsed, record.lapsed = record.lapsed, False
-                self._tidy(at)
-                if lapsed:
-                    # Once the caller has recorded the reply (no await in between): a hold
-                    # still tracked then (an inner release of a reentrant hold, or a release
-                    # that failed) outlived its lease.
-                    loop.call_soon(self._check_lease, at)
+            # Once the caller has recorded the reply (no await in between): a hold still
+            # tracked then (an inner release of a reentrant hold, or a release that failed)
+            # outlived its lease (see release_ended).
+            self.release_ended(registry_key, owner, began)
 
-    # -- a release made off the loop (aiolock.sync's calling thread) --------------------------
+    # -- releases in flight (marked from any thread: aiolock.sync sends some itself) ----------
 
     def release_begun(self, registry_key: str, owner: str, began: float) -> None:
-        """What :meth:`releasing` marks as its block begins, from any thread: a thread that
-        sends the owner's release itself marks it before it writes it (a dict and a list step,
-        each atomic under the GIL; only that owner's own calls change its record meanwhile),
-        so that a renewal answered meanwhile is no verdict.  ``began``: the loop's clock then
-        (``loop.time()``, which any thread may read).  :meth:`release_ended` is posted to the
-        loop with the reply."""
+        """Mark a release of the owner's hold as in flight from ``began`` (the loop's clock,
+        ``loop.time()``, which any thread may read) until :meth:`release_ended`: a renewal
+        answered meanwhile is no verdict.  From any thread: a thread that sends the owner's
+        release itself marks it before it writes it (a dict and a list step, each atomic under
+        the GIL; only that owner's own calls change its record meanwhile), and posts
+        :meth:`release_ended` to the loop with the reply."""
         self._record((registry_key, owner)).releases.append(began)
 
     def release_ended(self, registry_key: str, owner: str, began: float) -> None:
         """On the loop: the release marked by :meth:`release_begun` is answered (or its
-        outcome handed to settlement), as :meth:`releasing`'s block ends."""
+        outcome handed to settlement).  A lease that ran out meanwhile is checked on the next
+        pass, once the caller has recorded the reply."""
         at = (registry_key, owner)
         record = self._record(at)
         record.releases.remove(began)

@@ -31,7 +31,8 @@ a ``RedLock``'s too, kinds ``multi`` and ``redlock``) on the tracer
 had), and ``aiolock.name`` only for a client made with ``trace_names=True`` (names are
 unbounded: a tracing backend may index attributes).  While no provider that may record is
 set (the API alone, or a no-op provider) an acquire makes no span at all: its context
-manager costs the caller some 15 µs even when nothing records.  When a hold is lost, an event
+manager costs the caller some 15 µs even when nothing records.  A provider set after the
+client was made is used within a second.  When a hold is lost, an event
 ``aiolock.lost`` goes on the span current then if it is recording (the holder's own code
 found the loss: a transaction, a release), else on the span that was current when the hold
 was granted (the holder's operation, while it lasts): a timer or the watchdog finds most
@@ -45,6 +46,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
+import time
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final, TypeVar
@@ -76,6 +79,9 @@ ACQUIRE_SPAN: Final = "aiolock.acquire"
 LOST_EVENT: Final = "aiolock.lost"
 
 _T = TypeVar("_T")
+
+# How long (s) the answer "no tracer provider is set" is kept before OpenTelemetry is asked again.
+_ASK_AGAIN: Final = 1.0
 
 # Lock waits run from a round trip (well under a millisecond) to minutes: the SDK's default
 # boundaries are made for milliseconds, so the histogram advises its own, in seconds.
@@ -179,7 +185,15 @@ def metrics() -> Metrics | None:
 class Tracing:
     """A client's spans (see the module docstring); ``names``: its ``trace_names`` option."""
 
-    __slots__ = ("_names", "_provider", "_silent", "_tracer")
+    __slots__ = (
+        "_asked_until",
+        "_names",
+        "_provider",
+        "_proxy",
+        "_recording",
+        "_silent",
+        "_tracer",
+    )
 
     def __init__(self, tracer: Tracer, names: bool) -> None:
         from opentelemetry import trace
@@ -187,14 +201,28 @@ class Tracing:
         self._tracer = tracer
         self._names = names
         self._provider = trace.get_tracer_provider
+        self._proxy = trace.ProxyTracerProvider
         self._silent = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
+        self._recording = False
+        self._asked_until = 0.0  # time.monotonic(): the answer holds until then
 
     def recording(self) -> bool:
         """Whether a tracer provider is set that may record (the API alone, or a no-op
         provider, hands out spans that record nothing): only then is an acquire worth a span,
-        which costs some 15 µs of the caller's CPU even unrecorded.  Asked per call, so that
-        a provider set after the client was made is used."""
-        return not isinstance(self._provider(), self._silent)
+        which costs some 15 µs of the caller's CPU even unrecorded.
+
+        While none is set, OpenTelemetry is asked again once a second (asking reads
+        ``os.environ``: a cost on every acquire), so a provider set after the client was made
+        is used from then on.  Once one is set the answer is final: the global provider can be
+        set once per process.  From any thread (a benign race: two threads may both ask)."""
+        now = time.monotonic()
+        if now < self._asked_until:
+            return self._recording
+        provider = self._provider()
+        self._recording = not isinstance(provider, self._silent)
+        final = not isinstance(provider, self._proxy)
+        self._asked_until = math.inf if final else now + _ASK_AGAIN
+        return self._recording
 
     async def acquire(
         self,

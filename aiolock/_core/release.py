@@ -98,13 +98,16 @@ class Releasing(KindHooks):
         # While it is in flight, a renewal of this hold may be answered "not held" because of
         # it: the watchdog leaves the verdict to this reply (Holds.in_release).
         sent = asyncio.get_running_loop().time()
-        with services.holds.releasing(registry_key, owner):
+        services.holds.release_begun(registry_key, owner, sent)
+        try:
             if command is not None:
                 reply = await self._release_by_command(command, owner, request, copies)
             elif script is not None:
                 reply = await self._release_by_script(script, owner, request, copies)
             else:
                 reply = await self._release_by_kind(owner, request, copies, unknown)
+        finally:
+            services.holds.release_ended(registry_key, owner, sent)
         settlement.released_copies(owner, request, copies)
         remaining = holds_left(reply)
         # No marker outlives the lock, so a resend of the release that deleted it finds it
