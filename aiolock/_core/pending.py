@@ -15,13 +15,26 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine, Generator
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 __all__ = ["ABANDONED_FOR", "Abandoned", "At", "PendingWork"]
 
 logger = logging.getLogger("aiolock.lock")
+
+
+class _Nothing:
+    """An awaitable that is done at once (nothing to wait for)."""
+
+    __slots__ = ()
+
+    def __await__(self) -> Generator[Any, None, None]:
+        return
+        yield  # a generator that ends before its first step
+
+
+_NOTHING: Final = _Nothing()
 
 At = tuple[str, str]
 """A key (a registry key or a lock key, by the map) and an owner id."""
@@ -111,13 +124,21 @@ class PendingWork:
 
         task.add_done_callback(done)
 
-    async def wait_pending(self, lock_key: str, owner: str) -> None:
+    def wait_pending(self, lock_key: str, owner: str) -> Awaitable[None]:
         """Wait for the owner's pending work on the lock (its failures never reach the
         caller); for an id :meth:`alias` gave, the work of the owner's earlier ids first.
+
+        With none (every fault-free call), what it returns is done at once: no coroutine.
 
         :raises RuntimeError: called from that very work (see :meth:`defer`), which would
             wait for itself forever.
         """
+        at = (lock_key, owner)
+        if at not in self._pending and at not in self._bases:
+            return _NOTHING
+        return self._wait_pending(lock_key, owner)
+
+    async def _wait_pending(self, lock_key: str, owner: str) -> None:
         ats = [(lock_key, owner)]
         base = self._bases.get((lock_key, owner))
         if base is not None:

@@ -37,6 +37,9 @@ async def write(conn: AbstractConnection, *commands: tuple[Any, ...]) -> None:
     if writer is None:
         raise RedisConnectionError("the connection is closed")
     writer.writelines(_pack(conn, commands))
+    transport = writer.transport
+    if not transport.get_write_buffer_size() and not transport.is_closing():
+        return  # all sent: drain() would return at once (it waits above the high-water mark)
     try:
         await writer.drain()
     except OSError as exc:

@@ -92,7 +92,7 @@ async def test_a_task_started_by_deferred_work_keeps_the_rule() -> None:
 
     async def through_a_task() -> None:
         try:
-            await asyncio.create_task(holds.wait_pending("lock", "owner"))
+            await asyncio.ensure_future(holds.wait_pending("lock", "owner"))
         except RuntimeError as exc:
             raised.append(exc)
 
