@@ -73,8 +73,9 @@ class Hold:
 
     ``expires_at`` is a lower bound of the server-side expiry in event-loop time: the send time
     of the call that last set the lease, plus the lease.  ``watchdog`` holds are renewed, which
-    moves it on; every hold has a timer at ``expires_at`` that marks it lost, and
-    :meth:`check_lost` once that moment has passed runs the timer's work at once.
+    moves it on; every hold has a timer at ``expires_at`` that marks it lost (a fresh grant's
+    armed a pass after it), and :meth:`check_lost` once that moment has passed runs the
+    timer's work at once.
     """
 
     name: str
@@ -330,11 +331,15 @@ class Holds(PendingWork):
         if hold.watchdog:
             self.changed.set()
         # Watchdog holds get the timer too: a renewal that hangs (a frozen TCP path) must not
-        # let the hold outlive its lease unnoticed.  Armed on the loop's next pass, which in a
-        # cycle of calls runs while the caller's next call is on the wire, not before the
-        # caller has its hold (a timer due then fires on that pass all the same; check_lost
-        # reads the deadline itself).
-        asyncio.get_running_loop().call_soon(self._arm_held, hold)
+        # let the hold outlive its lease unnoticed.  A fresh hold's is armed on the loop's next
+        # pass, which in a cycle of calls runs while the caller's next call is on the wire
+        # (check_lost reads the deadline itself meanwhile; a deadline already past fires a
+        # pass later).  A re-entered hold's is moved at once: its old timer, due in this very
+        # pass perhaps, must not take the hold for lost.
+        if hold.timer is not None:
+            self._arm_timer(hold)
+        else:
+            asyncio.get_running_loop().call_soon(self._arm_held, hold)
         return hold
 
     def renewed(self, hold: Hold, sent_at: float, lease: float) -> None:
@@ -514,7 +519,9 @@ class Holds(PendingWork):
         outcome handed to settlement).  A lease that ran out meanwhile is checked on the next
         pass, once the caller has recorded the reply."""
         at = (registry_key, owner)
-        record = self._record(at)
+        record = self._owners.get(at)
+        if record is None or began not in record.releases:
+            return  # the client closed meanwhile (clear): nothing is tracked any more
         record.releases.remove(began)
         if not record.releases:
             lapsed, record.lapsed = record.lapsed, False

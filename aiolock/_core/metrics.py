@@ -185,15 +185,7 @@ def metrics() -> Metrics | None:
 class Tracing:
     """A client's spans (see the module docstring); ``names``: its ``trace_names`` option."""
 
-    __slots__ = (
-        "_asked_until",
-        "_names",
-        "_provider",
-        "_proxy",
-        "_recording",
-        "_silent",
-        "_tracer",
-    )
+    __slots__ = ("_answer", "_names", "_provider", "_proxy", "_silent", "_tracer")
 
     def __init__(self, tracer: Tracer, names: bool) -> None:
         from opentelemetry import trace
@@ -203,8 +195,9 @@ class Tracing:
         self._provider = trace.get_tracer_provider
         self._proxy = trace.ProxyTracerProvider
         self._silent = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
-        self._recording = False
-        self._asked_until = 0.0  # time.monotonic(): the answer holds until then
+        # (recording, until when it holds by time.monotonic()): one tuple, so that a thread
+        # never reads one field of an answer and the other of the next.
+        self._answer = (False, 0.0)
 
     def recording(self) -> bool:
         """Whether a tracer provider is set that may record (the API alone, or a no-op
@@ -214,15 +207,17 @@ class Tracing:
         While none is set, OpenTelemetry is asked again once a second (asking reads
         ``os.environ``: a cost on every acquire), so a provider set after the client was made
         is used from then on.  Once one is set the answer is final: the global provider can be
-        set once per process.  From any thread (a benign race: two threads may both ask)."""
+        set once per process.  From any thread (two threads may both ask; each stores a whole
+        answer)."""
+        recording, until = self._answer
         now = time.monotonic()
-        if now < self._asked_until:
-            return self._recording
+        if now < until:
+            return recording
         provider = self._provider()
-        self._recording = not isinstance(provider, self._silent)
+        recording = not isinstance(provider, self._silent)
         final = not isinstance(provider, self._proxy)
-        self._asked_until = math.inf if final else now + _ASK_AGAIN
-        return self._recording
+        self._answer = (recording, math.inf if final else now + _ASK_AGAIN)
+        return recording
 
     async def acquire(
         self,

@@ -1,13 +1,15 @@
-"""The hold registry's record of background releases that gave up (no Redis involved)."""
+"""The hold registry (no Redis involved): background releases that gave up, pending work, and
+the timer of a re-entered hold."""
 
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
 from aiolock._core import pending as _pending
-from aiolock._core.holds import Holds
+from aiolock._core.holds import Holds, NameCounters
 
 pytestmark = pytest.mark.anyio
 
@@ -164,3 +166,30 @@ async def test_an_alias_waits_for_the_owners_earlier_ids_and_keeps_the_rule() ->
     await asyncio.wait_for(holds.wait_pending("lock", "c:x:me"), 5)
     assert len(raised) == 1
     holds.clear()
+
+
+async def test_a_hold_re_entered_as_its_first_lease_runs_out_keeps_the_new_lease() -> None:
+    """The reply of a re-entry is read in the very pass in which the first lease's timer comes
+    due: the re-entry moves the timer at once, so that timer takes nothing for lost (a fresh
+    hold's timer is armed a pass after its grant; a re-entered one's must not wait)."""
+    loop = asyncio.get_running_loop()
+    holds = Holds()
+    fields: dict[str, Any] = dict(
+        name="n", kind="lock", registry_key="k", lock_key="k", owner="o", started=loop.time(),
+        watchdog=False, counters=NameCounters(), task=None, renew=None, renew_keys=(),
+        channels=(),
+    )  # fmt: skip
+    hold = holds.record_grant(reply=[7, 1, 200], sent_at=loop.time(), **fields)
+    reentered = asyncio.Event()
+
+    def reenter() -> None:  # scheduled before the first lease's timer, due at the same moment
+        holds.record_grant(reply=[7, 2, 1000], sent_at=loop.time() - 0.05, **fields)
+        reentered.set()
+
+    loop.call_at(hold.expires_at, reenter)
+    await reentered.wait()
+    await asyncio.sleep(0)  # a timer due in that pass has run by now
+    assert not hold.lost
+    assert hold.count == 2
+    assert hold.expires_at > loop.time() + 0.5
+    assert not hold.check_lost()

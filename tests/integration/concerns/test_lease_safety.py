@@ -217,6 +217,33 @@ async def test_a_lease_that_runs_out_after_the_release_left_is_no_loss(
     assert not await lock.is_locked()
 
 
+async def test_a_release_answered_after_its_client_closed_returns_as_answered(
+    make_client: MakeClient,
+) -> None:
+    """Closing does not wait for calls in flight, and forgets what the client tracked: a
+    release whose reply is read after that returns all the same (it found its in-flight mark
+    gone, and raised ValueError once)."""
+    client = make_client()
+    lock = client.lock("released-after-close", owner="job")  # released from another task
+    await lock.lock(lease=5)
+    runner = services_of(client).calls
+    command = runner.command
+    sent, go_on = asyncio.Event(), asyncio.Event()
+
+    async def answered_late(*args: Any, **kwargs: Any) -> Any:
+        sent.set()
+        reply = await command(*args, **kwargs)
+        await go_on.wait()  # the reply is in: the caller reads it once the client closed
+        return reply
+
+    runner.command = answered_late  # type: ignore[method-assign]
+    releasing = asyncio.create_task(lock.unlock())
+    await sent.wait()
+    await client.aclose()
+    go_on.set()
+    await releasing
+
+
 async def test_a_reentrant_hold_that_outlives_its_lease_during_an_inner_release_is_lost(
     aiolock_client: aiolock.Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:
