@@ -396,6 +396,13 @@ def owners_of(client: Client) -> Owners:
     return client._services.owners
 
 
+def answer_grants(client: Client, answer: Callable[[str, bytes], bool]) -> None:
+    """Have ``answer`` see ``client``'s plain-lock grant messages before the loop wakes the
+    waiting call (the declared seam through which ``aiolock.sync`` tells a waiting thread at
+    once: :attr:`~aiolock._core.services.Services.answer_grant`)."""
+    client._services.answer_grant = answer
+
+
 def _name_and_owner(name: object, owner: object) -> tuple[str, str | None]:
     """A lock factory's ``name`` and ``owner``, checked before anything else happens."""
     return check_name(name), None if owner is None else check_name(owner, "owner")

@@ -281,10 +281,12 @@ class AsyncRLock(ReentrantKind):
         reentering = services.holds.get(self._registry_key, owner) is not None
         line = self._line()
         if line is None:
+            answer = services.answer_grant
             line = Line(
                 services.owners.client_id,
                 asyncio.get_running_loop().time,
                 functools.partial(services.holds.watched_on, self._registry_key),
+                None if answer is None else functools.partial(answer, self._registry_key),
             )
             self._state.line = line
         return ClientWait(

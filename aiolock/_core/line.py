@@ -37,6 +37,8 @@ the grant); the call is marked with the grant, which the first to run of its wai
 releasing thread's post records (:meth:`ClientWait.hand`), and it leaves as granted, however
 its wait ends.  The mutex orders the claim against the call's next look at its grants
 (:meth:`ClientWait.woken`): a call woken before the claim was not parked, and is not claimed.
+A grant message is offered to the same claim first (``Line.answer``, set by aiolock.sync),
+on the loop, before it wakes any call.
 """
 
 from __future__ import annotations
@@ -121,17 +123,25 @@ class Line:
         "_mutex",
         "_places",
         "_time",
+        "answer",
         "held_here",
         "trying",
     )
 
     def __init__(
-        self, client: str, time: Callable[[], float], held_here: Callable[[], bool]
+        self,
+        client: str,
+        time: Callable[[], float],
+        held_here: Callable[[], bool],
+        answer: Callable[[bytes], bool] | None = None,
     ) -> None:
         self._client = client
         self._time = time  # the loop's clock, which any thread may read
         # Whether an owner of this client holds the lock with the watchdog (module docstring).
         self.held_here = held_here
+        # Sees a grant message first, and tells a thread waiting for it at once (True), by a
+        # claim as a thread's release makes (aiolock.sync): then its call is not woken.
+        self.answer = answer
         self._mutex = threading.Lock()
         self._calls: dict[ClientWait, None] = {}  # in the order they entered
         self._places: dict[str, Place] = {}
@@ -396,7 +406,13 @@ class LineEntry(Entry):
         self.line = line
 
     def deliver(self, payload: bytes) -> None:
-        if payload[:1] != b"=" or not self.line.deliver_grant(payload):
+        if payload[:1] != b"=":
+            self.wake_one()
+            return
+        answer = self.line.answer
+        if answer is not None and answer(payload):
+            return
+        if not self.line.deliver_grant(payload):
             self.wake_one()
 
     def confirm(self) -> None:

@@ -49,6 +49,10 @@ class Services:
     cluster: bool = False  # a Redis Cluster: per-slot fencing counters and renewal batches
     sync: tuple[int, float] | None = None  # (replicas, seconds) every grant waits for
     closed: bool = False
+    # A plain lock's grant message for a waiter of this client, on the loop, before its call
+    # is woken: aiolock.sync's threads are told at once, by (lock's registry key, message);
+    # True when told (see aiolock.sync._direct.answer_message).
+    answer_grant: Callable[[str, bytes], bool] | None = None
     # The event loop that first used the client: its connections, pub/sub reader, watchdog
     # and timers live there, and a call from another loop would fail deep in asyncio and
     # leave them broken (see check_loop).

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import itertools
 import threading
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from .._core.habits import teaching
 from .._core.names import NameTemplate
 from ..client import Client as AsyncClient
 from ..client import ClientStatistics
+from . import _direct
 from ._direct import Taken
 from ._kinds import CountDownLatch, ReadWriteLock, Semaphore
 from ._line import Line
@@ -119,6 +121,10 @@ class Client:
                     detach(thread)
                     raise
                 self._line = Line.of(made.redis, thread.loop)
+                if self._line is not None:
+                    # A grant message to a waiting thread is told to it at once.
+                    answer = functools.partial(_direct.answer_message, self._line)
+                    async_client.answer_grants(made, answer)
                 self._async, self._loop = made, thread
             assert self._loop is not None
             return self._async, self._loop.loop

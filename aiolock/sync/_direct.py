@@ -18,8 +18,11 @@ line knows of (``waiting``): when a thread's own release grants the lock to it (
 script answers the grant it made), the releasing thread claims the grant for the parked call
 (``ReentrantKind.claim``), posts its record, and answers the waiting thread at once
 (``_answer``), instead of leaving the wake-up to the loop thread, which would first have to
-take the GIL from the releasing thread.  The answered thread keeps its own record of the hold
-(:class:`Taken`), as for a first try.
+take the GIL from the releasing thread.  A grant another client's release made comes as a
+message, which the loop hands to ``answer_message`` before it wakes the call: the same claim
+and answer, without the wait loop's steps.  Either way the one who answered lets the answered
+thread take the GIL before it goes on (``Call.yield_to``).  The answered thread keeps its own
+record of the hold (:class:`Taken`), as for a first try.
 
 Who sees what when: the posts run on the loop in the order the thread made them
 (``_line.Posts``, in batches), and before any call the thread queues on the loop later
@@ -41,7 +44,6 @@ import asyncio
 import contextlib
 import inspect
 import logging
-import time
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Final
 
@@ -98,7 +100,7 @@ def waiting(
     """The calling thread's acquire of ``target``, waiting on the loop for the block: a release
     by another thread of ``client`` may answer it with ``value`` (see :func:`answered`)."""
     owner, loop, line = _owner(client)
-    entry = Waiting(lease, loop.time(), value)
+    entry = Waiting(target, lease, loop.time(), value)
     key = (target.registry_key, owner)
     line.waiting[key] = entry
     try:
@@ -117,23 +119,48 @@ def answered(client: Client, target: ReentrantKind, entry: Waiting) -> bool:
     return True
 
 
-def _answer(line: Line, target: ReentrantKind, reply: Any) -> bool:
+def _answer(line: Line, target: ReentrantKind, reply: Any) -> Waiting | None:
     """The release script's ``reply`` may name the grant it made: if a thread of this client
-    waits here for it, claim the grant for its parked call, post its record, and answer it;
-    ``True`` once answered.
-
-    Then nothing here owes the loop a wake-up: the posts wait for their batch (or the next
-    call a thread queues there), and the answered thread does not queue for the GIL behind
-    the loop thread running them."""
+    waits here for it, answer it (:func:`_tell`); the entry answered, if one was.  The caller
+    yields to it, then wakes the loop for the posts."""
     message = grant_message(reply)  # (a plain command's reply, a count, names no grant)
     if message is None or not line.waiting:
+        return None
+    fields = grant_fields(message)
+    if fields is None:
+        return None
+    entry = line.waiting.get((target.registry_key, fields[4]))
+    if entry is None or not _tell(line, entry, message):
+        return None
+    return entry
+
+
+def answer_message(line: Line, registry_key: str, message: bytes) -> bool:
+    """On the loop, a grant ``message`` of the lock ``registry_key`` before it wakes the
+    waiting call: if a thread waits here for it, answer it (:func:`_tell`) and let it take the
+    GIL before the loop goes on; ``True`` once answered (the call is not woken then)."""
+    if not line.waiting:
         return False
     fields = grant_fields(message)
     if fields is None:
         return False
-    entry = line.waiting.get((target.registry_key, fields[4]))
-    if entry is None or not entry.call.reserve():
+    entry = line.waiting.get((registry_key, fields[4]))
+    if entry is None or not _tell(line, entry, message):
         return False
+    entry.call.yield_to()
+    line.wake()
+    return True
+
+
+def _tell(line: Line, entry: Waiting, message: bytes) -> bool:
+    """Claim the grant ``message`` for ``entry``'s parked call, post its record, and answer
+    its thread; ``True`` once answered.
+
+    The record is posted without waking the loop (the caller wakes it once the answered
+    thread has run): the answered thread does not queue for the GIL behind the loop thread."""
+    if not entry.call.reserve():
+        return False
+    target: ReentrantKind = entry.target
     told = False
     try:
         claimed = target.claim(message, entry.call.task)
@@ -144,12 +171,13 @@ def _answer(line: Line, target: ReentrantKind, reply: Any) -> bool:
         def record() -> None:
             entry.kept.append(target.settle_claimed(call, entry.lease, entry.started, grant))
 
-        line.post(record)  # before the answer: what the answered thread posts runs after it
+        # Before the answer: what the answered thread posts runs after it.
+        line.post(record, wake=False)
         entry.grant = grant
         entry.call.answer(entry.value)
         told = True
-    except Exception:  # a bug: the release stands, and its wake-up is the loop's
-        logger.exception("a thread's release could not answer the waiter it granted")
+    except Exception:  # a bug: the grant stands, and its wake-up is the loop's
+        logger.exception("a waiting thread could not be told of its grant")
     finally:
         if not told:  # (after a claim: the call's own wait loop records the grant)
             entry.call.withdraw()
@@ -382,12 +410,15 @@ def _record_release(
     owes = reply != 3 if by_command else grant_message(reply) is not None
     line.post(
         lambda: target.released_off_loop(owner, began, reply, by_command=by_command),
-        urgent=owes and not told,
+        urgent=owes and told is None,
+        wake=told is None,
     )
-    if told:
-        # Let the answered thread take the GIL now, not once this thread blocks in its next
-        # call: it holds the lock (benchmarks/notes/hand-off.md).
-        time.sleep(0)
+    if told is not None:
+        # The answered thread holds the lock: it takes the GIL now, not once this thread
+        # blocks in its next call, and before the loop wakes for the posts
+        # (benchmarks/notes/hand-off.md).
+        told.call.yield_to()
+        line.wake()
 
 
 def _sent(line: Line, conn: Any, target: ReentrantKind, call: tuple[Any, ...] | None) -> None:

@@ -119,9 +119,16 @@ class Line:
     def give_back(self, conn: Any) -> None:
         self._idle.append(conn)
 
-    def post(self, callback: Callable[[], object], *, urgent: bool = False) -> None:
-        """Run ``callback`` on the loop, after the ones posted before (see :class:`Posts`)."""
-        self._posts.post(callback, urgent=urgent)
+    def post(
+        self, callback: Callable[[], object], *, urgent: bool = False, wake: bool = True
+    ) -> None:
+        """Run ``callback`` on the loop, after the ones posted before (see :class:`Posts`);
+        ``wake=False``: the caller calls :meth:`wake` soon."""
+        self._posts.post(callback, urgent=urgent, wake=wake)
+
+    def wake(self, *, urgent: bool = False) -> None:
+        """Have the loop run what was posted with ``wake=False`` (see :class:`Posts`)."""
+        self._posts.wake(urgent=urgent)
 
     def flush(self) -> None:
         """Have the loop run what the threads posted before what they queue there next."""
@@ -151,8 +158,17 @@ class Posts:
         # A batch is due: a callback posted now is run with it.
         self._scheduled = False
 
-    def post(self, callback: Callable[[], object], *, urgent: bool = False) -> None:
+    def post(
+        self, callback: Callable[[], object], *, urgent: bool = False, wake: bool = True
+    ) -> None:
         self._queue.append(callback)
+        if wake:
+            self.wake(urgent=urgent)
+
+    def wake(self, *, urgent: bool = False) -> None:
+        """Have the loop run the queue: now if ``urgent``, else in a batch.  A thread that
+        answered another posts without waking the loop, and wakes it once the answered
+        thread has taken the GIL: the loop would compete for it."""
         if urgent:
             self._loop.call_soon_threadsafe(self._run)
         elif not self._scheduled:
@@ -187,10 +203,11 @@ class Waiting:
     :ivar kept: the loop's record of that hold, once made.
     """
 
-    __slots__ = ("call", "grant", "kept", "lease", "started", "value")
+    __slots__ = ("call", "grant", "kept", "lease", "started", "target", "value")
 
-    def __init__(self, lease: float | None, started: float, value: Any) -> None:
+    def __init__(self, target: Any, lease: float | None, started: float, value: Any) -> None:
         self.call: Call[Any] = Call()
+        self.target = target  # the lock it waits for (a ReentrantKind)
         self.lease = lease  # the acquire's own, for the loop's record
         self.started = started  # when the acquire began (loop time)
         self.value = value

@@ -25,7 +25,7 @@ import inspect
 import os
 import threading
 from collections.abc import Awaitable, Callable
-from typing import Any, Generic, TypeVar
+from typing import Any, Final, Generic, TypeVar
 
 __all__ = [
     "Call",
@@ -38,6 +38,9 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+
+# How long an answer or a call's end waits for the woken thread to take the GIL (s).
+YIELD: Final = 0.001
 
 # Rounds of cancelling the tasks left when the loop stops (each may start another: a read of a
 # cancelled call's reply, then a disconnect), bounded so that stopping always ends.
@@ -156,11 +159,25 @@ class Call(Generic[T]):
     tells it so at once (``_direct.py``).  The task still runs to its end, its outcome dropped.
     """
 
-    __slots__ = ("_answer", "_cancel", "_done", "_ended", "_error", "_task", "_value")
+    __slots__ = (
+        "_answer",
+        "_cancel",
+        "_done",
+        "_ended",
+        "_error",
+        "_parked",
+        "_running",
+        "_task",
+        "_value",
+    )
 
     def __init__(self) -> None:
         self._done = threading.Lock()
         self._done.acquire()  # released by the task (see _told), or by an answer
+        # Released by the calling thread once it runs again after its wait (see yield_to).
+        self._running = threading.Lock()
+        self._running.acquire()
+        self._parked = False
         self._task: asyncio.Task[None] | None = None
         self._cancel = False
         self._ended = False  # set before _done is released: the outcome is in
@@ -186,9 +203,12 @@ class Call(Generic[T]):
         """
         try:
             # Inside: an interrupt may land right after the call is scheduled (or before).
+            self._parked = True
             loop.call_soon_threadsafe(self._start, work, before)
             self._done.acquire()
+            self._run_again()
         except BaseException:
+            self._run_again()
             answered = self._interrupted()
             loop.call_soon_threadsafe(self._cancelled)
             if answered:
@@ -205,6 +225,14 @@ class Call(Generic[T]):
             raise error
         value: T = self._value
         return value
+
+    def _run_again(self) -> None:
+        """The calling thread runs again after its wait: a :meth:`yield_to` waits no more.
+        Once only (marked first: an interrupt between the two statements costs that wait its
+        bound, never a second release)."""
+        if self._parked:
+            self._parked = False
+            self._running.release()
 
     def _interrupted(self) -> bool:
         """Mark the call interrupted, once an answer on its way is given or withdrawn:
@@ -251,6 +279,14 @@ class Call(Generic[T]):
             self._value, self._error = value, None
             _answers.notify_all()
         self._done.release()
+
+    def yield_to(self) -> None:
+        """Once the call is answered or ended: let its thread take the GIL before the caller
+        (the thread that answered, or the loop) goes on, waiting at most :data:`YIELD` for it
+        to run.  The woken thread would otherwise queue for the GIL until the caller blocks:
+        tens of µs, up to hundreds, on a hand-off (benchmarks/notes/hand-off.md)."""
+        if self._parked:
+            self._running.acquire(timeout=YIELD)
 
     def withdraw(self) -> None:
         """No answer after all (after :meth:`reserve`): the task's outcome is the call's."""
@@ -324,6 +360,7 @@ class Call(Generic[T]):
             if self._answer == _RESERVED:
                 return  # the answer, or its withdrawal, wakes the thread
         self._done.release()
+        self.yield_to()
 
 
 def _wait_uninterrupted(done: Callable[[], bool]) -> None:

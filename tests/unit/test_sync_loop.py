@@ -14,6 +14,7 @@ from types import FrameType
 import pytest
 from redis.asyncio.connection import Connection
 
+from aiolock.sync import _loop
 from aiolock.sync._line import Line, Posts
 from aiolock.sync._loop import Call, detach, loop_thread, refuse_in_loop
 
@@ -65,9 +66,11 @@ def test_a_task_cancelled_before_it_started_tells_its_thread(
 
 
 def test_an_interrupt_cancels_the_task_and_waits_for_it_to_settle(
-    loop: asyncio.AbstractEventLoop,
+    loop: asyncio.AbstractEventLoop, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     assert threading.current_thread() is threading.main_thread()
+    # The interrupted thread runs again: the task's end on the loop does not wait for it.
+    monkeypatch.setattr(_loop, "YIELD", 60.0)
     events: list[str] = []
     started = threading.Event()
 
@@ -102,6 +105,9 @@ def test_an_interrupt_cancels_the_task_and_waits_for_it_to_settle(
         signal.signal(signal.SIGUSR2, previous)
     assert events == ["settled"]
     assert time.monotonic() - begun < 30
+    ran = threading.Event()
+    loop.call_soon_threadsafe(ran.set)
+    assert ran.wait(10)
 
 
 def test_another_thread_answers_a_call_before_its_task_ends(
@@ -220,6 +226,58 @@ def test_an_interrupt_after_an_answer_undoes_what_was_answered(
     assert undone == [True]
 
 
+def test_whoever_wakes_a_calls_thread_waits_for_it_to_run_and_no_longer(
+    loop: asyncio.AbstractEventLoop, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An answer, and a call's end on the loop, wait for the woken thread to take the GIL
+    (``Call.yield_to``), bounded by ``YIELD``: made a minute here, so that a path that left
+    the wait unmet would stall the loop (or the answering thread) past the checks below."""
+    monkeypatch.setattr(_loop, "YIELD", 60.0)
+
+    def loop_responds() -> bool:
+        ran = threading.Event()
+        loop.call_soon_threadsafe(ran.set)
+        return ran.wait(10)
+
+    async def error() -> None:
+        raise ValueError("from the loop")
+
+    # A call's end: its thread runs again, and the loop goes on.
+    assert Call[int]().run(loop, _value(3), lambda _: None) == 3
+    with pytest.raises(ValueError, match="from the loop"):
+        Call[None]().run(loop, error, lambda _: None)
+    assert loop_responds()
+
+    # An answer: the answering thread goes on once the answered one runs.
+    started = threading.Event()
+    call = Call[bool]()
+
+    async def wait_long() -> bool:
+        started.set()
+        await asyncio.sleep(60)
+        return False
+
+    def answer() -> None:
+        assert started.wait(10)
+        assert call.reserve()
+        call.answer(True)
+        call.yield_to()
+
+    answerer = threading.Thread(target=answer)
+    answerer.start()
+    assert call.run(loop, wait_long, lambda _: None) is True
+    answerer.join(10)
+    assert not answerer.is_alive()
+
+    # A call nobody waits on (never run, or run by ``settle_after``) waits for nothing.
+    idle = threading.Thread(target=Call[None]().yield_to)
+    idle.start()
+    idle.join(10)
+    assert not idle.is_alive()
+    Call[int]().settle_after(loop, _value(1))
+    assert loop_responds()
+
+
 def _value(value: int) -> Callable[[], Awaitable[int]]:
     async def get() -> int:
         return value
@@ -266,6 +324,14 @@ def test_posts_run_in_order_in_batches_and_before_what_is_queued_after_a_flush(
     posts.post(lambda: last("urgent"), urgent=True)
     assert done.wait(10)
     assert ran == ["urgent"]
+    # Posts that do not wake the loop run, in order, once it is woken.
+    ran.clear()
+    done.clear()
+    posts.post(lambda: ran.append("quiet"), wake=False)
+    posts.post(lambda: last("quiet too"), wake=False)
+    posts.wake()
+    assert done.wait(10)
+    assert ran == ["quiet", "quiet too"]
 
 
 def test_a_line_is_made_for_one_server_only() -> None:

@@ -554,6 +554,65 @@ def test_a_threads_release_answers_a_waiting_thread_of_its_client_itself(
     assert not plain.exists(keys.lock, keys.waiting)
 
 
+@pytest.mark.parametrize("face", ["try_lock", "acquire"])
+def test_a_grant_message_to_a_waiting_thread_is_told_by_its_loop_at_once(
+    aiolock_server: ServerInfo,
+    plain: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+    face: str,
+) -> None:
+    """A release by another client grants the lock to a thread parked on its client's loop:
+    the loop tells that thread as it reads the grant's message (``answer_message``), without
+    waking the call first; the hold is recorded all the same (renewed by the watchdog past
+    the grant's lease, released by one unlock)."""
+    told: list[bool] = []
+    answer = aiolock.sync._direct.answer_message
+
+    def counted(*args: Any) -> bool:
+        told.append(answer(*args))
+        return told[-1]
+
+    monkeypatch.setattr(aiolock.sync._direct, "answer_message", counted)
+    name = f"direct:{uuid.uuid4().hex}"
+    holder, waiter = ThreadPoolExecutor(1), ThreadPoolExecutor(1)
+    with (
+        aiolock.sync.Client.from_url(aiolock_server.url) as first,
+        aiolock.sync.Client.from_url(aiolock_server.url, watchdog_timeout=1.0) as second,
+    ):
+        held, lock = first.lock(name), second.lock(name)
+        keys = keys_of(lock.target())
+        assert holder.submit(held.try_lock, 5).result(timeout=30)
+        context = lock.acquire(wait=60)
+        got = (
+            waiter.submit(lock.try_lock, 60)
+            if face == "try_lock"
+            else waiter.submit(context.__enter__)
+        )
+        wait_until(lambda: plain.zcard(keys.waiting) == 1)
+        wait_until(lambda: settled(second.engine()[0], lock.target()))
+        holder.submit(held.unlock).result(timeout=30)
+        answered: Any = got.result(timeout=30)
+        assert told == [True]
+        fields = plain.hgetall(keys.lock)
+        token = next(int(value) for field, value in fields.items() if field[:2] == b"f:")
+        if face == "try_lock":
+            assert answered is True
+        else:
+            assert answered.fencing_token == token > 0
+        assert waiter.submit(lock.hold_count).result(timeout=30) == 1
+        renewed = calls_of(plain, "evalsha")
+        wait_until(lambda: calls_of(plain, "evalsha") >= renewed + 3, timeout=10)
+        assert waiter.submit(lock.is_held).result(timeout=30)
+        if face == "try_lock":
+            waiter.submit(lock.unlock).result(timeout=30)
+        else:
+            waiter.submit(context.__exit__, None, None, None).result(timeout=30)
+        assert not waiter.submit(lock.is_held).result(timeout=30)
+    for pool in (holder, waiter):
+        pool.shutdown()
+    assert not plain.exists(keys.lock, keys.waiting)
+
+
 def test_threads_whose_waits_run_out_as_they_are_answered_never_overlap(
     aiolock_server: ServerInfo, plain: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -563,14 +622,14 @@ def test_threads_whose_waits_run_out_as_they_are_answered_never_overlap(
     lease (5 s), which a grant nobody takes would block it for (a wait that runs out as a
     release of its own client enters its owner again: see docs/internals.md)."""
     answered = [0]
-    answer = aiolock.sync._direct._answer
+    tell = aiolock.sync._direct._tell
 
     def counted(*args: Any) -> bool:
-        told = answer(*args)
+        told = tell(*args)
         answered[0] += told
         return told
 
-    monkeypatch.setattr(aiolock.sync._direct, "_answer", counted)
+    monkeypatch.setattr(aiolock.sync._direct, "_tell", counted)
     name = f"direct:{uuid.uuid4().hex}"
     inside, overlaps, taken = [0], [0], [0]
     mutex = threading.Lock()
