@@ -44,7 +44,7 @@ import asyncio
 import contextlib
 import inspect
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, Final
 
 import redis
@@ -121,8 +121,8 @@ def answered(client: Client, target: ReentrantKind, entry: Waiting) -> bool:
 
 def _answer(line: Line, target: ReentrantKind, reply: Any) -> Waiting | None:
     """The release script's ``reply`` may name the grant it made: if a thread of this client
-    waits here for it, answer it (:func:`_tell`); the entry answered, if one was.  The caller
-    yields to it, then wakes the loop for the posts."""
+    waits here for it, answer it (:func:`_tell`, its record posted first, without waking the
+    loop); the entry answered, if one was.  The caller yields to it, then wakes the loop."""
     message = grant_message(reply)  # (a plain command's reply, a count, names no grant)
     if message is None or not line.waiting:
         return None
@@ -130,49 +130,53 @@ def _answer(line: Line, target: ReentrantKind, reply: Any) -> Waiting | None:
     if fields is None:
         return None
     entry = line.waiting.get((target.registry_key, fields[4]))
-    if entry is None or not _tell(line, entry, message):
+    if entry is None:
         return None
-    return entry
+    record = _tell(entry, message, lambda record: line.post(record, wake=False))
+    return None if record is None else entry
 
 
 def answer_message(line: Line, registry_key: str, message: bytes) -> bool:
     """On the loop, a grant ``message`` of the lock ``registry_key`` before it wakes the
-    waiting call: if a thread waits here for it, answer it (:func:`_tell`) and let it take the
-    GIL before the loop goes on; ``True`` once answered (the call is not woken then)."""
+    waiting call: if a thread waits here for it, answer it (:func:`_tell`), let it run, then
+    record its hold (before anything the thread queues on the loop meanwhile); ``True`` once
+    answered (the call is not woken then)."""
     if not line.waiting:
         return False
     fields = grant_fields(message)
     if fields is None:
         return False
     entry = line.waiting.get((registry_key, fields[4]))
-    if entry is None or not _tell(line, entry, message):
+    if entry is None:
+        return False
+    record = _tell(entry, message, lambda record: None)
+    if record is None:
         return False
     entry.call.yield_to()
-    line.wake()
+    record()
     return True
 
 
-def _tell(line: Line, entry: Waiting, message: bytes) -> bool:
-    """Claim the grant ``message`` for ``entry``'s parked call, post its record, and answer
-    its thread; ``True`` once answered.
-
-    The record is posted without waking the loop (the caller wakes it once the answered
-    thread has run): the answered thread does not queue for the GIL behind the loop thread."""
+def _tell(
+    entry: Waiting, message: bytes, keep: Callable[[Callable[[], None]], object]
+) -> Callable[[], None] | None:
+    """Claim the grant ``message`` for ``entry``'s parked call and answer its thread; the
+    record of its hold for the loop to run (``None``: not answered), handed to ``keep``
+    before the answer."""
     if not entry.call.reserve():
-        return False
+        return None
     target: ReentrantKind = entry.target
     told = False
     try:
         claimed = target.claim(message, entry.call.task)
         if claimed is None:
-            return False
+            return None
         call, grant = claimed
 
         def record() -> None:
             entry.kept.append(target.settle_claimed(call, entry.lease, entry.started, grant))
 
-        # Before the answer: what the answered thread posts runs after it.
-        line.post(record, wake=False)
+        keep(record)  # before the answer: what the answered thread posts runs after it
         entry.grant = grant
         entry.call.answer(entry.value)
         told = True
@@ -181,7 +185,7 @@ def _tell(line: Line, entry: Waiting, message: bytes) -> bool:
     finally:
         if not told:  # (after a claim: the call's own wait loop records the grant)
             entry.call.withdraw()
-    return told
+    return record if told else None
 
 
 class _Unknown(Exception):

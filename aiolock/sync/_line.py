@@ -4,7 +4,7 @@ their outcomes reach the loop (:mod:`aiolock.sync._direct` sends the calls).
 :class:`Line` makes the connections with the async pool's options and never resends (a fault
 is the loop's settlement's); :class:`Posts` hands the loop what a thread's call did, in the
 thread's order; :class:`Waiting` is a thread's acquire waiting on the loop, which another
-thread's release may answer (``_direct._answer``).
+thread's release, or the loop reading a grant's message, may answer (``_direct._tell``).
 """
 
 from __future__ import annotations
@@ -195,8 +195,9 @@ class Posts:
 
 
 class Waiting:
-    """A thread's acquire waiting on the loop, which the thread's release that grants it the
-    lock answers at once (:func:`_answer`).
+    """A thread's acquire waiting on the loop, which a grant to it answers at once: told by
+    the thread of this client whose release made it (``_direct._answer``), or by the loop as
+    it reads the grant's message (``_direct.answer_message``).
 
     :ivar call: the blocking call the thread waits on; answered with ``value``.
     :ivar grant: the grant it was answered with (set before the answer).

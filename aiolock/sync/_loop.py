@@ -39,7 +39,7 @@ __all__ = [
 
 T = TypeVar("T")
 
-# How long an answer or a call's end waits for the woken thread to take the GIL (s).
+# How long an answer waits for the answered thread to be scheduled (s).
 YIELD: Final = 0.001
 
 # Rounds of cancelling the tasks left when the loop stops (each may start another: a read of a
@@ -191,6 +191,7 @@ class Call(Generic[T]):
         work: Callable[[], Awaitable[T]],
         before: Callable[[asyncio.Task[Any]], object],
         undo: Callable[[T], Awaitable[object]] | None = None,
+        flush: Callable[[], object] | None = None,
     ) -> T:
         """Run ``work`` on ``loop`` and wait for its outcome.
 
@@ -199,7 +200,8 @@ class Call(Generic[T]):
         has settled (a grant in flight then is released by the async engine), then
         re-raises it.  ``undo(value)`` runs on the loop (and is waited for) when the task had
         already returned ``value`` (or an answer had given it) to a caller that was interrupted
-        before it could take it.
+        before it could take it, after ``flush()`` (the calling thread's posts to the loop
+        run first: an answer's record of the hold among them).
         """
         try:
             # Inside: an interrupt may land right after the call is scheduled (or before).
@@ -217,6 +219,8 @@ class Call(Generic[T]):
                 self._settle()
             if undo is not None and (answered or (self._task is not None and self._error is None)):
                 taken: T = self._value
+                if flush is not None:
+                    flush()
                 # As the same owner: the undo releases what the call took for the thread.
                 Call[object]().settle_after(loop, lambda: undo(taken), before)
             raise
@@ -281,10 +285,13 @@ class Call(Generic[T]):
         self._done.release()
 
     def yield_to(self) -> None:
-        """Once the call is answered or ended: let its thread take the GIL before the caller
-        (the thread that answered, or the loop) goes on, waiting at most :data:`YIELD` for it
-        to run.  The woken thread would otherwise queue for the GIL until the caller blocks:
-        tens of µs, up to hundreds, on a hand-off (benchmarks/notes/hand-off.md)."""
+        """Once the call is answered with a lock: let its thread run before the one that
+        answered it (a releasing thread, or the loop reading a grant) goes on, waiting at
+        most :data:`YIELD` for it to be scheduled; the answering thread then takes its turn at
+        the GIL as any other.  The thread holding the lock would otherwise queue for the GIL
+        until the other blocks: tens of µs, up to hundreds, on a hand-off
+        (benchmarks/notes/hand-off.md).  A call's end on the loop does not yield: the loop
+        would wait behind whatever the woken thread runs next."""
         if self._parked:
             self._running.acquire(timeout=YIELD)
 
@@ -360,7 +367,6 @@ class Call(Generic[T]):
             if self._answer == _RESERVED:
                 return  # the answer, or its withdrawal, wakes the thread
         self._done.release()
-        self.yield_to()
 
 
 def _wait_uninterrupted(done: Callable[[], bool]) -> None:

@@ -33,7 +33,12 @@ def run(
     """
     refuse_in_loop(api)
     loop, act = _acting(clients)
-    return (Call[T]() if call is None else call).run(loop, work, act, undo)
+
+    def flush() -> None:
+        for client in clients:
+            client.flush()
+
+    return (Call[T]() if call is None else call).run(loop, work, act, undo, flush)
 
 
 def settle(clients: Sequence[Client], work: Callable[[], Awaitable[object]]) -> None:

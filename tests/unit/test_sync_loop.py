@@ -226,12 +226,13 @@ def test_an_interrupt_after_an_answer_undoes_what_was_answered(
     assert undone == [True]
 
 
-def test_whoever_wakes_a_calls_thread_waits_for_it_to_run_and_no_longer(
+def test_an_answer_waits_for_the_answered_thread_to_run_and_no_longer(
     loop: asyncio.AbstractEventLoop, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """An answer, and a call's end on the loop, wait for the woken thread to take the GIL
-    (``Call.yield_to``), bounded by ``YIELD``: made a minute here, so that a path that left
-    the wait unmet would stall the loop (or the answering thread) past the checks below."""
+    """An answer waits for the answered thread to be scheduled (``Call.yield_to``), bounded by
+    ``YIELD``: made a minute here, so that a path that left the wait unmet would stall the
+    answering thread (or the loop) past the checks below.  A call's end on the loop, and a
+    call nobody waits on, wait for nothing."""
     monkeypatch.setattr(_loop, "YIELD", 60.0)
 
     def loop_responds() -> bool:

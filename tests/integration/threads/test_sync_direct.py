@@ -24,6 +24,7 @@ import aiolock
 import aiolock.sync
 from aiolock._core.line import LineEntry
 from aiolock._core.metrics import Tracing
+from aiolock._scripts import LOCK_RELEASE
 from aiolock.sync._loop import Call
 from aiolock.testing.pytest_plugin import ServerInfo
 from tests.helpers import Interrupted, keys_of, settled, wait_until
@@ -522,6 +523,10 @@ def test_a_threads_release_answers_a_waiting_thread_of_its_client_itself(
             busy.set()
             free.wait(30)
 
+        # The thread's release is an EVALSHA: a server that never ran the script answers
+        # NOSCRIPT, and the release goes through the loop, which is busy (run alone, no test
+        # before this one loaded it).
+        plain.script_load(LOCK_RELEASE.source)
         client.engine()[1].call_soon_threadsafe(occupy)
         assert busy.wait(10)
         try:
@@ -592,7 +597,9 @@ def test_a_grant_message_to_a_waiting_thread_is_told_by_its_loop_at_once(
         wait_until(lambda: settled(second.engine()[0], lock.target()))
         holder.submit(held.unlock).result(timeout=30)
         answered: Any = got.result(timeout=30)
-        assert told == [True]
+        # (Noted once answer_message returned, after the answered thread ran.)
+        wait_until(lambda: True in told)
+        assert told.count(True) == 1
         fields = plain.hgetall(keys.lock)
         token = next(int(value) for field, value in fields.items() if field[:2] == b"f:")
         if face == "try_lock":
@@ -613,6 +620,80 @@ def test_a_grant_message_to_a_waiting_thread_is_told_by_its_loop_at_once(
     assert not plain.exists(keys.lock, keys.waiting)
 
 
+@pytest.mark.parametrize("face", ["try_lock", "lock", "acquire"])
+@pytest.mark.parametrize("by", ["message", "release"])
+def test_a_thread_interrupted_as_it_is_answered_leaves_no_hold(
+    aiolock_server: ServerInfo,
+    plain: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    *,
+    face: str,
+    by: str,
+) -> None:
+    """An interrupt that lands as a waiting thread is answered (by the loop reading another
+    client's grant message, or by a release of a thread of its own client) undoes the grant:
+    the hold is recorded before the undo releases it, so none is left recorded (a hold
+    recorded after its release would be renewed, found lost, and reported)."""
+    main = threading.main_thread()
+    assert threading.current_thread() is main
+    assert main.ident is not None
+    fired: list[bool] = []
+    answer = Call.answer
+
+    def answer_then_interrupt(call: Call[Any], value: Any) -> None:
+        answer(call, value)
+        if not fired:
+            fired.append(True)
+            signal.pthread_kill(main.ident or 0, signal.SIGUSR1)
+
+    def raise_interrupted(signum: int, frame: FrameType | None) -> None:
+        raise Interrupted
+
+    name = f"direct:{uuid.uuid4().hex}"
+    holder = ThreadPoolExecutor(1)
+    with (
+        aiolock.sync.Client.from_url(aiolock_server.url) as first,
+        aiolock.sync.Client.from_url(aiolock_server.url) as second,
+    ):
+        lock = second.lock(name)
+        held = first.lock(name) if by == "message" else lock
+        keys = keys_of(lock.target())
+        plain.script_load(LOCK_RELEASE.source)  # (the thread's release is an EVALSHA)
+        assert holder.submit(held.try_lock, 5).result(timeout=30)
+
+        def release_once_parked() -> None:
+            wait_until(lambda: plain.zcard(keys.waiting) == 1)
+            wait_until(lambda: settled(second.engine()[0], lock.target()))
+            held.unlock()
+
+        monkeypatch.setattr(Call, "answer", answer_then_interrupt)
+        previous = signal.signal(signal.SIGUSR1, raise_interrupted)
+        try:
+            released = holder.submit(release_once_parked)
+            with pytest.raises(Interrupted):
+                if face == "try_lock":
+                    lock.try_lock(60)
+                elif face == "lock":
+                    lock.lock()
+                else:
+                    with lock.acquire(wait=60):
+                        pytest.fail("entered the block")
+            released.result(timeout=30)
+        finally:
+            signal.signal(signal.SIGUSR1, previous)
+        assert fired == [True]
+        assert not plain.exists(keys.lock)
+        # The loop runs the thread's posts first, then answers from its records.
+        assert lock.hold_count() == 0
+        assert not lock.is_held()
+        assert lock.try_lock(0)
+        lock.unlock()
+    holder.shutdown()
+    assert not plain.exists(keys.lock, keys.waiting)
+    assert [r for r in caplog.records if r.levelname in ("WARNING", "ERROR")] == []
+
+
 def test_threads_whose_waits_run_out_as_they_are_answered_never_overlap(
     aiolock_server: ServerInfo, plain: redis.Redis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -624,10 +705,10 @@ def test_threads_whose_waits_run_out_as_they_are_answered_never_overlap(
     answered = [0]
     tell = aiolock.sync._direct._tell
 
-    def counted(*args: Any) -> bool:
-        told = tell(*args)
-        answered[0] += told
-        return told
+    def counted(*args: Any) -> Any:
+        record = tell(*args)
+        answered[0] += record is not None
+        return record
 
     monkeypatch.setattr(aiolock.sync._direct, "_tell", counted)
     name = f"direct:{uuid.uuid4().hex}"
