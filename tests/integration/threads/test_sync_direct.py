@@ -25,6 +25,7 @@ import aiolock.sync
 from aiolock._core.line import LineEntry
 from aiolock._core.metrics import Tracing
 from aiolock._scripts import LOCK_RELEASE
+from aiolock.lock import ReentrantKind
 from aiolock.sync._loop import Call
 from aiolock.testing.pytest_plugin import ServerInfo
 from tests.helpers import Interrupted, keys_of, settled, wait_until
@@ -618,6 +619,50 @@ def test_a_grant_message_to_a_waiting_thread_is_told_by_its_loop_at_once(
     for pool in (holder, waiter):
         pool.shutdown()
     assert not plain.exists(keys.lock, keys.waiting)
+
+
+def test_a_record_that_fails_as_the_loop_answers_a_message_leaves_its_reader_reading(
+    aiolock_server: ServerInfo,
+    plain: redis.Redis,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The loop records a grant it told a thread of in the pub/sub reader's step: a failure
+    there (a bug) is logged, and the reader goes on delivering the next grant (another lock's,
+    to another thread)."""
+    settle = ReentrantKind.settle_claimed
+    failed: list[bool] = []
+
+    def fail_once(*args: Any) -> Any:
+        if not failed:
+            failed.append(True)
+            raise RuntimeError("a bug")
+        return settle(*args)
+
+    monkeypatch.setattr(ReentrantKind, "settle_claimed", fail_once)
+    plain.script_load(LOCK_RELEASE.source)  # (the thread's release is an EVALSHA)
+    names = [f"direct:{uuid.uuid4().hex}" for _ in range(2)]
+    holder = ThreadPoolExecutor(1)
+    with (
+        aiolock.sync.Client.from_url(aiolock_server.url) as first,
+        aiolock.sync.Client.from_url(aiolock_server.url) as second,
+    ):
+        for name in names:
+            waiter = ThreadPoolExecutor(1)
+            held, lock = first.lock(name), second.lock(name)
+            keys = keys_of(lock.target())
+            assert holder.submit(held.try_lock, 5).result(timeout=30)
+            got = waiter.submit(lock.try_lock, 60)
+            wait_until(lambda keys=keys: plain.zcard(keys.waiting) == 1)  # type: ignore[misc]
+            wait_until(lambda lock=lock: settled(second.engine()[0], lock.target()))  # type: ignore[misc]
+            holder.submit(held.unlock).result(timeout=30)
+            assert got.result(timeout=30) is True
+            waiter.submit(lock.unlock).result(timeout=30)
+            waiter.shutdown()
+            assert not plain.exists(keys.lock)
+        assert failed == [True]
+    holder.shutdown()
+    assert any("could not be recorded" in r.getMessage() for r in caplog.records)
 
 
 @pytest.mark.parametrize("face", ["try_lock", "lock", "acquire"])
