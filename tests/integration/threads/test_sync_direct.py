@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from types import FrameType
 from typing import Any
 
@@ -496,6 +496,26 @@ def test_a_threads_release_hands_a_waiter_of_its_client_the_grant_from_its_reply
     assert not plain.exists(keys.lock, keys.waiting)
 
 
+def park_behind(
+    plain: redis.Redis,
+    client: aiolock.sync.Client,
+    lock: aiolock.sync.Lock,
+    waiter: ThreadPoolExecutor,
+    face: str,
+) -> tuple[Future[Any], Any]:
+    """A thread of ``waiter`` waiting for ``lock`` (of ``client``) behind a holder, by
+    ``try_lock`` or ``with lock.acquire()`` (``face``), once parked on its loop with its owner
+    in the waiting set: its pending call and the block's context manager."""
+    keys = keys_of(lock.target())
+    context = lock.acquire(wait=60)
+    got = (
+        waiter.submit(lock.try_lock, 60) if face == "try_lock" else waiter.submit(context.__enter__)
+    )
+    wait_until(lambda: plain.zcard(keys.waiting) == 1)
+    wait_until(lambda: settled(client.engine()[0], lock.target()))
+    return got, context
+
+
 @pytest.mark.parametrize("face", ["try_lock", "acquire"])
 def test_a_threads_release_answers_a_waiting_thread_of_its_client_itself(
     aiolock_server: ServerInfo, plain: redis.Redis, face: str
@@ -510,14 +530,7 @@ def test_a_threads_release_answers_a_waiting_thread_of_its_client_itself(
         lock = client.lock(name)
         keys = keys_of(lock.target())
         assert holder.submit(lock.try_lock, 5).result(timeout=30)
-        context = lock.acquire(wait=60)
-        got = (
-            waiter.submit(lock.try_lock, 60)
-            if face == "try_lock"
-            else waiter.submit(context.__enter__)
-        )
-        wait_until(lambda: plain.zcard(keys.waiting) == 1)
-        wait_until(lambda: settled(client.engine()[0], lock.target()))
+        got, context = park_behind(plain, client, lock, waiter, face)
         busy, free = threading.Event(), threading.Event()
 
         def occupy() -> None:
@@ -588,14 +601,7 @@ def test_a_grant_message_to_a_waiting_thread_is_told_by_its_loop_at_once(
         held, lock = first.lock(name), second.lock(name)
         keys = keys_of(lock.target())
         assert holder.submit(held.try_lock, 5).result(timeout=30)
-        context = lock.acquire(wait=60)
-        got = (
-            waiter.submit(lock.try_lock, 60)
-            if face == "try_lock"
-            else waiter.submit(context.__enter__)
-        )
-        wait_until(lambda: plain.zcard(keys.waiting) == 1)
-        wait_until(lambda: settled(second.engine()[0], lock.target()))
+        got, context = park_behind(plain, second, lock, waiter, face)
         holder.submit(held.unlock).result(timeout=30)
         answered: Any = got.result(timeout=30)
         # (Noted once answer_message returned, after the answered thread ran.)
