@@ -126,9 +126,10 @@ class Line:
         ``wake=False``: the caller calls :meth:`wake` soon."""
         self._posts.post(callback, urgent=urgent, wake=wake)
 
-    def wake(self, *, urgent: bool = False) -> None:
-        """Have the loop run what was posted with ``wake=False`` (see :class:`Posts`)."""
-        self._posts.wake(urgent=urgent)
+    def wake(self) -> None:
+        """Have the loop run what was posted with ``wake=False``, in a batch (see
+        :class:`Posts`)."""
+        self._posts.wake()
 
     def flush(self) -> None:
         """Have the loop run what the threads posted before what they queue there next."""
